@@ -1,0 +1,121 @@
+/*
+ * api.c - routing and authentication for the v1 API.
+ *
+ * Order of checks: route and method (404/405, no database), then the
+ * bearer token (401), then the handler's own validation. A request that
+ * fails any check writes nothing.
+ */
+#include "api.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "fp.h"
+#include "wf.h"
+
+void api_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
+		 const char *detail)
+{
+	resp->status = problem_def(kind)->status;
+	resp->content_type = "application/problem+json";
+	buf_reset(&resp->body);
+	problem_write(&resp->body, kind, detail, req->path, req->request_id, NULL, NULL);
+}
+
+void api_db_error(struct api_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+		  const struct err *e)
+{
+	ctx->err = *e;
+	if (e->code == ERR_DB_DOWN || e->code == ERR_SERIALIZE || e->code == ERR_LOCK_TIMEOUT) {
+		char ra[24];
+		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+		buf_reset(&resp->headers);
+		http_resp_header(resp, "Retry-After", ra);
+		api_problem(resp, req, P_UNAVAILABLE,
+			    "the database is unavailable; nothing was stored, retry the same "
+			    "request later");
+		return;
+	}
+	api_problem(resp, req, P_INTERNAL, "the request failed; nothing was stored");
+}
+
+/* Resolve the bearer token to a tenant. Returns 1 when authenticated, 0
+ * when resp now holds the answer (401 or 503). */
+static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	const char *h = req->authorization, *tok;
+	uint8_t hash[FP_LEN];
+	char hex[2 + 2 * FP_LEN + 1];
+	struct err e;
+	PGresult *res;
+	int ok;
+
+	if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0) {
+		http_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"idemflow\"");
+		api_problem(resp, req, P_UNAUTHORIZED,
+			    "send Authorization: Bearer <token> with a token issued by "
+			    "\"idemflow token create\"");
+		return 0;
+	}
+	for (tok = h + 7; *tok == ' '; tok++)
+		;
+	fp_token(hash, tok, strlen(tok));
+	hex[0] = '\\';
+	hex[1] = 'x';
+	fp_hex(hex + 2, hash, FP_LEN);
+	const char *p[1] = {hex};
+	res = db_run(ctx->db, Q_AUTH, 1, p, &e);
+	if (res == NULL) {
+		api_db_error(ctx, resp, req, &e);
+		return 0;
+	}
+	ok = PQntuples(res) == 1;
+	if (ok)
+		ctx->tenant_id = atol(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	if (!ok) {
+		http_resp_header(resp, "WWW-Authenticate",
+				 "Bearer realm=\"idemflow\", error=\"invalid_token\"");
+		api_problem(resp, req, P_UNAUTHORIZED, "the token is unknown or has been revoked");
+	}
+	return ok;
+}
+
+static void not_allowed(struct http_resp *resp, const struct http_req *req, const char *allow)
+{
+	char detail[96];
+
+	snprintf(detail, sizeof(detail), "this resource allows %s only", allow);
+	http_resp_header(resp, "Allow", allow);
+	api_problem(resp, req, P_METHOD_NOT_ALLOWED, detail);
+}
+
+void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	static const char wf_prefix[] = "/v1/workflows/";
+	const char *path = req->path;
+
+	ctx->tenant_id = 0;
+	ctx->idem = IDEM_NONE;
+	err_clear(&ctx->err);
+	buf_reset(&ctx->body);
+
+	if (strcmp(path, "/v1/workflows") == 0) {
+		if (strcmp(req->method, "POST") != 0)
+			not_allowed(resp, req, "POST");
+		else if (authenticate(ctx, req, resp))
+			wf_create(ctx, req, resp);
+		return;
+	}
+	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0 &&
+	    path[sizeof(wf_prefix) - 1] != '\0' && strchr(path + sizeof(wf_prefix) - 1, '/') == NULL) {
+		if (strcmp(req->method, "GET") != 0)
+			not_allowed(resp, req, "GET");
+		else if (authenticate(ctx, req, resp))
+			wf_get(ctx, req, path + sizeof(wf_prefix) - 1, resp);
+		return;
+	}
+	api_problem(resp, req, P_NOT_FOUND, "no such resource");
+}

@@ -1,0 +1,33 @@
+/*
+ * buf.h - a growable byte buffer, always NUL-terminated for convenience.
+ *
+ * Allocation failure is sticky: after the first failed append, b->oom is set,
+ * later appends do nothing, and the caller checks once at the end. Hot paths
+ * reuse one buffer with buf_reset() instead of allocating per request.
+ */
+#ifndef IDF_BUF_H
+#define IDF_BUF_H
+
+#include <stddef.h>
+
+#include "err.h"
+
+struct buf {
+	char *data; /* owned; NULL until the first append */
+	size_t len;
+	size_t cap;
+	int oom;
+};
+
+#define BUF_INIT {NULL, 0, 0, 0}
+
+void buf_append(struct buf *b, const void *p, size_t n);
+void buf_puts(struct buf *b, const char *s);
+void buf_putc(struct buf *b, char c);
+void buf_printf(struct buf *b, const char *fmt, ...) PRINTFLIKE(2, 3);
+/* Empty the buffer, keeping its memory; clears oom. */
+void buf_reset(struct buf *b);
+/* Release the memory; the buffer is then empty and reusable. */
+void buf_free(struct buf *b);
+
+#endif

@@ -1,0 +1,232 @@
+/* canon.c - strict JSON parsing and the canonical form (see canon.h). */
+#include "canon.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* json-c accepts single-quoted object keys even in strict mode; JSON does
+ * not. Returns the offset of the first quote outside a string, or -1. */
+static long stray_single_quote(const char *text, size_t len)
+{
+	int in_string = 0;
+
+	for (size_t i = 0; i < len; i++) {
+		char c = text[i];
+		if (in_string) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_string = 0;
+		} else if (c == '"') {
+			in_string = 1;
+		} else if (c == '\'') {
+			return (long)i;
+		}
+	}
+	return -1;
+}
+
+struct json_object *canon_parse(const char *text, size_t len, int max_depth, struct err *e)
+{
+	struct json_tokener *tok = json_tokener_new_ex(max_depth);
+	struct json_object *v = NULL;
+	enum json_tokener_error jerr;
+	size_t end, consumed = 0;
+
+	if (tok == NULL) {
+		err_set(e, ERR_INTERNAL, "out of memory");
+		return NULL;
+	}
+	if (len > INT32_MAX) {
+		err_set(e, ERR_INPUT, "the body is too large to parse");
+		goto out;
+	}
+	json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+	v = json_tokener_parse_ex(tok, text, (int)len);
+	jerr = json_tokener_get_error(tok);
+	if (jerr == json_tokener_continue && len > 0) {
+		/* A number at the very end (a bare "1.5" body) waits for a
+		 * terminator that may still come: the NUL says none will. */
+		v = json_tokener_parse_ex(tok, "", 1);
+		jerr = json_tokener_get_error(tok);
+		consumed = len; /* the first call took every byte */
+	}
+	if (jerr == json_tokener_continue) {
+		err_set(e, ERR_INPUT, "the body is not valid JSON: unexpected end of input");
+		goto fail;
+	}
+	if (jerr != json_tokener_success) {
+		err_set(e, ERR_INPUT, "the body is not valid JSON: %s at byte %zu",
+			jerr == json_tokener_error_depth ? "nesting is too deep"
+							 : json_tokener_error_desc(jerr),
+			json_tokener_get_parse_end(tok));
+		goto fail;
+	}
+	long q = stray_single_quote(text, len);
+	if (q >= 0) {
+		err_set(e, ERR_INPUT, "the body is not valid JSON: single quote at byte %ld", q);
+		goto fail;
+	}
+	for (end = consumed ? consumed : json_tokener_get_parse_end(tok); end < len; end++) {
+		char c = text[end];
+		if (c != ' ' && c != '\t' && c != '\r' && c != '\n') {
+			err_set(e, ERR_INPUT, "the body is not valid JSON: unexpected data at byte %zu",
+				end);
+			goto fail;
+		}
+	}
+	if (v == NULL)
+		err_set(e, ERR_INPUT, "the body is JSON null");
+	goto out;
+fail:
+	json_object_put(v);
+	v = NULL;
+out:
+	json_tokener_free(tok);
+	return v;
+}
+
+void canon_write_string(struct buf *out, const char *s, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t run = 0; /* start of the pending run of literal bytes */
+
+	buf_putc(out, '"');
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		const char *esc = NULL;
+		char u[7];
+
+		if (c >= 0x20 && c != '"' && c != '\\')
+			continue;
+		switch (c) {
+		case '"': esc = "\\\""; break;
+		case '\\': esc = "\\\\"; break;
+		case '\b': esc = "\\b"; break;
+		case '\f': esc = "\\f"; break;
+		case '\n': esc = "\\n"; break;
+		case '\r': esc = "\\r"; break;
+		case '\t': esc = "\\t"; break;
+		default:
+			u[0] = '\\'; u[1] = 'u'; u[2] = '0'; u[3] = '0';
+			u[4] = hex[c >> 4]; u[5] = hex[c & 15]; u[6] = '\0';
+			esc = u;
+		}
+		buf_append(out, s + run, i - run);
+		buf_puts(out, esc);
+		run = i + 1;
+	}
+	buf_append(out, s + run, n - run);
+	buf_putc(out, '"');
+}
+
+static void write_double(struct buf *out, double d)
+{
+	char tmp[40];
+
+	if (d == 0) { /* also -0, which JCS writes as 0 */
+		buf_putc(out, '0');
+		return;
+	}
+	if (d == floor(d) && fabs(d) < 1e21) {
+		snprintf(tmp, sizeof(tmp), "%.0f", d);
+		buf_puts(out, tmp);
+		return;
+	}
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(tmp, sizeof(tmp), "%.*g", prec, d);
+		if (strtod(tmp, NULL) == d)
+			break;
+	}
+	buf_puts(out, tmp);
+}
+
+struct member {
+	const char *key;
+	struct json_object *val;
+};
+
+static int member_cmp(const void *a, const void *b)
+{
+	/* strcmp compares as unsigned char: UTF-8 byte order is code point order. */
+	return strcmp(((const struct member *)a)->key, ((const struct member *)b)->key);
+}
+
+int canon_write(struct buf *out, struct json_object *v, struct err *e)
+{
+	switch (json_object_get_type(v)) {
+	case json_type_null:
+		buf_puts(out, "null");
+		return 0;
+	case json_type_boolean:
+		buf_puts(out, json_object_get_boolean(v) ? "true" : "false");
+		return 0;
+	case json_type_int: {
+		int64_t i = json_object_get_int64(v);
+		if (i == INT64_MAX)
+			buf_printf(out, "%llu", (unsigned long long)json_object_get_uint64(v));
+		else
+			buf_printf(out, "%lld", (long long)i);
+		return 0;
+	}
+	case json_type_double: {
+		double d = json_object_get_double(v);
+		/* json-c reads NaN and Infinity; JSON has no such numbers. */
+		if (!isfinite(d))
+			return err_set(e, ERR_INPUT, "the body is not valid JSON: NaN or Infinity");
+		write_double(out, d);
+		return 0;
+	}
+	case json_type_string: {
+		const char *s = json_object_get_string(v);
+		size_t n = (size_t)json_object_get_string_len(v);
+		if (memchr(s, '\0', n) != NULL)
+			return err_set(e, ERR_INPUT, "strings may not contain U+0000");
+		canon_write_string(out, s, n);
+		return 0;
+	}
+	case json_type_array: {
+		size_t n = json_object_array_length(v);
+		buf_putc(out, '[');
+		for (size_t i = 0; i < n; i++) {
+			if (i)
+				buf_putc(out, ',');
+			if (canon_write(out, json_object_array_get_idx(v, i), e) < 0)
+				return -1;
+		}
+		buf_putc(out, ']');
+		return 0;
+	}
+	case json_type_object: {
+		size_t n = (size_t)json_object_object_length(v), i = 0;
+		struct member stack[16];
+		struct member *m = n <= 16 ? stack : malloc(n * sizeof(*m));
+		int rc = 0;
+
+		if (m == NULL)
+			return err_set(e, ERR_INTERNAL, "out of memory");
+		json_object_object_foreach(v, key, val) {
+			m[i].key = key;
+			m[i].val = val;
+			i++;
+		}
+		qsort(m, n, sizeof(*m), member_cmp);
+		buf_putc(out, '{');
+		for (i = 0; i < n && rc == 0; i++) {
+			if (i)
+				buf_putc(out, ',');
+			canon_write_string(out, m[i].key, strlen(m[i].key));
+			buf_putc(out, ':');
+			rc = canon_write(out, m[i].val, e);
+		}
+		buf_putc(out, '}');
+		if (m != stack)
+			free(m);
+		return rc;
+	}
+	}
+	return err_set(e, ERR_INTERNAL, "unknown JSON type");
+}

@@ -1,0 +1,44 @@
+/*
+ * canon.h - parsing request JSON with limits, and its canonical form.
+ *
+ * The canonical form is what makes `{"a":1,"b":2}` and `{ "b": 2, "a": 1 }`
+ * the same request. It follows RFC 8785 (JCS) closely:
+ *  - no insignificant whitespace;
+ *  - object members sorted by key, byte-wise on UTF-8 (= code point order);
+ *  - strings escaped minimally: \" \\ \b \f \n \r \t, other controls as \u00xx,
+ *    everything else literal UTF-8;
+ *  - integers that fit 64 bits written in decimal; other numbers written as
+ *    the shortest text that reads back as the same IEEE 754 double, integral
+ *    doubles below 1e21 without a fraction or exponent.
+ * Where JSON allows a choice this code fixes one:
+ *  - duplicate object keys: the last one wins (json-c's rule), in the parsed
+ *    value and therefore in the fingerprint and in what is stored;
+ *  - U+0000 in a string is rejected: PostgreSQL cannot store it.
+ */
+#ifndef IDF_CANON_H
+#define IDF_CANON_H
+
+#include <json-c/json.h>
+#include <stddef.h>
+
+#include "buf.h"
+#include "err.h"
+
+/*
+ * Parse len bytes of JSON text, strictly: valid UTF-8, nothing but
+ * whitespace after the value, nesting at most max_depth. Returns a new
+ * json_object (caller releases with json_object_put) or NULL with e filled
+ * (ERR_INPUT, message fit for a client). Note a JSON `null` document also
+ * yields NULL: callers that need an object treat both the same.
+ */
+struct json_object *canon_parse(const char *text, size_t len, int max_depth, struct err *e)
+    MUSTCHECK;
+
+/* Append the canonical form of v to out. Returns 0, or -1 with e filled when
+ * v holds something that has no canonical form (U+0000 in a string). */
+int canon_write(struct buf *out, struct json_object *v, struct err *e) MUSTCHECK;
+
+/* Append s (n bytes, valid UTF-8) as a JSON string literal with quotes. */
+void canon_write_string(struct buf *out, const char *s, size_t n);
+
+#endif

@@ -1,0 +1,67 @@
+/*
+ * conf.h - the one configuration table shared by all idemflow programs.
+ *
+ * Every key can come from the config file (`key = value`, `#` comments) and
+ * from a command-line flag of the same name (`--key value`, `--key=value`,
+ * dashes and underscores interchangeable). Precedence, highest first: flag,
+ * environment ($DATABASE_URL for `db` only), file, built-in default.
+ *
+ * A configuration is parsed into a fresh struct, validated, and only then put
+ * in use, so a reload with a bad value keeps the old one. Errors name the file
+ * and line (or the flag) and the offending value.
+ */
+#ifndef IDF_CONF_H
+#define IDF_CONF_H
+
+#include <stdio.h>
+
+#include "err.h"
+#include "log.h"
+
+enum idem_mode { IDEM_KEY_REQUIRED, IDEM_KEY_OPTIONAL };
+
+struct conf {
+	char *config_file; /* the file this was loaded from, or NULL */
+	char *db;          /* libpq conninfo; "" lets libpq use PG* variables */
+	char *listen;      /* unix socket path, or host:port */
+	int listen_mode;   /* permission bits of the unix socket */
+	int workers;
+	int max_requests; /* a worker exits after this many requests; 0 = never */
+	char *pid_file;   /* "" = none */
+	enum idem_mode idempotency_key;
+	long idempotency_ttl;  /* ms */
+	long idempotency_wait; /* ms: how long a same-key request waits for the owner */
+	long statement_timeout; /* ms; 0 = none */
+	long max_body;         /* bytes */
+	long max_depth;        /* JSON nesting */
+	long retry_after;      /* s, sent with 503 and 409 in-flight */
+	long shutdown_timeout; /* ms a draining worker gets before SIGKILL */
+	enum log_level log_level;
+	char *application_name;
+};
+
+/* A struct conf with every default applied. Caller frees with conf_free(). */
+struct conf *conf_new(void) MUSTCHECK;
+void conf_free(struct conf *c);
+
+/* Set one key from its text form; "origin" names where it came from for
+ * error messages (e.g. "idemflow.conf:12" or "--workers"). */
+int conf_set(struct conf *c, const char *key, const char *value, const char *origin,
+	     struct err *e) MUSTCHECK;
+
+/* Read a config file into c. */
+int conf_load_file(struct conf *c, const char *path, struct err *e) MUSTCHECK;
+
+/*
+ * Build a configuration from argv: the file named by --config (or
+ * $IDEMFLOW_CONFIG), then $DATABASE_URL, then every --key flag. Parsing stops
+ * at the first argument that is not a flag, or after "--"; *next receives its
+ * index. -h/--help and --version are left to the caller: they stop parsing
+ * too. Returns a new struct conf (caller frees) or NULL with e filled.
+ */
+struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e) MUSTCHECK;
+
+/* Print every key with its default and description, for --help. */
+void conf_usage(FILE *out);
+
+#endif

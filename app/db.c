@@ -1,0 +1,233 @@
+/* db.c - libpq connection, prepared statements, SQLSTATE classes (see db.h). */
+#include "db.h"
+
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct db {
+	struct db_settings s;
+	PGconn *conn;
+	int ready; /* connected, configured and prepared */
+	int connected_once;
+	unsigned long reconnects;
+	struct timespec last_attempt; /* of a failed connect; 0 after success */
+};
+
+int db_classify(PGconn *conn, const PGresult *res, struct err *e)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+	const char *msg = res ? PQresultErrorMessage(res) : NULL;
+	enum err_code code = ERR_DB;
+	char clean[200];
+	size_t n;
+
+	if (msg == NULL || *msg == '\0')
+		msg = conn ? PQerrorMessage(conn) : "no connection";
+	/* The first line is enough for logs and error bodies. */
+	n = strcspn(msg, "\n");
+	snprintf(clean, sizeof(clean), "%.*s", (int)(n < sizeof(clean) ? n : sizeof(clean) - 1), msg);
+
+	if (state == NULL) {
+		/* libpq gives no SQLSTATE for client-side failures: a lost
+		 * connection is the usual cause. */
+		if (conn == NULL || PQstatus(conn) == CONNECTION_BAD)
+			code = ERR_DB_DOWN;
+	} else if (strncmp(state, "08", 2) == 0 || strcmp(state, "57P01") == 0 ||
+		   strcmp(state, "57P02") == 0 || strcmp(state, "57P03") == 0) {
+		code = ERR_DB_DOWN;
+	} else if (strcmp(state, "55P03") == 0) {
+		code = ERR_LOCK_TIMEOUT;
+	} else if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0 ||
+		   strcmp(state, "57014") == 0) {
+		code = ERR_SERIALIZE;
+	}
+	err_set(e, code, "%s", clean);
+	if (e != NULL && state != NULL)
+		snprintf(e->sqlstate, sizeof(e->sqlstate), "%s", state);
+	return -1;
+}
+
+PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err *e)
+{
+	const char *keys[] = {"dbname", "application_name", "connect_timeout", NULL};
+	const char *vals[] = {conninfo, appname, "10", NULL};
+	PGconn *conn;
+
+	/* expand_dbname: conninfo may be a URI or a key=value list; empty
+	 * values are ignored, so "" means libpq defaults and PG* variables. */
+	conn = PQconnectdbParams(keys, vals, 1);
+	if (conn == NULL) {
+		err_set(e, ERR_INTERNAL, "out of memory");
+		return NULL;
+	}
+	if (PQstatus(conn) != CONNECTION_OK) {
+		char msg[200];
+		snprintf(msg, sizeof(msg), "%s", PQerrorMessage(conn));
+		msg[strcspn(msg, "\n")] = '\0';
+		err_set(e, ERR_DB_DOWN, "could not connect to database: %s", msg);
+		PQfinish(conn);
+		return NULL;
+	}
+	return conn;
+}
+
+PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *params,
+		  struct err *e)
+{
+	PGresult *res = PQexecParams(conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	ExecStatusType st = PQresultStatus(res);
+
+	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK))
+		return res;
+	db_classify(conn, res, e);
+	PQclear(res);
+	return NULL;
+}
+
+static int db_setup(struct db *db, struct err *e)
+{
+	char sql[256];
+	PGresult *res;
+
+	snprintf(sql, sizeof(sql),
+		 "SET TimeZone = 'UTC'; SET lock_timeout = '%ldms'; SET statement_timeout = '%ldms'",
+		 db->s.lock_timeout_ms, db->s.statement_timeout_ms);
+	res = PQexec(db->conn, sql);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		db_classify(db->conn, res, e);
+		PQclear(res);
+		return -1;
+	}
+	PQclear(res);
+	for (int i = 0; i < db->s.nstmts; i++) {
+		res = PQprepare(db->conn, db->s.stmts[i].name, db->s.stmts[i].sql, 0, NULL);
+		if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+			db_classify(db->conn, res, e);
+			/* A bad statement is a bug, not an outage: say which. */
+			if (e != NULL && e->code != ERR_DB_DOWN)
+				err_prefix(e, "could not prepare \"%s\"", db->s.stmts[i].name);
+			PQclear(res);
+			return -1;
+		}
+		PQclear(res);
+	}
+	return 0;
+}
+
+static int db_connect(struct db *db, struct err *e)
+{
+	PQfinish(db->conn);
+	db->ready = 0;
+	db->conn = db_connect_simple(db->s.conninfo, db->s.application_name, e);
+	if (db->conn == NULL)
+		return -1;
+	if (db_setup(db, e) < 0) {
+		PQfinish(db->conn);
+		db->conn = NULL;
+		return -1;
+	}
+	if (db->connected_once)
+		db->reconnects++;
+	db->connected_once = 1;
+	db->ready = 1;
+	return 0;
+}
+
+struct db *db_open(const struct db_settings *s, struct err *e)
+{
+	struct db *db = calloc(1, sizeof(*db));
+
+	if (db == NULL) {
+		err_set(e, ERR_INTERNAL, "out of memory");
+		return NULL;
+	}
+	db->s = *s;
+	err_clear(e);
+	if (db_connect(db, e) < 0)
+		clock_gettime(CLOCK_MONOTONIC, &db->last_attempt);
+	return db;
+}
+
+void db_close(struct db *db)
+{
+	if (db == NULL)
+		return;
+	PQfinish(db->conn);
+	free(db);
+}
+
+/* Notifications are not used by the server; free any that arrive. */
+static void drain_notifies(PGconn *conn)
+{
+	PGnotify *n;
+
+	while ((n = PQnotifies(conn)) != NULL)
+		PQfreemem(n);
+}
+
+void db_check(struct db *db)
+{
+	struct pollfd pfd;
+
+	if (!db->ready)
+		return;
+	if (PQstatus(db->conn) != CONNECTION_OK) {
+		db->ready = 0;
+		return;
+	}
+	/* A server that closed an idle connection has sent its goodbye
+	 * already: read it now. */
+	pfd.fd = PQsocket(db->conn);
+	pfd.events = POLLIN;
+	pfd.revents = 0;
+	if (poll(&pfd, 1, 0) > 0) {
+		if (!PQconsumeInput(db->conn) || PQstatus(db->conn) != CONNECTION_OK)
+			db->ready = 0;
+		else
+			drain_notifies(db->conn);
+	}
+}
+
+unsigned long db_reconnects(const struct db *db)
+{
+	return db->reconnects;
+}
+
+PGresult *db_run(struct db *db, enum query_id id, int nparams, const char *const *params,
+		 struct err *e)
+{
+	PGresult *res;
+	ExecStatusType st;
+
+	if (!db->ready) {
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		/* While PostgreSQL is down, try at most once a second instead
+		 * of on every request. */
+		if (db->last_attempt.tv_sec != 0 && now.tv_sec - db->last_attempt.tv_sec < 1) {
+			err_set(e, ERR_DB_DOWN, "no connection to the database (retrying)");
+			return NULL;
+		}
+		db->last_attempt = now;
+		if (db_connect(db, e) < 0)
+			return NULL;
+		db->last_attempt.tv_sec = 0;
+	}
+	res = PQexecPrepared(db->conn, db->s.stmts[id].name, nparams, params, NULL, NULL, 0);
+	st = PQresultStatus(res);
+	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK))
+		return res;
+	db_classify(db->conn, res, e);
+	PQclear(res);
+	if (PQstatus(db->conn) != CONNECTION_OK)
+		db->ready = 0; /* reconnect before the next statement */
+	return NULL;
+}
+
+PGconn *db_conn(struct db *db)
+{
+	return db->conn;
+}

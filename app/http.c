@@ -1,0 +1,153 @@
+/* http.c - reading a FastCGI request, writing its answer (see http.h). */
+#include "http.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* name=value in envp: returns value when the name matches exactly. */
+static const char *param(const char *env, const char *name, size_t nlen)
+{
+	return strncmp(env, name, nlen) == 0 && env[nlen] == '=' ? env + nlen + 1 : NULL;
+}
+
+#define PARAM(env, lit) param((env), (lit), sizeof(lit) - 1)
+
+void http_req_init(struct http_req *r, FCGX_Request *f)
+{
+	const char *v, *cl = NULL;
+
+	memset(r, 0, sizeof(*r));
+	r->fcgi = f;
+	r->method = "";
+	r->path = "";
+	r->request_id = "";
+	r->content_length = -1;
+	for (char **e = f->envp; e && *e; e++) {
+		const char *env = *e;
+		if (env[0] == 'H') {
+			if ((v = PARAM(env, "HTTP_IDEMPOTENCY_KEY")) != NULL) {
+				if (r->idem_key_count++ == 0)
+					r->idem_key = v;
+			} else if ((v = PARAM(env, "HTTP_AUTHORIZATION")) != NULL) {
+				r->authorization = v;
+			}
+		} else if ((v = PARAM(env, "REQUEST_METHOD")) != NULL) {
+			r->method = v;
+		} else if ((v = PARAM(env, "DOCUMENT_URI")) != NULL) {
+			r->path = v;
+		} else if ((v = PARAM(env, "CONTENT_TYPE")) != NULL) {
+			r->content_type = *v ? v : NULL;
+		} else if ((v = PARAM(env, "CONTENT_LENGTH")) != NULL) {
+			cl = v;
+		} else if ((v = PARAM(env, "REQUEST_ID")) != NULL) {
+			r->request_id = v;
+		}
+	}
+	if (cl != NULL && *cl) {
+		char *end;
+		errno = 0;
+		long n = strtol(cl, &end, 10);
+		if (errno == 0 && *end == '\0' && n >= 0)
+			r->content_length = n;
+	}
+}
+
+enum http_body_result http_read_body(struct http_req *r, long max, struct buf *out)
+{
+	long want = r->content_length < 0 ? 0 : r->content_length;
+	char chunk[16384];
+
+	if (want > max)
+		return HTTP_BODY_TOO_LARGE;
+	while ((long)out->len < want) {
+		long left = want - (long)out->len;
+		int n = FCGX_GetStr(chunk, left < (long)sizeof(chunk) ? (int)left : (int)sizeof(chunk),
+				    r->fcgi->in);
+		if (n <= 0)
+			return HTTP_BODY_SHORT;
+		buf_append(out, chunk, (size_t)n);
+	}
+	return out->oom ? HTTP_BODY_TOO_LARGE : HTTP_BODY_OK;
+}
+
+int http_is_json(const char *ct)
+{
+	static const char json[] = "application/json";
+	size_t n = sizeof(json) - 1;
+
+	if (ct == NULL || strncasecmp(ct, json, n) != 0)
+		return 0;
+	ct += n;
+	while (*ct == ' ' || *ct == '\t')
+		ct++;
+	return *ct == '\0' || *ct == ';';
+}
+
+void http_resp_reset(struct http_resp *resp)
+{
+	resp->status = 500;
+	resp->content_type = NULL;
+	buf_reset(&resp->headers);
+	buf_reset(&resp->body);
+}
+
+void http_resp_free(struct http_resp *resp)
+{
+	buf_free(&resp->headers);
+	buf_free(&resp->body);
+}
+
+void http_resp_header(struct http_resp *resp, const char *name, const char *value)
+{
+	buf_puts(&resp->headers, name);
+	buf_puts(&resp->headers, ": ");
+	buf_puts(&resp->headers, value);
+	buf_puts(&resp->headers, "\r\n");
+}
+
+const char *http_reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 201: return "Created";
+	case 204: return "No Content";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 409: return "Conflict";
+	case 413: return "Content Too Large";
+	case 415: return "Unsupported Media Type";
+	case 422: return "Unprocessable Content";
+	case 500: return "Internal Server Error";
+	case 503: return "Service Unavailable";
+	default: return "Unknown";
+	}
+}
+
+int http_send(FCGX_Request *f, const struct http_resp *resp)
+{
+	char head[256];
+	int n;
+
+	n = snprintf(head, sizeof(head), "Status: %d %s\r\n", resp->status,
+		     http_reason(resp->status));
+	if (resp->content_type != NULL)
+		n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Type: %s\r\n",
+			      resp->content_type);
+	n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %zu\r\n", resp->body.len);
+	if (FCGX_PutStr(head, n, f->out) < 0)
+		return -1;
+	if (resp->headers.len && FCGX_PutStr(resp->headers.data, (int)resp->headers.len, f->out) < 0)
+		return -1;
+	if (FCGX_PutStr("\r\n", 2, f->out) < 0)
+		return -1;
+	if (resp->body.len && FCGX_PutStr(resp->body.data, (int)resp->body.len, f->out) < 0)
+		return -1;
+	return 0;
+}

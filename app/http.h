@@ -1,0 +1,58 @@
+/*
+ * http.h - the HTTP view of one FastCGI request, and writing its answer.
+ *
+ * Knows FastCGI and HTTP, nothing about routes or the database. Parameters
+ * are read from the request's environment in one pass; strings point into
+ * libfcgi's request memory and live until FCGX_Finish_r().
+ */
+#ifndef IDF_HTTP_H
+#define IDF_HTTP_H
+
+#include <fcgiapp.h>
+
+#include "buf.h"
+#include "err.h"
+
+struct http_req {
+	FCGX_Request *fcgi;       /* borrowed */
+	const char *method;       /* REQUEST_METHOD */
+	const char *path;         /* DOCUMENT_URI: decoded, no query string */
+	const char *content_type; /* NULL when absent */
+	const char *authorization;
+	const char *idem_key;     /* the first Idempotency-Key header, or NULL */
+	int idem_key_count;       /* how many Idempotency-Key headers came */
+	const char *request_id;   /* nginx $request_id, or "" */
+	long content_length;      /* -1 when absent or unparsable */
+};
+
+/* A response being built. Reused across requests: http_resp_reset(). */
+struct http_resp {
+	int status;
+	const char *content_type; /* static string, or NULL for no body */
+	struct buf headers;       /* extra "Name: value\r\n" lines */
+	struct buf body;
+};
+
+/* Fill r from the request f. */
+void http_req_init(struct http_req *r, FCGX_Request *f);
+
+enum http_body_result { HTTP_BODY_OK, HTTP_BODY_TOO_LARGE, HTTP_BODY_SHORT };
+
+/* Read the request body (up to max bytes) into out. */
+enum http_body_result http_read_body(struct http_req *r, long max, struct buf *out);
+
+/* 1 when the Content-Type is application/json (parameters allowed). */
+int http_is_json(const char *content_type);
+
+void http_resp_reset(struct http_resp *resp);
+void http_resp_free(struct http_resp *resp);
+/* Append one "Name: value" header line. */
+void http_resp_header(struct http_resp *resp, const char *name, const char *value);
+
+/* Write resp to the client. Returns 0, or -1 when the client has gone. */
+int http_send(FCGX_Request *f, const struct http_resp *resp);
+
+/* The reason phrase for a status code ("Created"). */
+const char *http_reason(int status);
+
+#endif

@@ -1,0 +1,101 @@
+/* ids.c - workflow ids, tokens and timestamps (see ids.h). */
+#include "ids.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/time.h>
+#include <time.h>
+
+int ids_random(void *buf, size_t n)
+{
+	uint8_t *p = buf;
+
+	while (n > 0) {
+		ssize_t r = getrandom(p, n, 0);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+int ids_uuid7(char *out)
+{
+	uint8_t b[16];
+	struct timeval tv;
+	uint64_t ms;
+
+	if (ids_random(b, sizeof(b)) < 0)
+		return -1;
+	gettimeofday(&tv, NULL);
+	ms = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+	for (int i = 0; i < 6; i++)
+		b[i] = (uint8_t)(ms >> (8 * (5 - i)));
+	b[6] = (uint8_t)(0x70 | (b[6] & 0x0f)); /* version 7 */
+	b[8] = (uint8_t)(0x80 | (b[8] & 0x3f)); /* RFC 9562 variant */
+	snprintf(out, IDS_UUID_LEN + 1,
+		 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+		 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+		 b[15]);
+	return 0;
+}
+
+int ids_is_uuid(const char *s)
+{
+	for (int i = 0; i < IDS_UUID_LEN; i++) {
+		if (i == 8 || i == 13 || i == 18 || i == 23) {
+			if (s[i] != '-')
+				return 0;
+		} else if (!isxdigit((unsigned char)s[i])) {
+			return 0;
+		}
+	}
+	return s[IDS_UUID_LEN] == '\0';
+}
+
+int ids_token(char *out)
+{
+	static const char b64[] =
+	    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+	uint8_t r[33]; /* 32 bytes of entropy; one pad byte makes 44 sextets */
+	size_t o = 4;
+
+	if (ids_random(r, 32) < 0)
+		return -1;
+	r[32] = 0;
+	memcpy(out, "idf_", 4);
+	for (size_t i = 0; i < 33; i += 3) {
+		uint32_t v = (uint32_t)r[i] << 16 | (uint32_t)r[i + 1] << 8 | r[i + 2];
+		out[o++] = b64[(v >> 18) & 63];
+		out[o++] = b64[(v >> 12) & 63];
+		out[o++] = b64[(v >> 6) & 63];
+		out[o++] = b64[v & 63];
+	}
+	out[IDS_TOKEN_LEN] = '\0'; /* drop the sextet that is only padding */
+	return 0;
+}
+
+void ids_now(char *out)
+{
+	struct timeval tv;
+	struct tm tm;
+	unsigned long us;
+
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	strftime(out, IDS_TS_LEN + 1, "%Y-%m-%dT%H:%M:%S", &tm); /* 19 characters */
+	us = (unsigned long)tv.tv_usec % 1000000;
+	out[19] = '.';
+	for (int i = 25; i >= 20; i--, us /= 10)
+		out[i] = (char)('0' + us % 10);
+	out[26] = 'Z';
+	out[27] = '\0';
+}

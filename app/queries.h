@@ -1,0 +1,49 @@
+/*
+ * queries.h - every SQL statement the server runs, prepared once per
+ * connection (and again after a reconnect) from one table.
+ *
+ * The SQL text lives in queries.c only; callers name a statement by its enum
+ * and pass text-format parameters in the documented order.
+ */
+#ifndef IDF_QUERIES_H
+#define IDF_QUERIES_H
+
+#include <stddef.h>
+
+struct db_stmt {
+	const char *name;
+	const char *sql;
+};
+
+enum query_id {
+	/* $1 token_hash (bytea hex) -> tenant_id */
+	Q_AUTH,
+	/*
+	 * One statement, hence one transaction: claim the key, insert the
+	 * workflow and its workflow.created event, store the response.
+	 * $1 tenant_id, $2 key, $3 method, $4 path, $5 fingerprint (bytea hex),
+	 * $6 stored headers, $7 stored body, $8 created_at, $9 key ttl (interval),
+	 * $10 workflow id, $11 type, $12 input (canonical JSON), $13 event_id,
+	 * $14 event payload.
+	 * -> rows of (outcome, fingerprint, status, headers, body, expired):
+	 *    one 'created' row when this request owned the key; one 'existing'
+	 *    row when the key was committed before this statement began; none
+	 *    when it was committed by a concurrent owner while we waited.
+	 */
+	Q_CREATE_KEYED,
+	/* Unkeyed create (idempotency_key = optional), workflow and event only:
+	 * $1 tenant_id, $2 created_at, $3 id, $4 type, $5 input, $6 event_id,
+	 * $7 payload. */
+	Q_CREATE_UNKEYED,
+	/* $1 tenant_id, $2 key -> the 'existing' row of Q_CREATE_KEYED */
+	Q_KEY_GET,
+	/* $1 tenant_id, $2 key: removes the row only if it has expired */
+	Q_KEY_DELETE_EXPIRED,
+	/* $1 tenant_id, $2 id -> (id, type, state, input, created_at) */
+	Q_WF_GET,
+	Q__COUNT
+};
+
+extern const struct db_stmt queries[Q__COUNT];
+
+#endif

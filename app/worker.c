@@ -1,0 +1,159 @@
+/* worker.c - the FastCGI accept loop of one worker (see worker.h). */
+#include "worker.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "db.h"
+#include "http.h"
+#include "log.h"
+#include "queries.h"
+
+static volatile sig_atomic_t worker_stop;
+
+static void on_stop(int sig)
+{
+	(void)sig;
+	worker_stop = 1;
+}
+
+static double elapsed_ms(const struct timespec *t0)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+static void log_request(const struct api_ctx *ctx, const struct http_req *req,
+			const struct http_resp *resp, double ms)
+{
+	char line[1024];
+	size_t n = 0;
+	char num[48];
+
+	log_kv(line, sizeof(line), &n, "request_id", req->request_id);
+	log_kv(line, sizeof(line), &n, "method", req->method);
+	log_kv(line, sizeof(line), &n, "path", req->path);
+	snprintf(num, sizeof(num), "%d", resp->status);
+	log_kv(line, sizeof(line), &n, "status", num);
+	snprintf(num, sizeof(num), "%ld", ctx->tenant_id);
+	log_kv(line, sizeof(line), &n, "tenant", num);
+	log_kv(line, sizeof(line), &n, "idem", idem_outcome_name(ctx->idem));
+	snprintf(num, sizeof(num), "%.3f", ms);
+	log_kv(line, sizeof(line), &n, "duration_ms", num);
+	if (ctx->err.code != ERR_NONE) {
+		log_kv(line, sizeof(line), &n, "sqlstate", ctx->err.sqlstate);
+		log_kv(line, sizeof(line), &n, "error", ctx->err.msg);
+	}
+	if (resp->status >= 500)
+		log_error("request failed", "%s", line);
+	else
+		log_info("request", "%s", line);
+}
+
+int worker_run(const struct conf *c, int listen_fd)
+{
+	struct sigaction sa;
+	sigset_t stopset, waitmask;
+	char appname[128];
+	struct db_settings ds;
+	struct api_ctx ctx;
+	struct http_resp resp = {0};
+	FCGX_Request freq;
+	struct err e;
+	struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
+	long served = 0;
+	int rc = 0;
+
+	log_set_component("worker");
+	/* No SA_RESTART: a stop must interrupt ppoll(). */
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	sa.sa_handler = SIG_DFL;
+	sigaction(SIGCHLD, &sa, NULL);
+	sigaction(SIGALRM, &sa, NULL);
+
+	sigemptyset(&stopset);
+	sigaddset(&stopset, SIGTERM);
+	sigaddset(&stopset, SIGINT);
+	sigprocmask(SIG_SETMASK, &stopset, &waitmask);
+	sigdelset(&waitmask, SIGTERM);
+	sigdelset(&waitmask, SIGINT);
+
+	snprintf(appname, sizeof(appname), "%s-worker-%ld", c->application_name, (long)getpid());
+	ds = (struct db_settings){.conninfo = c->db,
+				  .application_name = appname,
+				  .lock_timeout_ms = c->idempotency_wait,
+				  .statement_timeout_ms = c->statement_timeout,
+				  .stmts = queries,
+				  .nstmts = Q__COUNT};
+	memset(&ctx, 0, sizeof(ctx));
+	ctx.conf = c;
+	ctx.db = db_open(&ds, &e);
+	if (ctx.db == NULL) {
+		log_error("could not start worker", "error=\"out of memory\"");
+		return 1;
+	}
+	if (e.code != ERR_NONE)
+		log_warning("database unavailable at start; answering 503 until it is back",
+			    "error=\"%s\"", e.msg);
+
+	if (FCGX_Init() != 0 || FCGX_InitRequest(&freq, listen_fd, FCGI_FAIL_ACCEPT_ON_INTR) != 0) {
+		log_error("could not initialise libfcgi", NULL);
+		rc = 1;
+		goto out;
+	}
+	log_info("worker started", NULL);
+
+	while (!worker_stop) {
+		struct timespec t0;
+		struct http_req req;
+
+		/* Wait for a connection with the stop signals unblocked, atomically. */
+		int r = ppoll(&pfd, 1, NULL, &waitmask);
+		if (worker_stop)
+			break;
+		if (r <= 0)
+			continue;
+		/* The socket is non-blocking: when another worker won the
+		 * connection, accept fails with EAGAIN and we wait again. */
+		if (FCGX_Accept_r(&freq) < 0)
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		http_req_init(&req, &freq);
+		http_resp_reset(&resp);
+		db_check(ctx.db);
+		api_handle(&ctx, &req, &resp);
+		if (http_send(&freq, &resp) < 0)
+			log_warning("client went away before the answer was sent", "request_id=%s",
+				    req.request_id);
+		/* Log before FCGX_Finish_r: it frees the strings req points to. */
+		log_request(&ctx, &req, &resp, elapsed_ms(&t0));
+		FCGX_Finish_r(&freq);
+		if (c->max_requests > 0 && ++served >= c->max_requests) {
+			log_info("worker retiring after max_requests", "served=%ld", served);
+			break;
+		}
+	}
+	log_info("worker stopped", NULL);
+	FCGX_Free(&freq, 0);
+out:
+	http_resp_free(&resp);
+	buf_free(&ctx.body);
+	buf_free(&ctx.scratch);
+	db_close(ctx.db);
+	return rc;
+}

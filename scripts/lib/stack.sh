@@ -1,0 +1,408 @@
+# shellcheck shell=bash
+# scripts/lib/stack.sh - start and stop a private idemflow stack.
+#
+# Sourced by scripts/run (a local stack for trying the service by hand) and by
+# t/run-test (a throwaway stack per test). It starts, on loopback only:
+#   - a private PostgreSQL cluster     stack_pg_start DIR [fast] / stack_pg_stop
+#   - the FastCGI server idemflow-fcgi stack_fcgi_start CONF SOCK PIDFILE LOG / stack_fcgi_stop
+#   - nginx in a private prefix        stack_nginx_start DIR PORT SOCK TEMPLATE / stack_nginx_stop
+#
+# PostgreSQL refuses to run as root: as root its commands run as the Debian
+# `postgres` user (runuser), so DIR must be traversable by that user; nginx
+# workers then run as www-data and need to reach the FastCGI socket.
+# Functions return non-zero on failure and never exit the caller.
+
+STACK_LOG_PREFIX=${STACK_LOG_PREFIX:-stack}
+
+stack_log() {
+	printf '%s: %s\n' "$STACK_LOG_PREFIX" "$*" >&2
+}
+
+stack_is_root() {
+	[[ $EUID -eq 0 ]]
+}
+
+# stack_tail FILE [N]: print the last N lines of FILE to stderr, headed by its name.
+stack_tail() {
+	local file=$1 n=${2:-50}
+	[[ -s $file ]] || return 0
+	printf -- '----- last %s lines of %s -----\n' "$n" "$file" >&2
+	tail -n "$n" -- "$file" >&2 || true
+}
+
+# stack_free_port: print a TCP port that is free on 127.0.0.1 right now.
+stack_free_port() {
+	if command -v python3 >/dev/null 2>&1; then
+		python3 -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()' && return 0
+	fi
+	local port
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		port=$((20000 + RANDOM % 30000))
+		if ! stack_port_open "$port"; then
+			echo "$port"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# stack_port_open PORT: true when something accepts TCP connections on 127.0.0.1:PORT.
+stack_port_open() {
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# stack_alive PID: true while PID runs (a zombie, exited but not yet reaped
+# by its parent, counts as gone).
+stack_alive() {
+	local stat
+	kill -0 "$1" 2>/dev/null || return 1
+	stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+	stat=${stat##*) }
+	[[ ${stat%% *} != Z ]]
+}
+
+# stack_wait_gone PID SECONDS: wait until PID has exited; false on timeout.
+stack_wait_gone() {
+	local pid=$1 tenths=$(($2 * 10))
+	while stack_alive "$pid"; do
+		((tenths-- > 0)) || return 1
+		sleep 0.1
+	done
+	return 0
+}
+
+# stack_pid_from FILE: print the pid stored in the first line of FILE, if any.
+stack_pid_from() {
+	local pid=
+	[[ -r $1 ]] && read -r pid <"$1" 2>/dev/null
+	[[ $pid =~ ^[0-9]+$ ]] && echo "$pid"
+}
+
+# stack_kill_children PID SIGNAL: signal the direct children of PID.
+stack_kill_children() {
+	local child
+	for child in $(pgrep -P "$1" 2>/dev/null); do
+		kill "-$2" "$child" 2>/dev/null || true
+	done
+}
+
+# stack_sweep DIR: SIGKILL any process whose command line mentions DIR.
+# A last resort for throwaway directories (mktemp names), after orderly stops.
+stack_sweep() {
+	local dir=$1 proc pid cmd
+	[[ -n $dir && $dir != / ]] || return 0
+	for proc in /proc/[0-9]*; do
+		pid=${proc#/proc/}
+		[[ $pid == "$$" || $pid == "${BASHPID:-}" ]] && continue
+		cmd=$(tr '\0' ' ' 2>/dev/null <"$proc/cmdline") || continue
+		if [[ $cmd == *"$dir"* ]]; then
+			stack_log "killing leftover process $pid: $cmd"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	done
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+# stack_as_pg CMD...: run CMD as the PostgreSQL owner (postgres when root).
+stack_as_pg() {
+	if stack_is_root; then
+		(cd / && runuser -u postgres -- "$@")
+	else
+		"$@"
+	fi
+}
+
+# stack_pg_install_dir DIR MODE: create DIR owned by the PostgreSQL owner.
+stack_pg_install_dir() {
+	if stack_is_root; then
+		install -d -o postgres -g postgres -m "$2" -- "$1"
+	else
+		install -d -m "$2" -- "$1"
+	fi
+}
+
+# stack_pg_bindir: print the directory holding initdb and pg_ctl.
+stack_pg_bindir() {
+	local dir
+	if [[ -n ${PG_BINDIR:-} ]]; then
+		echo "$PG_BINDIR"
+		return 0
+	fi
+	dir=$(find /usr/lib/postgresql -mindepth 3 -maxdepth 3 -path '*/bin/initdb' 2>/dev/null |
+		sort -V | tail -n 1)
+	if [[ -n $dir ]]; then
+		dirname -- "$dir"
+	elif command -v initdb >/dev/null 2>&1; then
+		dirname -- "$(command -v initdb)"
+	else
+		stack_log "PostgreSQL server binaries not found (install the postgresql package)"
+		return 1
+	fi
+}
+
+# stack_conninfo_value VALUE: quote VALUE for a libpq conninfo string if needed.
+stack_conninfo_value() {
+	local v=$1
+	if [[ $v =~ [[:space:]\'\\] || -z $v ]]; then
+		v=${v//\\/\\\\}
+		v=${v//\'/\\\'}
+		v="'$v'"
+	fi
+	printf '%s' "$v"
+}
+
+_stack_pg_initdb() {
+	local fast=$1 out=$STACK_PG_DIR/initdb.log
+	local -a args=(-D "$STACK_PG_DATA" -U postgres -A trust --no-locale -E UTF8 --no-instructions)
+	[[ $fast == fast ]] && args+=(--no-sync)
+	if ! stack_as_pg "$STACK_PG_BINDIR/initdb" "${args[@]}" >"$out" 2>&1; then
+		stack_log "initdb failed"
+		stack_tail "$out"
+		return 1
+	fi
+	printf "\n# per-start settings written by scripts/lib/stack.sh\ninclude_if_exists 'stack.conf'\n" \
+		>>"$STACK_PG_DATA/postgresql.conf"
+}
+
+# _stack_pg_write_conf fast|"": settings re-written at every start (port may change).
+_stack_pg_write_conf() {
+	local sock=${STACK_PG_SOCKDIR//\'/\'\'}
+	{
+		echo "listen_addresses = '127.0.0.1'"
+		echo "port = $STACK_PG_PORT"
+		echo "unix_socket_directories = '$sock'"
+		echo "max_connections = 100"
+		if [[ $1 == fast ]]; then
+			echo "# throwaway cluster: durability is not needed"
+			echo "fsync = off"
+			echo "synchronous_commit = off"
+			echo "full_page_writes = off"
+		fi
+	} >"$STACK_PG_DATA/stack.conf"
+	chmod 644 "$STACK_PG_DATA/stack.conf"
+}
+
+_stack_pg_createdb() {
+	local -a conn=(-h "$STACK_PG_SOCKDIR" -p "$STACK_PG_PORT" -U postgres)
+	local have
+	have=$("$STACK_PG_BINDIR/psql" "${conn[@]}" -d postgres -XAtq \
+		-c "SELECT 1 FROM pg_database WHERE datname = 'idemflow'") || return 1
+	[[ $have == 1 ]] && return 0
+	"$STACK_PG_BINDIR/createdb" "${conn[@]}" idemflow
+}
+
+# stack_pg_start DIR [fast]: start (initialising if needed) a private cluster
+# with data in DIR/pg, socket in DIR/pgsock, log DIR/pg.log, on a free
+# 127.0.0.1 port, with a database idemflow. "fast" turns durability off (tests).
+# Exports DATABASE_URL and the PG* variables; sets STACK_PG_* for stack_pg_stop.
+stack_pg_start() {
+	local dir=$1 mode=${2:-} try
+	STACK_PG_DIR=$dir
+	STACK_PG_DATA=$dir/pg
+	STACK_PG_SOCKDIR=$dir/pgsock
+	STACK_PG_LOG=$dir/pg.log
+	STACK_PG_BINDIR=$(stack_pg_bindir) || return 1
+	stack_pg_install_dir "$STACK_PG_DATA" 700 || return 1
+	stack_pg_install_dir "$STACK_PG_SOCKDIR" 755 || return 1
+	if [[ ! -e $STACK_PG_LOG ]]; then
+		: >"$STACK_PG_LOG"
+		stack_is_root && chown postgres:postgres "$STACK_PG_LOG"
+	fi
+	if [[ ! -f $STACK_PG_DATA/PG_VERSION ]]; then
+		_stack_pg_initdb "$mode" || return 1
+	fi
+	for try in 1 2 3; do
+		STACK_PG_PORT=$(stack_free_port) || return 1
+		_stack_pg_write_conf "$mode"
+		if stack_as_pg "$STACK_PG_BINDIR/pg_ctl" -D "$STACK_PG_DATA" -l "$STACK_PG_LOG" \
+			-w -t 60 start >/dev/null; then
+			_stack_pg_createdb || { stack_tail "$STACK_PG_LOG"; return 1; }
+			_stack_pg_export
+			return 0
+		fi
+		stack_log "PostgreSQL did not start on port $STACK_PG_PORT (attempt $try)"
+	done
+	stack_tail "$STACK_PG_LOG"
+	return 1
+}
+
+_stack_pg_export() {
+	export PGHOST=$STACK_PG_SOCKDIR PGPORT=$STACK_PG_PORT PGUSER=postgres PGDATABASE=idemflow
+	DATABASE_URL="host=$(stack_conninfo_value "$STACK_PG_SOCKDIR") port=$STACK_PG_PORT"
+	DATABASE_URL+=" dbname=idemflow user=postgres"
+	export DATABASE_URL
+}
+
+# stack_pg_running [DATA]: true when the cluster in DATA is up.
+stack_pg_running() {
+	local data=${1:-${STACK_PG_DATA:-}}
+	[[ -n $data && -f $data/postmaster.pid ]] || return 1
+	local bindir
+	bindir=${STACK_PG_BINDIR:-$(stack_pg_bindir)} || return 1
+	stack_as_pg "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1
+}
+
+# stack_pg_stop [DATA]: stop the cluster (fast, then immediate, then SIGKILL).
+stack_pg_stop() {
+	local data=${1:-${STACK_PG_DATA:-}} bindir pid
+	[[ -n $data && -f $data/postmaster.pid ]] || return 0
+	bindir=${STACK_PG_BINDIR:-$(stack_pg_bindir)} || return 1
+	stack_as_pg "$bindir/pg_ctl" -D "$data" -m fast -w -t 30 stop >/dev/null 2>&1 && return 0
+	stack_as_pg "$bindir/pg_ctl" -D "$data" -m immediate -w -t 10 stop >/dev/null 2>&1 && return 0
+	pid=$(stack_pid_from "$data/postmaster.pid") || return 0
+	stack_log "PostgreSQL $pid did not stop: killing it"
+	stack_kill_children "$pid" KILL
+	kill -KILL "$pid" 2>/dev/null || true
+	stack_wait_gone "$pid" 5
+}
+
+# ------------------------------------------------------------------- FastCGI
+
+# stack_fcgi_start CONF SOCKET PIDFILE LOG: run "$IDEMFLOW_FCGI" --config CONF in
+# the background, in its own process group, stderr to LOG; wait up to 10s for
+# SOCKET and PIDFILE. Sets STACK_FCGI_PID (= process group) and STACK_FCGI_PIDFILE.
+stack_fcgi_start() {
+	local conf=$1 sock=$2 pidfile=$3 log=$4 tenths=100
+	: "${IDEMFLOW_FCGI:?IDEMFLOW_FCGI is not set}"
+	[[ -x $IDEMFLOW_FCGI ]] || { stack_log "not executable: $IDEMFLOW_FCGI"; return 1; }
+	rm -f -- "$pidfile"
+	STACK_FCGI_PIDFILE=$pidfile
+	setsid "$IDEMFLOW_FCGI" --config "$conf" </dev/null >>"$log" 2>&1 &
+	STACK_FCGI_PID=$!
+	echo "$STACK_FCGI_PID" >"$pidfile.pgid"
+	until [[ -S $sock && -s $pidfile ]]; do
+		if ! stack_alive "$STACK_FCGI_PID"; then
+			stack_log "idemflow-fcgi exited during startup"
+			stack_tail "$log"
+			return 1
+		fi
+		if ((tenths-- <= 0)); then
+			stack_log "idemflow-fcgi did not create $sock and $pidfile within 10s"
+			stack_tail "$log"
+			return 1
+		fi
+		sleep 0.1
+	done
+}
+
+_stack_is_fcgi() {
+	local cmd
+	cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
+	[[ $cmd == *idemflow* ]]
+}
+
+# stack_fcgi_stop [PIDFILE]: SIGTERM the supervisor (from PIDFILE and the pid we
+# started), wait up to ${STACK_FCGI_STOP_TIMEOUT:-30}s, then SIGKILL its whole
+# process group so no worker is left behind.
+stack_fcgi_stop() {
+	local pidfile=${1:-${STACK_FCGI_PIDFILE:-}} pid pgid='' pids=()
+	[[ -n $pidfile ]] || return 0
+	pgid=${STACK_FCGI_PID:-$(stack_pid_from "$pidfile.pgid")} || true
+	# The pid file may be stale (pid reused): only signal an idemflow process.
+	pid=$(stack_pid_from "$pidfile") && _stack_is_fcgi "$pid" && pids+=("$pid")
+	[[ -n $pgid && $pgid != "${pid:-}" ]] && pids+=("$pgid")
+	for pid in "${pids[@]}"; do
+		kill -TERM "$pid" 2>/dev/null || continue
+		if ! stack_wait_gone "$pid" "${STACK_FCGI_STOP_TIMEOUT:-30}"; then
+			stack_log "idemflow-fcgi $pid ignored SIGTERM: killing it"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	done
+	if [[ -n $pgid ]] && kill -0 -- "-$pgid" 2>/dev/null; then
+		kill -KILL -- "-$pgid" 2>/dev/null || true
+	fi
+	# Reap our own child if it was ours, so no zombie is left to the caller.
+	if [[ -n ${STACK_FCGI_PID:-} ]]; then
+		wait "$STACK_FCGI_PID" 2>/dev/null || true
+	fi
+	rm -f -- "$pidfile.pgid"
+	unset STACK_FCGI_PID
+	return 0
+}
+
+# --------------------------------------------------------------------- nginx
+
+stack_sed_escape() {
+	printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'
+}
+
+# stack_nginx_bin: print the nginx binary (/usr/sbin is not on every PATH).
+stack_nginx_bin() {
+	if [[ -n ${NGINX:-} ]]; then
+		echo "$NGINX"
+	elif command -v nginx 2>/dev/null; then
+		:
+	elif [[ -x /usr/sbin/nginx ]]; then
+		echo /usr/sbin/nginx
+	else
+		stack_log "nginx not found (install the nginx package)"
+		return 1
+	fi
+}
+
+# stack_nginx_render TEMPLATE OUT PREFIX PORT SOCKET: fill in the template.
+stack_nginx_render() {
+	local template=$1 out=$2 user_line='# user: nginx runs as the invoking user'
+	stack_is_root && user_line='user www-data;'
+	sed -e "s|@PREFIX@|$(stack_sed_escape "$3")|g" \
+		-e "s|@PORT@|$(stack_sed_escape "$4")|g" \
+		-e "s|@SOCKET@|$(stack_sed_escape "$5")|g" \
+		-e "s|@USER_LINE@|$(stack_sed_escape "$user_line")|g" \
+		-- "$template" >"$out"
+}
+
+# stack_nginx_start DIR PORT SOCKET TEMPLATE: run nginx with prefix DIR/nginx on
+# 127.0.0.1:PORT in front of unix:SOCKET. An empty PORT picks a free one
+# (retried on a clash). Sets STACK_NGINX_PREFIX and STACK_NGINX_PORT.
+stack_nginx_start() {
+	local dir=$1 port=$2 sock=$3 template=$4 prefix try tenths nginx
+	nginx=$(stack_nginx_bin) || return 1
+	prefix=$dir/nginx
+	STACK_NGINX_PREFIX=$prefix
+	install -d -m 755 -- "$prefix" "$prefix/tmp" || return 1
+	for try in 1 2 3; do
+		STACK_NGINX_PORT=${port:-$(stack_free_port)} || return 1
+		stack_nginx_render "$template" "$prefix/nginx.conf" "$prefix" "$STACK_NGINX_PORT" "$sock" ||
+			return 1
+		if "$nginx" -p "$prefix/" -c nginx.conf -e "$prefix/error.log" 2>"$prefix/start.err"; then
+			tenths=100
+			until stack_port_open "$STACK_NGINX_PORT"; do
+				if ((tenths-- <= 0)); then
+					stack_log "nginx does not answer on 127.0.0.1:$STACK_NGINX_PORT"
+					stack_tail "$prefix/error.log"
+					return 1
+				fi
+				sleep 0.1
+			done
+			return 0
+		fi
+		# Only a port taken between stack_free_port and bind() is worth a retry.
+		if [[ -n $port ]] || ! grep -q 'Address already in use' "$prefix/start.err"; then
+			break
+		fi
+		stack_log "nginx could not bind port $STACK_NGINX_PORT (attempt $try)"
+	done
+	stack_log "nginx did not start"
+	stack_tail "$prefix/start.err"
+	return 1
+}
+
+# stack_nginx_stop [PREFIX]: graceful quit, then TERM, then KILL (workers too).
+stack_nginx_stop() {
+	local prefix=${1:-${STACK_NGINX_PREFIX:-}} pid
+	[[ -n $prefix ]] || return 0
+	pid=$(stack_pid_from "$prefix/nginx.pid") || return 0
+	kill -QUIT "$pid" 2>/dev/null || return 0
+	stack_wait_gone "$pid" 10 && return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	stack_wait_gone "$pid" 5 && return 0
+	stack_log "nginx $pid did not stop: killing it"
+	stack_kill_children "$pid" KILL
+	kill -KILL "$pid" 2>/dev/null || true
+	stack_wait_gone "$pid" 5
+}

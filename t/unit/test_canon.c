@@ -1,0 +1,110 @@
+/* test_canon.c - the canonical JSON form that request fingerprints cover. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "canon.h"
+
+/* Parse text and return its canonical form (static buffer), or NULL. */
+static const char *canon_of(const char *text, char *errmsg, size_t errlen)
+{
+	static struct buf out;
+	struct err e = {0};
+	struct json_object *v = canon_parse(text, strlen(text), 64, &e);
+
+	buf_reset(&out);
+	if (v == NULL || canon_write(&out, v, &e) < 0) {
+		json_object_put(v);
+		if (errmsg)
+			snprintf(errmsg, errlen, "%s", e.msg);
+		return NULL;
+	}
+	json_object_put(v);
+	return out.data;
+}
+
+struct pair {
+	const char *in;
+	const char *want;
+};
+
+/* Table-driven in one test: Criterion's parameterized tests would need the
+ * strings copied into shared memory. */
+Test(canon, equivalent_texts_share_one_form)
+{
+	static const struct pair cases[] = {
+		{"{\"b\":2,\"a\":1}", "{\"a\":1,\"b\":2}"},
+		{" { \"a\" : 1 ,\n\t\"b\" : [ 1 , 2 ] } ", "{\"a\":1,\"b\":[1,2]}"},
+		{"{\"z\":{\"y\":1,\"x\":2},\"a\":null}", "{\"a\":null,\"z\":{\"x\":2,\"y\":1}}"},
+		{"[true,false,null]", "[true,false,null]"},
+		{"1.0", "1"},
+		{"-0.0", "0"},
+		{"1e3", "1000"},
+		{"0.1", "0.1"},
+		{"1.5e300", "1.5e+300"},
+		{"-12345678901234", "-12345678901234"},
+		{"18446744073709551615", "18446744073709551615"},
+		{"\"\\u00e9\"", "\"\xc3\xa9\""},
+		{"\"a\\/b\"", "\"a/b\""},
+		{"\"\\u001f\\n\\t\"", "\"\\u001f\\n\\t\""},
+		{"\"q\\\"b\\\\\"", "\"q\\\"b\\\\\""},
+		{"{\"a\":1,\"a\":2}", "{\"a\":2}"},
+		{"{\"\xc3\xa9\":1,\"z\":2,\"A\":3}", "{\"A\":3,\"z\":2,\"\xc3\xa9\":1}"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct pair *p = &cases[i];
+		char msg[256] = "";
+		const char *got = canon_of(p->in, msg, sizeof(msg));
+
+		cr_assert_not_null(got, "%s rejected: %s", p->in, msg);
+		cr_assert_str_eq(got, p->want, "canonical form of %s", p->in);
+	}
+}
+
+Test(canon, malformed_input_is_rejected)
+{
+	static const char *cases[] = {
+		"",          "{",          "{\"a\":}",      "{\"a\":1,}", "[1,2",
+		"{\"a\":1} x", "{'a':1}",  "\"\xff\"",      "\"\xc3\"",   "nul",
+		"{\"a\":1}{}", "\"\\u0000\"", "01",         "NaN",        "null",
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(cases[i], msg, sizeof(msg)), "accepted: %s", cases[i]);
+		cr_assert_neq(msg[0], '\0', "no error message for %s", cases[i]);
+	}
+}
+
+Test(canon, nesting_beyond_the_limit_is_rejected)
+{
+	char deep[200];
+	struct err e = {0};
+	struct json_object *v;
+
+	memset(deep, '[', 100);
+	memset(deep + 100, ']', 100);
+	v = canon_parse(deep, sizeof(deep), 64, &e);
+	cr_assert_null(v);
+	cr_assert(strstr(e.msg, "too deep") != NULL, "message: %s", e.msg);
+	v = canon_parse(deep + 40, 120, 64, &e);
+	cr_assert_not_null(v, "60 levels fit in a limit of 64");
+	json_object_put(v);
+}
+
+Test(canon, a_nul_byte_inside_the_body_is_rejected)
+{
+	const char text[] = "{\"a\":1}\0{}";
+	struct err e = {0};
+
+	cr_assert_null(canon_parse(text, sizeof(text) - 1, 64, &e));
+}
+
+Test(canon, strings_are_escaped_minimally)
+{
+	struct buf b = BUF_INIT;
+
+	canon_write_string(&b, "a\"\\\b\f\n\r\t\x01/\xe2\x82\xac", 13);
+	cr_assert_str_eq(b.data, "\"a\\\"\\\\\\b\\f\\n\\r\\t\\u0001/\xe2\x82\xac\"");
+	buf_free(&b);
+}

@@ -1,0 +1,135 @@
+/* test_conf.c - the configuration table: files, flags, and clear errors. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conf.h"
+
+static char path[64];
+
+static void write_conf(const char *text)
+{
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/tmp/idemflow-conf-test.%ld", (long)getpid());
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static void cleanup(void)
+{
+	unlink(path);
+}
+
+Test(conf, defaults_are_the_documented_ones)
+{
+	struct conf *c = conf_new();
+
+	cr_assert_not_null(c);
+	cr_assert_eq(c->workers, 4);
+	cr_assert_eq(c->idempotency_key, IDEM_KEY_REQUIRED);
+	cr_assert_eq(c->idempotency_ttl, 24L * 3600 * 1000);
+	cr_assert_eq(c->idempotency_wait, 5000);
+	cr_assert_eq(c->max_body, 1048576);
+	cr_assert_eq(c->listen_mode, 0660);
+	cr_assert_str_eq(c->db, "");
+	conf_free(c);
+}
+
+Test(conf, file_values_and_units_are_parsed, .fini = cleanup)
+{
+	struct conf *c = conf_new();
+	struct err e = {0};
+
+	write_conf("# comment\n\nworkers = 7\nidempotency_ttl = 90m\nidempotency-wait=250ms\n"
+		   "max_body = 64k\nidempotency_key = optional\nlisten = \" /tmp/x.sock \"\n");
+	cr_assert_eq(conf_load_file(c, path, &e), 0, "%s", e.msg);
+	cr_assert_eq(c->workers, 7);
+	cr_assert_eq(c->idempotency_ttl, 90L * 60 * 1000);
+	cr_assert_eq(c->idempotency_wait, 250);
+	cr_assert_eq(c->max_body, 65536);
+	cr_assert_eq(c->idempotency_key, IDEM_KEY_OPTIONAL);
+	cr_assert_str_eq(c->listen, " /tmp/x.sock ");
+	conf_free(c);
+}
+
+Test(conf, a_bad_value_names_file_line_key_and_value, .fini = cleanup)
+{
+	struct conf *c = conf_new();
+	struct err e = {0};
+
+	write_conf("workers = 2\nidempotency_wait = soon\n");
+	cr_assert_eq(conf_load_file(c, path, &e), -1);
+	cr_assert(strstr(e.msg, ":2:") != NULL, "line number in: %s", e.msg);
+	cr_assert(strstr(e.msg, "idempotency_wait") != NULL, "key in: %s", e.msg);
+	cr_assert(strstr(e.msg, "\"soon\"") != NULL, "value in: %s", e.msg);
+	conf_free(c);
+}
+
+Test(conf, unknown_keys_and_out_of_range_values_are_errors)
+{
+	struct conf *c = conf_new();
+	struct err e = {0};
+
+	cr_assert_eq(conf_set(c, "wokers", "3", "test", &e), -1);
+	cr_assert(strstr(e.msg, "unknown configuration key \"wokers\"") != NULL, "%s", e.msg);
+	cr_assert_eq(conf_set(c, "workers", "0", "test", &e), -1);
+	cr_assert_eq(conf_set(c, "workers", "3x", "test", &e), -1);
+	cr_assert_eq(conf_set(c, "idempotency_key", "maybe", "test", &e), -1);
+	cr_assert_eq(conf_set(c, "log_level", "loud", "test", &e), -1);
+	cr_assert_eq(c->workers, 4, "a rejected value leaves the old one");
+	conf_free(c);
+}
+
+Test(conf, flags_override_the_file_and_stop_at_the_command, .fini = cleanup)
+{
+	struct err e = {0};
+	int next = 0;
+	struct conf *c;
+
+	write_conf("workers = 2\ndb = dbname=fromfile\n");
+	char *argv[] = {"prog", "--workers", "9", "--config", path, "--idempotency-key=optional",
+			"migrate", "--workers", "1", NULL};
+	unsetenv("DATABASE_URL");
+	unsetenv("IDEMFLOW_CONFIG");
+	c = conf_from_args(9, argv, &next, &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	cr_assert_eq(c->workers, 9);
+	cr_assert_eq(c->idempotency_key, IDEM_KEY_OPTIONAL);
+	cr_assert_str_eq(c->db, "dbname=fromfile");
+	cr_assert_eq(next, 6);
+	conf_free(c);
+}
+
+Test(conf, database_url_overrides_the_file_but_not_the_flag, .fini = cleanup)
+{
+	struct err e = {0};
+	int next = 0;
+	struct conf *c;
+
+	write_conf("db = dbname=fromfile\n");
+	setenv("DATABASE_URL", "postgresql:///fromenv", 1);
+	char *argv1[] = {"prog", "--config", path, NULL};
+	c = conf_from_args(3, argv1, &next, &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	cr_assert_str_eq(c->db, "postgresql:///fromenv");
+	conf_free(c);
+	char *argv2[] = {"prog", "--config", path, "--db", "dbname=fromflag", NULL};
+	c = conf_from_args(5, argv2, &next, &e);
+	cr_assert_str_eq(c->db, "dbname=fromflag");
+	conf_free(c);
+}
+
+Test(conf, unknown_flags_are_errors)
+{
+	struct err e = {0};
+	int next = 0;
+	char *argv[] = {"prog", "--wrokers", "3", NULL};
+
+	cr_assert_null(conf_from_args(3, argv, &next, &e));
+	cr_assert(strstr(e.msg, "--wrokers") != NULL, "%s", e.msg);
+}
