@@ -147,6 +147,8 @@ static void sighup_replaces_every_worker(pid_t sup, size_t workers)
 
 	tstack_key(key, sizeof(key), "sighup");
 	r = post(&t, key, MIN_BODY);
+	cr_assert_eq(r->status, 201, "POST after SIGHUP answered %d: %.300s",
+		     r->status, r->body);
 	id = tstack_expect_created(r, "x", "{}");
 	tstack_expect_counts(&t, 1, 1, 1);
 	free(id);
@@ -196,6 +198,9 @@ static void sigterm_drains_in_flight_request(pid_t sup, long wait_ms)
 	pthread_join(thread, NULL);
 
 	cr_assert_not_null(pending.resp, "in-flight request: %s", pending.err);
+	cr_assert_eq(pending.resp->status, 201,
+		     "request in flight at SIGTERM answered %d: %.300s",
+		     pending.resp->status, pending.resp->body);
 	id = tstack_expect_created(pending.resp, "drain", "{\"d\":1}");
 
 	/* Not our child, so its exit status is not ours to read; the
