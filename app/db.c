@@ -1,6 +1,8 @@
 /* db.c - libpq connection, prepared statements, SQLSTATE classes (see db.h). */
 #include "db.h"
 
+#include "log.h"
+
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,11 +89,28 @@ PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const 
 	return NULL;
 }
 
+/* Server messages outside a query (a NOTICE, or the FATAL that comes before
+ * the server closes a connection) go to the log as one logfmt line instead
+ * of libpq's raw stderr text. */
+static void log_notice(void *arg, const char *message)
+{
+	char line[512];
+	size_t n = 0, len = strcspn(message, "\n");
+	char msg[400];
+
+	(void)arg;
+	snprintf(msg, sizeof(msg), "%.*s", (int)(len < sizeof(msg) ? len : sizeof(msg) - 1),
+		 message);
+	log_kv(line, sizeof(line), &n, "message", msg);
+	log_info("postgresql says", "%s", line);
+}
+
 static int db_setup(struct db *db, struct err *e)
 {
 	char sql[256];
 	PGresult *res;
 
+	PQsetNoticeProcessor(db->conn, log_notice, NULL);
 	snprintf(sql, sizeof(sql),
 		 "SET TimeZone = 'UTC'; SET lock_timeout = '%ldms'; SET statement_timeout = '%ldms'",
 		 db->s.lock_timeout_ms, db->s.statement_timeout_ms);
@@ -178,16 +197,20 @@ void db_check(struct db *db)
 		db->ready = 0;
 		return;
 	}
-	/* A server that closed an idle connection has sent its goodbye
-	 * already: read it now. */
+	/* A server that closed an idle connection has sent its goodbye (an
+	 * error message, then EOF) already: read it now. libpq reports the
+	 * EOF only on a read after the message, hence the loop. */
 	pfd.fd = PQsocket(db->conn);
 	pfd.events = POLLIN;
-	pfd.revents = 0;
-	if (poll(&pfd, 1, 0) > 0) {
-		if (!PQconsumeInput(db->conn) || PQstatus(db->conn) != CONNECTION_OK)
+	for (int i = 0; i < 4; i++) {
+		pfd.revents = 0;
+		if (poll(&pfd, 1, 0) <= 0)
+			break;
+		if (!PQconsumeInput(db->conn) || PQstatus(db->conn) != CONNECTION_OK) {
 			db->ready = 0;
-		else
-			drain_notifies(db->conn);
+			break;
+		}
+		drain_notifies(db->conn);
 	}
 }
 

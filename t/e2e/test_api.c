@@ -6,9 +6,6 @@
  * every test works in a tenant of its own with keys of its own, and counts
  * only that tenant's rows.
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* memmem, strcasestr, asprintf, pipe2 */
-#endif
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>

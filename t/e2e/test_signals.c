@@ -9,9 +9,6 @@
  * own and talks FastCGI to it directly (nginx only knows the harness
  * socket), so it is independent of the other test.
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* memmem, strcasestr, asprintf, pipe2 */
-#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>

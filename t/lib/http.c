@@ -7,7 +7,7 @@
  * response that was cut short.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* memmem, strcasestr, asprintf, pipe2 */
+#define _GNU_SOURCE /* memmem, strcasestr, vasprintf */
 #endif
 #include "http.h"
 

@@ -2,7 +2,7 @@
  * End-to-end test helpers; see tstack.h.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* memmem, strcasestr, asprintf, pipe2 */
+#define _GNU_SOURCE /* asprintf, pipe2 */
 #endif
 #include "tstack.h"
 
@@ -26,6 +26,14 @@
 #define TSTACK_MAX_PARAMS 16
 
 static PGconn *tstack_conn;
+/* What the last CLI run wrote to stderr: quoted when it failed, and kept
+ * out of the test log when it did not. */
+static char tstack_cli_err[2048];
+
+const char *tstack_cli_stderr(void)
+{
+	return tstack_cli_err;
+}
 
 const char *tstack_env(const char *name)
 {
@@ -131,6 +139,7 @@ int tstack_cli(char *out, size_t outsz, const char *arg, ...)
 	const char *argv[32];
 	size_t argc = 0, len = 0;
 	int pipefd[2], status;
+	FILE *errf;
 	va_list ap;
 	pid_t pid;
 
@@ -145,12 +154,15 @@ int tstack_cli(char *out, size_t outsz, const char *arg, ...)
 	va_end(ap);
 	argv[argc] = NULL;
 
+	errf = tmpfile();
+	cr_assert_not_null(errf, "tmpfile: %s", strerror(errno));
 	cr_assert_eq(pipe2(pipefd, O_CLOEXEC), 0, "pipe: %s", strerror(errno));
 	fflush(NULL);
 	pid = fork();
 	cr_assert(pid >= 0, "fork: %s", strerror(errno));
 	if (pid == 0) {
 		dup2(pipefd[1], STDOUT_FILENO);
+		dup2(fileno(errf), STDERR_FILENO);
 		execv(argv[0], (char *const *)argv);
 		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
 		_exit(127);
@@ -176,6 +188,10 @@ int tstack_cli(char *out, size_t outsz, const char *arg, ...)
 		out[--len] = '\0';
 	while (waitpid(pid, &status, 0) < 0)
 		cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
+	rewind(errf);
+	len = fread(tstack_cli_err, 1, sizeof(tstack_cli_err) - 1, errf);
+	tstack_cli_err[len] = '\0';
+	fclose(errf);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -184,8 +200,8 @@ void tstack_token_create(const char *tenant, char *out, size_t outsz)
 	int rc = tstack_cli(out, outsz, "token", "create", "--tenant", tenant,
 			    NULL);
 
-	cr_assert_eq(rc, 0, "idemflow token create --tenant %s exited %d",
-		     tenant, rc);
+	cr_assert_eq(rc, 0, "idemflow token create --tenant %s exited %d: %s",
+		     tenant, rc, tstack_cli_err);
 	cr_assert(out[0] != '\0' && !strpbrk(out, " \t\r\n"),
 		  "token create must print exactly one token, printed \"%s\"",
 		  out);
@@ -196,7 +212,8 @@ void tstack_token_revoke(const char *token)
 	char out[256];
 	int rc = tstack_cli(out, sizeof(out), "token", "revoke", token, NULL);
 
-	cr_assert_eq(rc, 0, "idemflow token revoke exited %d", rc);
+	cr_assert_eq(rc, 0, "idemflow token revoke exited %d: %s", rc,
+		     tstack_cli_err);
 }
 
 void tstack_tenant_create(struct tstack_tenant *t, const char *label)
@@ -215,8 +232,8 @@ void tstack_tenant_create(struct tstack_tenant *t, const char *label)
 		 (long)getpid(), hex);
 
 	rc = tstack_cli(out, sizeof(out), "tenant", "create", t->name, NULL);
-	cr_assert_eq(rc, 0, "idemflow tenant create %s exited %d", t->name,
-		     rc);
+	cr_assert_eq(rc, 0, "idemflow tenant create %s exited %d: %s", t->name,
+		     rc, tstack_cli_err);
 	/* Take the id from the table, not from the CLI's wording. */
 	t->id = tstack_count("SELECT id FROM tenants WHERE name = $1",
 			     t->name);

@@ -39,11 +39,13 @@ long tstack_conf_long(const char *key, long fallback);   /* ints, sizes */
 
 /*
  * Run "$IDEMFLOW_CLI --db $DATABASE_URL ARGS..." (NULL-terminated args),
- * capturing stdout (trailing newlines removed) into out.  Returns the exit
- * status.
+ * capturing stdout (trailing newlines removed) into out and stderr for
+ * tstack_cli_stderr().  Returns the exit status.
  */
 int tstack_cli(char *out, size_t outsz, const char *arg, ...)
 	__attribute__((sentinel));
+/* The last run's stderr, for failure messages (it is not echoed). */
+const char *tstack_cli_stderr(void);
 
 /* A fresh tenant named after label, with one bearer token. */
 void tstack_tenant_create(struct tstack_tenant *t, const char *label);

@@ -1,0 +1,149 @@
+/*
+ * test_outage.c - PostgreSQL going away under the worker pool.
+ *
+ * Stops and restarts the harness's own PostgreSQL, so this binary has a
+ * stack of its own (t/run-test) and one test that runs the scenes in order.
+ * Proves: while the database is down every request gets a clean 503 with
+ * Retry-After and nothing is half-written; once it is back the workers
+ * reconnect by themselves and the retried request creates exactly once; a
+ * restart while the workers are idle costs no failed request at all.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+#include <json-c/json.h>
+
+#include "http.h"
+#include "tstack.h"
+
+static const char BODY[] = "{\"type\":\"outage\",\"input\":{\"n\":1}}";
+
+/* Run pg_ctl ACTION on the harness cluster, as its owner. */
+static void pg_ctl(const char *action)
+{
+	char cmd[2048];
+	int rc;
+
+	snprintf(cmd, sizeof(cmd),
+		 "cd / && %s '%s/pg_ctl' -D '%s' -l '%s' -m fast -w -t 60 %s >/dev/null 2>&1",
+		 geteuid() == 0 ? "runuser -u postgres --" : "", tstack_env("IDEMFLOW_PG_BINDIR"),
+		 tstack_env("IDEMFLOW_PG_DATA"), tstack_env("IDEMFLOW_PG_LOG"), action);
+	rc = system(cmd);
+	cr_assert_eq(rc, 0, "pg_ctl %s failed: %d", action, rc);
+}
+
+static struct http_response *post(const struct tstack_tenant *t, const char *key)
+{
+	char kh[300];
+	struct http_response *r;
+
+	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
+	const char *headers[] = {t->auth, "Content-Type: application/json", kh, NULL};
+	r = http_request("POST", "/v1/workflows", headers, BODY, strlen(BODY));
+	cr_assert_not_null(r, "POST: %s", http_error());
+	return r;
+}
+
+/* A 503 problem, checked with json-c: the shared helpers parse JSON in
+ * PostgreSQL, which is exactly what is down here. */
+static void expect_unavailable(const struct http_response *r)
+{
+	struct json_object *v, *m;
+
+	cr_assert_eq(r->status, 503, "got %d: %s", r->status, r->body);
+	tstack_expect_header(r, "Content-Type", "application/problem+json");
+	tstack_expect_header(r, "Retry-After", "1");
+	v = json_tokener_parse(r->body);
+	cr_assert_not_null(v, "not JSON: %s", r->body);
+	cr_assert(json_object_object_get_ex(v, "type", &m));
+	cr_assert_str_eq(json_object_get_string(m), "/problems/unavailable");
+	cr_assert(json_object_object_get_ex(v, "status", &m));
+	cr_assert_eq(json_object_get_int(m), 503);
+	cr_assert(json_object_object_get_ex(v, "request_id", &m));
+	cr_assert_str_eq(json_object_get_string(m), http_header(r, "X-Request-Id"));
+	json_object_put(v);
+}
+
+/* Rows of one kind for the tenant, on a fresh connection: the restarts
+ * end every connection opened before them. */
+static long rows(const struct tstack_tenant *t, const char *table)
+{
+	char sql[128];
+	PGconn *c = tstack_db_connect();
+	const char *p[1] = {t->id_text};
+	PGresult *res;
+	long n;
+
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE tenant_id = $1", table);
+	res = PQexecParams(c, sql, 1, NULL, p, NULL, NULL, 0);
+	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(c));
+	n = atol(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	PQfinish(c);
+	return n;
+}
+
+static void expect_rows(const struct tstack_tenant *t, long n)
+{
+	cr_assert_eq(rows(t, "workflows"), n, "workflows");
+	cr_assert_eq(rows(t, "outbox"), n, "outbox events");
+	cr_assert_eq(rows(t, "idempotency_keys"), n, "keys");
+}
+
+TestSuite(outage, .timeout = 120);
+
+Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char key[128];
+
+	tstack_tenant_create(&t, "outage");
+	tstack_key(key, sizeof(key), "before");
+	r = post(&t, key);
+	cr_assert_eq(r->status, 201);
+	http_response_free(r);
+
+	/* Scene 1: PostgreSQL is stopped. Every worker (3, so ask more
+	 * often than that) answers 503 with Retry-After; nothing hangs. */
+	pg_ctl("stop");
+	tstack_key(key, sizeof(key), "during");
+	for (int i = 0; i < 6; i++) {
+		r = post(&t, key);
+		expect_unavailable(r);
+		http_response_free(r);
+	}
+
+	/* Scene 2: it is back. The same request, retried as a client would
+	 * on 503, succeeds within a few seconds and creates exactly once. */
+	pg_ctl("start");
+	double deadline = tstack_now() + 10;
+	int status = 0;
+	while (tstack_now() < deadline) {
+		r = post(&t, key);
+		status = r->status;
+		http_response_free(r);
+		if (status != 503)
+			break;
+		tstack_sleep_ms(200);
+	}
+	cr_assert_eq(status, 201, "after the restart the retry got %d", status);
+	expect_rows(&t, 2);
+
+	/* Scene 3: a restart while the workers are idle. Each worker notices
+	 * its closed connection before its next statement and reconnects:
+	 * not one request fails. */
+	pg_ctl("restart");
+	for (int i = 0; i < 6; i++) {
+		char k[128];
+		tstack_key(k, sizeof(k), "after-restart");
+		r = post(&t, k);
+		cr_assert_eq(r->status, 201, "request %d after an idle restart got %d: %s", i,
+			     r->status, r->body);
+		http_response_free(r);
+	}
+	expect_rows(&t, 8);
+}
