@@ -9,6 +9,9 @@
 #include <string.h>
 #include <time.h>
 
+#define DB_RETRY_MS 100 /* pace of reconnect attempts while the database is down */
+#define DB_CONNECT_TIMEOUT "3" /* seconds; a worker must not hang long on a dead host */
+
 struct db {
 	struct db_settings s;
 	PGconn *conn;
@@ -55,7 +58,7 @@ int db_classify(PGconn *conn, const PGresult *res, struct err *e)
 PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err *e)
 {
 	const char *keys[] = {"dbname", "application_name", "connect_timeout", NULL};
-	const char *vals[] = {conninfo, appname, "10", NULL};
+	const char *vals[] = {conninfo, appname, DB_CONNECT_TIMEOUT, NULL};
 	PGconn *conn;
 
 	/* expand_dbname: conninfo may be a URI or a key=value list; empty
@@ -227,10 +230,14 @@ PGresult *db_run(struct db *db, enum query_id id, int nparams, const char *const
 
 	if (!db->ready) {
 		struct timespec now;
+		long since_ms;
+
 		clock_gettime(CLOCK_MONOTONIC, &now);
-		/* While PostgreSQL is down, try at most once a second instead
-		 * of on every request. */
-		if (db->last_attempt.tv_sec != 0 && now.tv_sec - db->last_attempt.tv_sec < 1) {
+		since_ms = (now.tv_sec - db->last_attempt.tv_sec) * 1000 +
+			   (now.tv_nsec - db->last_attempt.tv_nsec) / 1000000;
+		/* While PostgreSQL is down, a worker under load tries to
+		 * connect at most every DB_RETRY_MS, not on every request. */
+		if (db->last_attempt.tv_sec != 0 && since_ms < DB_RETRY_MS) {
 			err_set(e, ERR_DB_DOWN, "no connection to the database (retrying)");
 			return NULL;
 		}

@@ -44,7 +44,7 @@ unsigned long db_reconnects(const struct db *db);
 
 /*
  * Run prepared statement id with text parameters. Reconnects (and
- * re-prepares) first when the connection is down, at most once a second. Returns a result with
+ * re-prepares) first when the connection is down, at most every 100 ms. Returns a result with
  * PGRES_TUPLES_OK or PGRES_COMMAND_OK (caller PQclear()s it), or NULL with
  * e filled and classified (see db_classify).
  */

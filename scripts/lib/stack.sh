@@ -78,7 +78,7 @@ stack_wait_gone() {
 # stack_pid_from FILE: print the pid stored in the first line of FILE, if any.
 stack_pid_from() {
 	local pid=
-	[[ -r $1 ]] && read -r pid <"$1" 2>/dev/null
+	[[ -r $1 ]] && read -r pid 2>/dev/null <"$1"
 	[[ $pid =~ ^[0-9]+$ ]] && echo "$pid"
 }
 
@@ -274,6 +274,8 @@ stack_fcgi_start() {
 	STACK_FCGI_PIDFILE=$pidfile
 	setsid "$IDEMFLOW_FCGI" --config "$conf" </dev/null >>"$log" 2>&1 &
 	STACK_FCGI_PID=$!
+	# Not a job of the caller: no "Killed" notice when a test kills it.
+	disown "$STACK_FCGI_PID"
 	echo "$STACK_FCGI_PID" >"$pidfile.pgid"
 	until [[ -S $sock && -s $pidfile ]]; do
 		if ! stack_alive "$STACK_FCGI_PID"; then
@@ -315,10 +317,6 @@ stack_fcgi_stop() {
 	done
 	if [[ -n $pgid ]] && kill -0 -- "-$pgid" 2>/dev/null; then
 		kill -KILL -- "-$pgid" 2>/dev/null || true
-	fi
-	# Reap our own child if it was ours, so no zombie is left to the caller.
-	if [[ -n ${STACK_FCGI_PID:-} ]]; then
-		wait "$STACK_FCGI_PID" 2>/dev/null || true
 	fi
 	rm -f -- "$pidfile.pgid"
 	unset STACK_FCGI_PID

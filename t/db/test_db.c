@@ -283,7 +283,7 @@ Test(db, lost_connection_is_classified_as_down_and_reconnects)
 	if (res == NULL) {
 		/* Not noticed while idle: the statement failed as "down"... */
 		cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
-		sleep(1); /* reconnects are paced at one a second */
+		sleep(1); /* reconnects are paced */
 		res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
 	}
 	cr_assert_not_null(res, "reconnected: %s", e.msg);
