@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum conf_type { T_STR, T_INT, T_DURATION, T_SIZE, T_OCTAL, T_IDEM_MODE, T_LOG_LEVEL };
+enum conf_type { T_STR, T_INT, T_DURATION, T_SIZE, T_OCTAL, T_IDEM_MODE, T_LOG_LEVEL, T_BOOL };
 
 struct conf_key {
 	const char *name;
@@ -51,6 +51,38 @@ static const struct conf_key conf_keys[] = {
 	{"log_level", T_LOG_LEVEL, OFF(log_level), "info", 0, 0, "debug | info | warning | error"},
 	{"application_name", T_STR, OFF(application_name), "idemflow", 0, 0,
 	 "prefix of the PostgreSQL application_name"},
+	/* idemflow-dispatch */
+	{"once", T_BOOL, OFF(once), "false", 0, 0, "dispatch: one pass until nothing is due (default)"},
+	{"loop", T_BOOL, OFF(loop), "false", 0, 0,
+	 "dispatch: keep running, woken by LISTEN/NOTIFY, polling as a fallback"},
+	{"batch", T_INT, OFF(batch), "100", 1, 10000, "dispatch: events claimed at a time"},
+	{"max_runtime", T_DURATION, OFF(max_runtime), "0", 0, 0,
+	 "dispatch: stop after this long (0 = no limit)"},
+	{"max_attempts", T_INT, OFF(max_attempts), "8", 1, 1000,
+	 "dispatch: attempts before an event is dead"},
+	{"backoff", T_STR, OFF(backoff), "5s,5m,30m,2h,5h,10h,10h", 0, 0,
+	 "dispatch: delay after each failed attempt, the last one repeating (with +-20% jitter)"},
+	{"lease", T_DURATION, OFF(lease), "2m", 1000, 0,
+	 "dispatch: how long a claimed event is reserved for its dispatcher"},
+	{"poll_interval", T_DURATION, OFF(poll_interval), "5s", 10, 0,
+	 "dispatch: --loop polls this often without notifications"},
+	{"sink", T_STR, OFF(sink), "http", 0, 0, "dispatch: http | amqp | exec"},
+	{"url", T_STR, OFF(url), "", 0, 0, "dispatch (http): webhook URL"},
+	{"secret", T_STR, OFF(secret), "", 0, 0,
+	 "dispatch (http): signing secret, whsec_<base64> or raw text"},
+	{"timeout", T_DURATION, OFF(timeout), "10s", 1, 0, "dispatch: timeout of one delivery"},
+	{"dead_on_4xx", T_BOOL, OFF(dead_on_4xx), "true", 0, 0,
+	 "dispatch (http): a 4xx other than 408/429 makes the event dead at once"},
+	{"parallel", T_INT, OFF(parallel), "4", 1, 64,
+	 "dispatch (http): requests in flight at once, each on its own keep-alive connection"},
+	{"amqp_url", T_STR, OFF(amqp_url), "amqp://guest:guest@127.0.0.1:5672/", 0, 0,
+	 "dispatch (amqp): broker URL"},
+	{"exchange", T_STR, OFF(exchange), "idemflow", 0, 0,
+	 "dispatch (amqp): exchange to publish to (\"\" = the default exchange)"},
+	{"routing_key", T_STR, OFF(routing_key), "{type}", 0, 0,
+	 "dispatch (amqp): routing key; {type} is replaced by the event type"},
+	{"exec", T_STR, OFF(exec), "", 0, 0,
+	 "dispatch (exec): shell command run per event, event JSON on stdin"},
 };
 #define NKEYS (sizeof(conf_keys) / sizeof(conf_keys[0]))
 
@@ -66,6 +98,13 @@ static const struct conf_key *key_find(const char *name)
 		if (strcmp(conf_keys[k].name, norm) == 0)
 			return &conf_keys[k];
 	return NULL;
+}
+
+int conf_is_bool(const char *name)
+{
+	const struct conf_key *k = key_find(name);
+
+	return k != NULL && k->type == T_BOOL;
 }
 
 /* Parse "<digits>[suffix]" where suffix scales by one of units[]. */
@@ -160,6 +199,18 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 			return err_set(e, ERR_CONFIG,
 				       "%s: invalid value \"%s\" for \"%s\": expected required or "
 				       "optional",
+				       origin, value, k->name);
+		return 0;
+	case T_BOOL:
+		if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "on") == 0 ||
+		    strcmp(value, "1") == 0)
+			*(int *)base = 1;
+		else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 ||
+			 strcmp(value, "off") == 0 || strcmp(value, "0") == 0)
+			*(int *)base = 0;
+		else
+			return err_set(e, ERR_CONFIG,
+				       "%s: invalid value \"%s\" for \"%s\": expected true or false",
 				       origin, value, k->name);
 		return 0;
 	case T_LOG_LEVEL:
@@ -293,7 +344,7 @@ struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e)
 			file = argv[i + 1];
 		else if (strncmp(a, "--config=", 9) == 0)
 			file = a + 9;
-		if (strchr(a, '=') == NULL)
+		if (strchr(a, '=') == NULL && !conf_is_bool(a + 2))
 			i++; /* skip the flag's value */
 	}
 	if (file != NULL && *file && conf_load_file(c, file, e) < 0)
@@ -319,6 +370,9 @@ struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e)
 		if (eq != NULL) {
 			snprintf(name, sizeof(name), "%.*s", (int)(eq - a - 2), a + 2);
 			val = eq + 1;
+		} else if (conf_is_bool(a + 2)) {
+			snprintf(name, sizeof(name), "%s", a + 2);
+			val = "true";
 		} else {
 			snprintf(name, sizeof(name), "%s", a + 2);
 			if (i + 1 >= argc) {

@@ -20,6 +20,9 @@
 
 enum idem_mode { IDEM_KEY_REQUIRED, IDEM_KEY_OPTIONAL };
 
+/* The names of the boolean keys: as flags they take no value (--once). */
+int conf_is_bool(const char *name);
+
 struct conf {
 	char *config_file; /* the file this was loaded from, or NULL */
 	char *db;          /* libpq conninfo; "" lets libpq use PG* variables */
@@ -38,6 +41,26 @@ struct conf {
 	long shutdown_timeout; /* ms a draining worker gets before SIGKILL */
 	enum log_level log_level;
 	char *application_name;
+
+	/* idemflow-dispatch */
+	int once;              /* one pass, then exit (the default) */
+	int loop;              /* keep running, woken by LISTEN/NOTIFY */
+	int batch;             /* events claimed per round trip */
+	long max_runtime;      /* ms; 0 = no limit */
+	int max_attempts;      /* attempts before an event is dead */
+	char *backoff;         /* delays after attempt 1, 2, ...: "5s,5m,30m,2h,5h,10h,10h" */
+	long lease;            /* ms a claim is held before another dispatcher may take it */
+	long poll_interval;    /* ms between polls in --loop when no notification comes */
+	char *sink;            /* http | amqp | exec */
+	char *url;             /* http: the webhook URL */
+	char *secret;          /* http: Standard Webhooks secret ("whsec_" + base64, or raw) */
+	long timeout;          /* ms per delivery (http, amqp, exec) */
+	int dead_on_4xx;       /* http: 4xx other than 408/429 is dead at once */
+	int parallel;          /* http: requests in flight at once */
+	char *amqp_url;        /* amqp://user:pass@host:port/vhost */
+	char *exchange;        /* amqp exchange ("" = default exchange) */
+	char *routing_key;     /* amqp routing key; "{type}" is the event type */
+	char *exec;            /* exec: shell command, event JSON on stdin */
 };
 
 /* A struct conf with every default applied. Caller frees with conf_free(). */

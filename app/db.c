@@ -222,7 +222,7 @@ unsigned long db_reconnects(const struct db *db)
 	return db->reconnects;
 }
 
-PGresult *db_run(struct db *db, enum query_id id, int nparams, const char *const *params,
+PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
 		 struct err *e)
 {
 	PGresult *res;

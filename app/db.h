@@ -43,12 +43,13 @@ void db_check(struct db *db);
 unsigned long db_reconnects(const struct db *db);
 
 /*
- * Run prepared statement id with text parameters. Reconnects (and
+ * Run statement id (an index into the handle's statement table, e.g. an
+ * enum query_id) with text parameters. Reconnects (and
  * re-prepares) first when the connection is down, at most every 100 ms. Returns a result with
  * PGRES_TUPLES_OK or PGRES_COMMAND_OK (caller PQclear()s it), or NULL with
  * e filled and classified (see db_classify).
  */
-PGresult *db_run(struct db *db, enum query_id id, int nparams, const char *const *params,
+PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
 		 struct err *e) MUSTCHECK;
 
 /* Run a one-off SQL text with parameters (admin tools; not prepared). */

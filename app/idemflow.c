@@ -1,5 +1,5 @@
 /*
- * idemflow - the admin CLI: migrations, tenants and API tokens.
+ * idemflow - the admin CLI: migrations, tenants, API tokens, the outbox.
  *
  * Results go to stdout (a new token is the only thing printed by
  * "token create", so scripts can capture it); diagnostics go to stderr.
@@ -31,6 +31,11 @@ static void usage(FILE *out)
 		"  token revoke TOKEN | --id N    revoke a token\n"
 		"  token list [--tenant NAME]     list tokens (ids, tenants, states; never the "
 		"tokens)\n"
+		"  outbox list [--pending|--dead|--published] [--limit N]\n"
+		"                                 list outbox events (default: undelivered)\n"
+		"  outbox show ID                 one event in full (numeric id or event id)\n"
+		"  outbox requeue ID | --dead     revive a dead or pending event: attempts\n"
+		"                                 start again from zero, due now\n"
 		"\n"
 		"The database is --db, else $DATABASE_URL, else the config file's db, else\n"
 		"libpq's PG* variables.\n\n");
@@ -202,6 +207,113 @@ static int cmd_token(PGconn *conn, int argc, char **argv)
 	return EX_USAGE;
 }
 
+/* An outbox event named by its numeric id or its event id. */
+#define OUTBOX_WHERE "(CASE WHEN $1 ~ '^[0-9]+$' THEN id = $1::bigint ELSE event_id = $1 END)"
+
+static int cmd_outbox(PGconn *conn, int argc, char **argv)
+{
+	struct err e;
+	PGresult *res;
+
+	if (argc >= 1 && strcmp(argv[0], "list") == 0 && argc <= 4) {
+		const char *filter = "published_at IS NULL";
+		const char *limit = "100";
+		for (int i = 1; i < argc; i++) {
+			if (strcmp(argv[i], "--pending") == 0)
+				filter = "published_at IS NULL AND dead_at IS NULL";
+			else if (strcmp(argv[i], "--dead") == 0)
+				filter = "dead_at IS NOT NULL";
+			else if (strcmp(argv[i], "--published") == 0)
+				filter = "published_at IS NOT NULL";
+			else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc)
+				limit = argv[++i];
+			else {
+				usage(stderr);
+				return EX_USAGE;
+			}
+		}
+		char sql[768];
+		snprintf(sql, sizeof(sql),
+			 "SELECT id, event_id, type,"
+			 "       CASE WHEN published_at IS NOT NULL THEN 'published'"
+			 "            WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'pending' END,"
+			 "       attempts, to_char(next_attempt_at AT TIME ZONE 'UTC',"
+			 "                         'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+			 "       coalesce(left(last_error, 80), '')"
+			 "  FROM outbox WHERE %s ORDER BY id LIMIT $1::bigint",
+			 filter);
+		const char *p[1] = {limit};
+		res = db_exec(conn, sql, 1, p, &e);
+		if (res == NULL) {
+			if (strcmp(e.sqlstate, "22P02") == 0) {
+				fprintf(stderr, "idemflow: invalid --limit \"%s\"\n", limit);
+				return EX_USAGE;
+			}
+			return fail(db_exit(&e), &e);
+		}
+		printf("id\tevent_id\ttype\tstate\tattempts\tnext_attempt_at\tlast_error\n");
+		for (int i = 0; i < PQntuples(res); i++)
+			printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", PQgetvalue(res, i, 0),
+			       PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3),
+			       PQgetvalue(res, i, 4), PQgetvalue(res, i, 5), PQgetvalue(res, i, 6));
+		PQclear(res);
+		return EX_OK;
+	}
+	if (argc == 2 && strcmp(argv[0], "show") == 0) {
+		const char *p[1] = {argv[1]};
+		res = db_exec(conn,
+			      "SELECT id, event_id, type, workflow_id, seq, tenant_id,"
+			      "       CASE WHEN published_at IS NOT NULL THEN 'published'"
+			      "            WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'pending' END,"
+			      "       attempts, created_at, next_attempt_at, published_at, dead_at,"
+			      "       lease_owner, lease_until, last_error, payload"
+			      "  FROM outbox WHERE " OUTBOX_WHERE,
+			      1, p, &e);
+		if (res == NULL)
+			return fail(db_exit(&e), &e);
+		if (PQntuples(res) == 0) {
+			fprintf(stderr, "idemflow: no outbox event \"%s\"\n", argv[1]);
+			PQclear(res);
+			return EX_DATAERR;
+		}
+		for (int f = 0; f < PQnfields(res); f++)
+			printf("%-16s %s\n", PQfname(res, f),
+			       PQgetisnull(res, 0, f) ? "-" : PQgetvalue(res, 0, f));
+		PQclear(res);
+		return EX_OK;
+	}
+	if (argc == 2 && strcmp(argv[0], "requeue") == 0) {
+		/* A requeued event gets a full set of attempts again. */
+		const char *p[1] = {argv[1]};
+		if (strcmp(argv[1], "--dead") == 0)
+			res = db_exec(conn,
+				      "UPDATE outbox SET dead_at = NULL, attempts = 0,"
+				      "       next_attempt_at = now(), lease_owner = NULL,"
+				      "       lease_until = NULL"
+				      " WHERE dead_at IS NOT NULL",
+				      0, NULL, &e);
+		else
+			res = db_exec(conn,
+				      "UPDATE outbox SET dead_at = NULL, attempts = 0,"
+				      "       next_attempt_at = now(), lease_owner = NULL,"
+				      "       lease_until = NULL"
+				      " WHERE " OUTBOX_WHERE " AND published_at IS NULL",
+				      1, p, &e);
+		if (res == NULL)
+			return fail(db_exit(&e), &e);
+		if (strcmp(argv[1], "--dead") != 0 && strcmp(PQcmdTuples(res), "0") == 0) {
+			fprintf(stderr, "idemflow: no undelivered outbox event \"%s\"\n", argv[1]);
+			PQclear(res);
+			return EX_DATAERR;
+		}
+		printf("requeued %s event(s)\n", PQcmdTuples(res));
+		PQclear(res);
+		return EX_OK;
+	}
+	usage(stderr);
+	return EX_USAGE;
+}
+
 int main(int argc, char **argv)
 {
 	struct err e;
@@ -232,7 +344,7 @@ int main(int argc, char **argv)
 	}
 	const char *cmd = argv[next];
 	if (strcmp(cmd, "migrate") != 0 && strcmp(cmd, "tenant") != 0 &&
-	    strcmp(cmd, "token") != 0) {
+	    strcmp(cmd, "token") != 0 && strcmp(cmd, "outbox") != 0) {
 		fprintf(stderr, "idemflow: unknown command \"%s\"\n", cmd);
 		usage(stderr);
 		conf_free(c);
@@ -248,8 +360,10 @@ int main(int argc, char **argv)
 		rc = next + 1 == argc ? cmd_migrate(conn) : (usage(stderr), EX_USAGE);
 	else if (strcmp(cmd, "tenant") == 0)
 		rc = cmd_tenant(conn, argc - next - 1, argv + next + 1);
-	else
+	else if (strcmp(cmd, "token") == 0)
 		rc = cmd_token(conn, argc - next - 1, argv + next + 1);
+	else
+		rc = cmd_outbox(conn, argc - next - 1, argv + next + 1);
 	PQfinish(conn);
 	conf_free(c);
 	return rc;

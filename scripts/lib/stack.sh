@@ -6,10 +6,12 @@
 #   - a private PostgreSQL cluster     stack_pg_start DIR [fast] / stack_pg_stop
 #   - the FastCGI server idemflow-fcgi stack_fcgi_start CONF SOCK PIDFILE LOG / stack_fcgi_stop
 #   - nginx in a private prefix        stack_nginx_start DIR PORT SOCK TEMPLATE / stack_nginx_stop
+#   - a private RabbitMQ node          stack_rabbit_start DIR / stack_rabbit_stop [RDIR]
 #
 # PostgreSQL refuses to run as root: as root its commands run as the Debian
 # `postgres` user (runuser), so DIR must be traversable by that user; nginx
-# workers then run as www-data and need to reach the FastCGI socket.
+# workers then run as www-data and need to reach the FastCGI socket; RabbitMQ
+# runs as the `rabbitmq` user.
 # Functions return non-zero on failure and never exit the caller.
 
 STACK_LOG_PREFIX=${STACK_LOG_PREFIX:-stack}
@@ -403,4 +405,221 @@ stack_nginx_stop() {
 	stack_kill_children "$pid" KILL
 	kill -KILL "$pid" 2>/dev/null || true
 	stack_wait_gone "$pid" 5
+}
+
+# ------------------------------------------------------------------ RabbitMQ
+
+# stack_rabbit_bindir: print the directory of the real rabbitmq-server and
+# rabbitmqctl. Debian's /usr/sbin ones are wrappers that switch to the system
+# node's HOME and log files, which a private node must not touch.
+stack_rabbit_bindir() {
+	if [[ -n ${RABBITMQ_BINDIR:-} ]]; then
+		echo "$RABBITMQ_BINDIR"
+	elif [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]]; then
+		echo /usr/lib/rabbitmq/bin
+	else
+		stack_log "RabbitMQ not found (install the rabbitmq-server package)"
+		return 1
+	fi
+}
+
+# stack_rabbit_install_dir DIR MODE: create DIR owned by the broker's owner.
+stack_rabbit_install_dir() {
+	if stack_is_root; then
+		install -d -o rabbitmq -g rabbitmq -m "$2" -- "$1"
+	else
+		install -d -m "$2" -- "$1"
+	fi
+}
+
+# _stack_rabbit_prefix RDIR: set STACK_RABBIT_PREFIX to the command prefix
+# that runs a program as the broker's owner (rabbitmq when root) with exactly
+# the node environment saved in RDIR/env, so the server and rabbitmqctl find
+# the same node, epmd and Erlang cookie.
+_stack_rabbit_prefix() {
+	local envv=()
+	mapfile -t envv <"$1/env" || return 1
+	STACK_RABBIT_PREFIX=(env "${envv[@]}")
+	if stack_is_root; then
+		STACK_RABBIT_PREFIX=(runuser -u rabbitmq -- "${STACK_RABBIT_PREFIX[@]}")
+	fi
+}
+
+# stack_as_rabbit RDIR CMD...: run CMD from / with the node's environment.
+stack_as_rabbit() {
+	local rdir=$1
+	shift
+	_stack_rabbit_prefix "$rdir" || return 1
+	(cd / && "${STACK_RABBIT_PREFIX[@]}" "$@")
+}
+
+# _stack_rabbit_write_env RDIR: the node's environment, one NAME=VALUE a line.
+# HOME is private so the Erlang cookie is created there; the empty
+# rabbitmq-env.conf and the private config keep /etc/rabbitmq out of it.
+_stack_rabbit_write_env() {
+	local rdir=$1
+	# beam's command line carries "-home $rdir/home", so stack_sweep finds it.
+	cat >"$rdir/env" <<EOT
+HOME=$rdir/home
+RABBITMQ_NODENAME=$STACK_RABBIT_NODE
+RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+RABBITMQ_NODE_PORT=$STACK_RABBIT_PORT
+RABBITMQ_DIST_PORT=$STACK_RABBIT_DIST_PORT
+ERL_EPMD_PORT=$STACK_RABBIT_EPMD_PORT
+ERL_EPMD_ADDRESS=127.0.0.1
+RABBITMQ_MNESIA_BASE=$rdir/mnesia
+RABBITMQ_LOG_BASE=$rdir/log
+RABBITMQ_PID_FILE=$rdir/rabbit.pid
+RABBITMQ_CONFIG_FILE=$rdir/rabbitmq.conf
+RABBITMQ_ADVANCED_CONFIG_FILE=$rdir/advanced.config
+RABBITMQ_ENABLED_PLUGINS_FILE=$rdir/enabled_plugins
+RABBITMQ_CONF_ENV_FILE=$rdir/rabbitmq-env.conf
+ERL_CRASH_DUMP=$rdir/log/erl_crash.dump
+RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-start_epmd false
+EOT
+}
+
+# _stack_rabbit_epmd_start RDIR: our own epmd on $STACK_RABBIT_EPMD_PORT, in
+# its own session (Ctrl-C in the terminal must not take it away from the node
+# before the node stops). The node is told not to start one (-start_epmd
+# false), so this is the only one and its pid is known: RDIR/epmd.pid.
+_stack_rabbit_epmd_start() {
+	local rdir=$1 epmd pid tenths=50
+	epmd=$(command -v epmd) || { stack_log "epmd not found (install erlang-base)"; return 1; }
+	# argv[0] names the directory, for stack_sweep.
+	setsid bash -c 'exec -a "$1" "$2" -port "$3" -address 127.0.0.1' _ \
+		"$rdir/epmd" "$epmd" "$STACK_RABBIT_EPMD_PORT" </dev/null >>"$rdir/epmd.log" 2>&1 &
+	pid=$!
+	disown "$pid"
+	echo "$pid" >"$rdir/epmd.pid"
+	until stack_port_open "$STACK_RABBIT_EPMD_PORT"; do
+		stack_alive "$pid" || break
+		((tenths-- > 0)) || break
+		sleep 0.1
+	done
+	# Someone else's listener also opens the port: ours must still be
+	# alive a moment later (a failed bind makes it exit at once).
+	sleep 0.2
+	if ! stack_port_open "$STACK_RABBIT_EPMD_PORT" || ! stack_alive "$pid"; then
+		stack_log "epmd did not start on port $STACK_RABBIT_EPMD_PORT"
+		stack_tail "$rdir/epmd.log"
+		kill -KILL "$pid" 2>/dev/null || true
+		rm -f -- "$rdir/epmd.pid"
+		return 1
+	fi
+}
+
+# _stack_rabbit_wait RDIR PID BINDIR: wait up to 60s for the node to boot.
+# The port alone proves nothing (another program may have taken it since
+# stack_free_port): rabbitmqctl asks our node itself, by name, through our
+# epmd. Returns 0 when it is up, 1 when it exited, 2 on timeout.
+_stack_rabbit_wait() {
+	local rdir=$1 pid=$2 bindir=$3 tenths=600
+	until [[ -s $rdir/rabbit.pid ]]; do
+		stack_alive "$pid" || return 1
+		((tenths-- > 0)) || return 2
+		sleep 0.1
+	done
+	if ! stack_as_rabbit "$rdir" "$bindir/rabbitmqctl" -q -t 60 wait "$rdir/rabbit.pid" \
+		>>"$rdir/wait.out" 2>&1; then
+		# A node that failed to boot takes a few seconds to exit.
+		stack_wait_gone "$pid" 10 && return 1
+		stack_tail "$rdir/wait.out"
+		return 2
+	fi
+	stack_port_open "$STACK_RABBIT_PORT" || return 1
+}
+
+# stack_rabbit_start DIR: start a private RabbitMQ node with everything under
+# DIR/rabbit (data, logs, cookie, its own epmd), AMQP on a free 127.0.0.1 port,
+# no plugins. Exports IDEMFLOW_AMQP_URL (guest may log in from loopback); sets
+# STACK_RABBIT_DIR, STACK_RABBIT_PORT and STACK_RABBIT_LOG.
+stack_rabbit_start() {
+	local dir=$1 rdir bindir pid try rc
+	bindir=$(stack_rabbit_bindir) || return 1
+	rdir=$dir/rabbit
+	STACK_RABBIT_DIR=$rdir
+	STACK_RABBIT_NODE=idf$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')@localhost
+	stack_rabbit_install_dir "$rdir" 700 || return 1
+	stack_rabbit_install_dir "$rdir/home" 700 || return 1
+	: >"$rdir/rabbitmq-env.conf"
+	echo '[].' >"$rdir/enabled_plugins"
+	cat >"$rdir/rabbitmq.conf" <<'EOT'
+# written by scripts/lib/stack.sh: a private node on loopback
+loopback_users.guest = true
+# A nearly full disk must not block the publishers of a throwaway node.
+disk_free_limit.absolute = 1MB
+log.console = false
+log.file.level = info
+EOT
+	for try in 1 2 3; do
+		STACK_RABBIT_PORT=$(stack_free_port) || return 1
+		STACK_RABBIT_DIST_PORT=$(stack_free_port) || return 1
+		STACK_RABBIT_EPMD_PORT=$(stack_free_port) || return 1
+		STACK_RABBIT_LOG=$rdir/log/$STACK_RABBIT_NODE.log
+		rm -f -- "$rdir/rabbit.pid"
+		_stack_rabbit_write_env "$rdir"
+		stack_is_root && chown -R rabbitmq:rabbitmq -- "$rdir"
+		_stack_rabbit_epmd_start "$rdir" || continue
+		_stack_rabbit_prefix "$rdir" || return 1
+		# In the foreground and in its own session, so that one process
+		# group holds the whole node (beam included) for stack_rabbit_stop.
+		(cd / && exec setsid "${STACK_RABBIT_PREFIX[@]}" "$bindir/rabbitmq-server") \
+			</dev/null >>"$rdir/server.out" 2>&1 &
+		pid=$!
+		disown "$pid"
+		echo "$pid" >"$rdir/server.pgid"
+		rc=0
+		_stack_rabbit_wait "$rdir" "$pid" "$bindir" || rc=$?
+		if ((rc == 0)); then
+			export IDEMFLOW_AMQP_URL=amqp://guest:guest@127.0.0.1:$STACK_RABBIT_PORT/
+			return 0
+		fi
+		if ((rc == 1)); then
+			stack_log "RabbitMQ exited during startup (attempt $try)"
+		else
+			stack_log "RabbitMQ does not answer on 127.0.0.1:$STACK_RABBIT_PORT after 60s"
+		fi
+		stack_tail "$rdir/server.out"
+		stack_tail "$STACK_RABBIT_LOG"
+		stack_rabbit_stop "$rdir"
+		# Only a port taken since stack_free_port is worth another try.
+		((rc == 1)) || break
+	done
+	return 1
+}
+
+# stack_rabbit_stop [RDIR]: stop the node in RDIR (DIR/rabbit of
+# stack_rabbit_start): rabbitmqctl stop, then SIGTERM and SIGKILL to its
+# process group; then its epmd.
+stack_rabbit_stop() {
+	local rdir=${1:-${STACK_RABBIT_DIR:-}} bindir pgid pid port
+	[[ -n $rdir && -d $rdir ]] || return 0
+	pgid=$(stack_pid_from "$rdir/server.pgid") || pgid=''
+	if [[ -n $pgid ]] && kill -0 -- "-$pgid" 2>/dev/null; then
+		bindir=$(stack_rabbit_bindir) || bindir=''
+		if [[ -z $bindir ]] || ! stack_as_rabbit "$rdir" "$bindir/rabbitmqctl" -q -t 30 stop \
+			>>"$rdir/stop.out" 2>&1; then
+			kill -TERM -- "-$pgid" 2>/dev/null || true
+		fi
+		if ! stack_wait_gone "$pgid" 15; then
+			stack_log "RabbitMQ $pgid did not stop: killing it"
+		fi
+		kill -KILL -- "-$pgid" 2>/dev/null || true
+		stack_wait_gone "$pgid" 5 || true
+	fi
+	rm -f -- "$rdir/server.pgid"
+	# An Erlang tool finding no epmd on the port starts its own daemon
+	# there, outside our process group: ask whichever one listens to quit.
+	port=$(sed -n 's/^ERL_EPMD_PORT=//p' "$rdir/env" 2>/dev/null) || port=''
+	if [[ -n $port ]] && command -v epmd >/dev/null 2>&1; then
+		timeout 5 epmd -port "$port" -kill >/dev/null 2>&1 || true
+	fi
+	pid=$(stack_pid_from "$rdir/epmd.pid") || pid=''
+	if [[ -n $pid ]] && stack_alive "$pid"; then
+		kill -TERM "$pid" 2>/dev/null || true
+		stack_wait_gone "$pid" 5 || kill -KILL "$pid" 2>/dev/null || true
+	fi
+	rm -f -- "$rdir/epmd.pid"
+	return 0
 }

@@ -1,0 +1,478 @@
+/*
+ * test_dispatch.c - idemflow-dispatch against a real PostgreSQL and a real
+ * HTTP receiver (t/lib/receiver.py).
+ *
+ * The dispatcher drains the whole outbox, so these tests run one at a
+ * time (see main() at the end) and each starts from an outbox with
+ * nothing left to deliver. Every test runs the real program and checks
+ * the outbox rows and what the receiver got.
+ */
+#include <criterion/criterion.h>
+#include <criterion/options.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "inbox.h"
+#include "receiver.h"
+#include "whsig.h"
+
+#define SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+static PGconn *conn;
+static struct receiver rcv;
+static char tenant[24];
+static char logfile[600];
+static int run_no;
+
+static PGresult *sql(const char *q, int n, const char *const *p)
+{
+	struct err e;
+	PGresult *res = db_exec(conn, q, n, p, &e);
+
+	cr_assert_not_null(res, "%s: %s", q, e.msg);
+	return res;
+}
+
+static long scalar(const char *q, int n, const char *const *p)
+{
+	PGresult *res = sql(q, n, p);
+	long v = atol(PQgetvalue(res, 0, 0));
+
+	PQclear(res);
+	return v;
+}
+
+static void setup(void)
+{
+	struct err e;
+	char name[64];
+	PGresult *res;
+
+	conn = db_connect_simple(getenv("DATABASE_URL"), "test_dispatch", &e);
+	cr_assert_not_null(conn, "%s", e.msg);
+	/* Start from an outbox with nothing due: earlier tests' leftovers
+	 * would otherwise be delivered by this test's runs. */
+	PQclear(sql("UPDATE outbox SET published_at = now() WHERE published_at IS NULL", 0, NULL));
+	snprintf(name, sizeof(name), "disp-%ld-%d", (long)getpid(), rand() % 100000);
+	const char *p[1] = {name};
+	res = sql("INSERT INTO tenants (name) VALUES ($1) RETURNING id", 1, p);
+	snprintf(tenant, sizeof(tenant), "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	cr_assert_eq(receiver_start(&rcv, NULL), 0, "receiver: %s", rcv.error);
+}
+
+static void teardown(void)
+{
+	receiver_stop(&rcv);
+	PQfinish(conn);
+}
+
+/* nwf workflows with nev events each (seq 1..nev), due now. */
+static void seed(int nwf, int nev)
+{
+	char a[16], b[16];
+	snprintf(a, sizeof(a), "%d", nwf);
+	snprintf(b, sizeof(b), "%d", nev);
+	const char *p[3] = {tenant, a, b};
+
+	PQclear(sql("WITH w AS ("
+		    "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+		    "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
+		    "    FROM generate_series(1, $2::int) RETURNING tenant_id, id)"
+		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+		    " SELECT w.id::text || '.' || s, w.tenant_id, w.id, s, 'test.event',"
+		    "        json_build_object('id', w.id::text || '.' || s, 'seq', s)::text"
+		    "   FROM w, generate_series(1, $3::int) s ORDER BY w.id, s",
+		    3, p));
+}
+
+static long count_where(const char *cond)
+{
+	char q[256];
+	const char *p[1] = {tenant};
+
+	snprintf(q, sizeof(q), "SELECT count(*) FROM outbox WHERE tenant_id = $1 AND %s", cond);
+	return scalar(q, 1, p);
+}
+
+/* Start idemflow-dispatch with the common flags plus extra (NULL-ended);
+ * its stderr goes to logfile. Returns the pid. */
+static pid_t spawn(const char *const *extra)
+{
+	const char *argv[64];
+	int n = 0;
+	pid_t pid;
+
+	snprintf(logfile, sizeof(logfile), "%s/dispatch-%d.log",
+		 getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp", ++run_no);
+	argv[n++] = getenv("IDEMFLOW_DISPATCH");
+	cr_assert_not_null(argv[0], "IDEMFLOW_DISPATCH is not set");
+	const char *common[] = {"--db",      getenv("DATABASE_URL"), "--sink",    "http",
+				"--url",     rcv.url,                "--secret",  SECRET,
+				"--backoff", "50ms",                 "--timeout", "3s",
+				NULL};
+	for (int i = 0; common[i]; i++)
+		argv[n++] = common[i];
+	for (int i = 0; extra && extra[i]; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		int fd = open(logfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		dup2(fd, STDERR_FILENO);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static int wait_exit(pid_t pid)
+{
+	int st;
+
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st), "dispatcher killed by signal %d", WTERMSIG(st));
+	return WEXITSTATUS(st);
+}
+
+/* Run to completion; returns the exit status. */
+static int run(const char *const *extra)
+{
+	return wait_exit(spawn(extra));
+}
+
+static int log_has(const char *needle)
+{
+	char line[4096];
+	FILE *f = fopen(logfile, "r");
+	int found = 0;
+
+	if (f == NULL)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	fclose(f);
+	return found;
+}
+
+static char *event_id_of(const char *cond)
+{
+	char q[256];
+	const char *p[1] = {tenant};
+	PGresult *res;
+	char *id;
+
+	snprintf(q, sizeof(q),
+		 "SELECT event_id FROM outbox WHERE tenant_id = $1 AND %s ORDER BY id LIMIT 1", cond);
+	res = sql(q, 1, p);
+	cr_assert_eq(PQntuples(res), 1);
+	id = strdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return id;
+}
+
+TestSuite(dispatch, .init = setup, .fini = teardown, .timeout = 180);
+
+Test(dispatch, a_failed_delivery_stays_pending_then_publishes_on_attempt_two)
+{
+	struct receiver_delivery *d;
+	size_t n;
+	uint8_t key[WHSIG_KEY_MAX];
+	size_t klen;
+	struct err e;
+
+	seed(1, 1);
+	cr_assert_eq(receiver_control(&rcv, "{\"fail_next\": 1, \"status\": 503}"), 0, "%s",
+		     rcv.error);
+	const char *once[] = {"--backoff", "300ms", NULL};
+	cr_assert_eq(run(once), 0, "a rescheduled failure is still a successful run");
+	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NULL AND attempts = 1 "
+				 "AND last_error LIKE '%503%' AND next_attempt_at > now()"),
+		     1, "pending, attempts=1, error recorded, rescheduled");
+	cr_assert(log_has("outcome=retry") && log_has("attempt=1/8"), "attempt logged");
+
+	usleep(500 * 1000); /* 300 ms back-off, +20% jitter at most */
+	cr_assert_eq(run(once), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 1,
+		     "published on attempt 2");
+	cr_assert(log_has("attempt=2/8") && log_has("outcome=published"));
+	cr_assert(log_has("msg=\"run finished\" claimed=1 published=1 retried=0 dead=0"),
+		  "summary line");
+
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
+	cr_assert_eq(n, 2);
+	cr_assert_str_eq(d[0].event_id, d[1].event_id, "the same id on every attempt");
+	cr_assert_str_eq(d[1].idempotency_key, d[1].event_id);
+	cr_assert_eq(d[0].status, 503);
+	cr_assert_eq(d[1].status, 200);
+	cr_assert_eq(whsig_key(SECRET, key, &klen, &e), 0);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(whsig_verify(key, klen, d[i].event_id, d[i].timestamp, d[i].body,
+					  d[i].body_len, d[i].signature, time(NULL), 300, &e),
+			     0, "signature of delivery %zu: %s", i, e.msg);
+	receiver_deliveries_free(d, n);
+}
+
+Test(dispatch, a_rolled_back_creation_leaves_no_event_to_deliver)
+{
+	const char *p[1] = {tenant};
+	size_t n;
+	struct receiver_delivery *d;
+
+	PQclear(sql("BEGIN", 0, NULL));
+	PQclear(sql("WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+		    " updated_at) VALUES ($1, gen_random_uuid(), 't', '{}', now(), now())"
+		    " RETURNING tenant_id, id)"
+		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+		    " SELECT id::text || '.1', tenant_id, id, 1, 't', '{}' FROM w",
+		    1, p));
+	PQclear(sql("ROLLBACK", 0, NULL));
+	cr_assert_eq(count_where("true"), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	cr_assert_eq(n, 0, "nothing was delivered");
+	receiver_deliveries_free(d, n);
+}
+
+Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_applies_once)
+{
+	struct receiver_delivery *d;
+	size_t n, distinct;
+	struct err e;
+	pid_t pid;
+
+	seed(20, 1);
+	/* Slow answers: the kill lands after some events were published and
+	 * before the batch's outcome is recorded. */
+	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 100}"), 0);
+	const char *slow[] = {"--batch", "20", "--lease", "1s", NULL};
+	pid = spawn(slow);
+	cr_assert_eq(receiver_wait(&rcv, 5, 20000), 0, "%s", rcv.error);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 0,
+		     "killed before recording: nothing is marked published");
+
+	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 0}"), 0);
+	usleep(1200 * 1000); /* the dead dispatcher's lease runs out */
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 20, "every event delivered");
+
+	/* A consumer with the inbox pattern: every delivery, in arrival
+	 * order, duplicates included, each in its own transaction with its
+	 * effect. */
+	cr_assert_eq(inbox_setup(conn, &e), 0, "%s", e.msg);
+	PQclear(sql("CREATE TABLE IF NOT EXISTS test_effects (event_id text)", 0, NULL));
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	cr_assert_geq(n, 25, "at least the 5 seen before the kill went out twice: %zu", n);
+	for (size_t i = 0; i < n; i++) {
+		const char *p[1] = {d[i].event_id};
+		PQclear(sql("BEGIN", 0, NULL));
+		int first = inbox_claim(conn, "test-effects", d[i].event_id, &e);
+		cr_assert_geq(first, 0, "%s", e.msg);
+		if (first)
+			PQclear(sql("INSERT INTO test_effects VALUES ($1)", 1, p));
+		PQclear(sql("COMMIT", 0, NULL));
+	}
+	const char *p[1] = {tenant};
+	distinct = (size_t)scalar("SELECT count(DISTINCT e.event_id) FROM test_effects e"
+				  " JOIN outbox o ON o.event_id = e.event_id WHERE o.tenant_id = $1",
+				  1, p);
+	cr_assert_eq(distinct, 20);
+	cr_assert_eq(scalar("SELECT count(*) FROM test_effects e JOIN outbox o"
+			    " ON o.event_id = e.event_id WHERE o.tenant_id = $1",
+			    1, p),
+		     20, "each effect applied exactly once");
+	cr_assert_eq(inbox_duplicates(conn, "test-effects", &e), (long)(n - 20),
+		     "every redelivery was counted as a dropped duplicate");
+	cr_log_info("crash mid-batch: %zu deliveries for 20 events, %zu duplicates dropped", n,
+		    n - 20);
+	receiver_deliveries_free(d, n);
+}
+
+Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
+{
+	struct receiver_delivery *d;
+	size_t n;
+	pid_t a, b;
+	const char *p[1] = {tenant};
+
+	seed(10000, 1);
+	const char *both[] = {"--batch", "100", "--log-level", "warning", NULL};
+	a = spawn(both);
+	b = spawn(both);
+	cr_assert_eq(wait_exit(a), 0);
+	cr_assert_eq(wait_exit(b), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 10000, "every event delivered");
+	cr_assert_eq(count_where("attempts = 1"), 10000,
+		     "no event was claimed twice: one attempt each");
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	PQclear(sql("CREATE TEMP TABLE got (event_id text)", 0, NULL));
+	PQclear(sql("BEGIN", 0, NULL));
+	for (size_t i = 0; i < n; i++) {
+		const char *q[1] = {d[i].event_id};
+		PQclear(sql("INSERT INTO got VALUES ($1)", 1, q));
+	}
+	PQclear(sql("COMMIT", 0, NULL));
+	cr_assert_eq(scalar("SELECT count(*) FROM outbox o WHERE tenant_id = $1"
+			    " AND NOT EXISTS (SELECT 1 FROM got g WHERE g.event_id = o.event_id)",
+			    1, p),
+		     0, "every event arrived");
+	cr_log_info("two dispatchers, 10000 events: %zu deliveries", n);
+	cr_assert_eq(n, 10000, "no duplicates without a crash: %zu deliveries", n);
+	receiver_deliveries_free(d, n);
+}
+
+Test(dispatch, events_of_a_workflow_arrive_in_order_under_injected_failures)
+{
+	struct receiver_delivery *d;
+	size_t n;
+	int runs = 0;
+
+	seed(30, 4);
+	cr_assert_eq(receiver_control(&rcv, "{\"fail_rate\": 0.3, \"status\": 503}"), 0);
+	const char *fast[] = {"--backoff", "10ms", "--max-attempts", "100", NULL};
+	while (count_where("published_at IS NULL") > 0 && runs < 200) {
+		cr_assert_eq(run(fast), 0);
+		runs++;
+		usleep(20 * 1000);
+	}
+	cr_assert_eq(count_where("published_at IS NULL"), 0, "drained in %d runs", runs);
+
+	/* For each workflow: no delivery of seq k+1 before seq k was
+	 * delivered successfully. */
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	PQclear(sql("CREATE TEMP TABLE arrivals (n int, event_id text, ok bool)", 0, NULL));
+	PQclear(sql("BEGIN", 0, NULL));
+	int failures = 0;
+	for (size_t i = 0; i < n; i++) {
+		char num[24];
+		snprintf(num, sizeof(num), "%zu", i);
+		const char *q[3] = {num, d[i].event_id, d[i].status == 200 ? "t" : "f"};
+		failures += d[i].status != 200;
+		PQclear(sql("INSERT INTO arrivals VALUES ($1, $2, $3)", 3, q));
+	}
+	PQclear(sql("COMMIT", 0, NULL));
+	cr_assert_gt(failures, 10, "failures were injected: %d", failures);
+	cr_assert_eq(scalar("SELECT count(*) FROM arrivals later"
+			    "  JOIN outbox lo ON lo.event_id = later.event_id"
+			    "  JOIN outbox eo ON eo.workflow_id = lo.workflow_id AND eo.seq < lo.seq"
+			    " WHERE NOT EXISTS (SELECT 1 FROM arrivals ok WHERE ok.event_id = eo.event_id"
+			    "                     AND ok.ok AND ok.n < later.n)",
+			    0, NULL),
+		     0, "a later event overtook an earlier one");
+	cr_log_info("order under failures: %zu deliveries, %d failed, %d runs", n, failures, runs);
+	receiver_deliveries_free(d, n);
+}
+
+Test(dispatch, an_event_goes_dead_after_max_attempts_and_requeue_revives_it)
+{
+	char *id;
+	char ctl[256];
+	int rc;
+
+	seed(2, 1);
+	id = event_id_of("true");
+	snprintf(ctl, sizeof(ctl), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 503}", id);
+	cr_assert_eq(receiver_control(&rcv, ctl), 0);
+	const char *three[] = {"--max-attempts", "3", "--backoff", "10ms", NULL};
+	for (int i = 0; i < 6; i++) {
+		cr_assert_eq(run(three), 0);
+		usleep(30 * 1000);
+	}
+	cr_assert_eq(count_where("dead_at IS NOT NULL AND attempts = 3 AND published_at IS NULL"),
+		     1, "dead after 3 attempts");
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 1, "the other event is unaffected");
+
+	/* The operator's view and revival, through the CLI. */
+	char cmd[2048];
+	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox list --dead | grep -q '%s'",
+		 getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), id);
+	cr_assert_eq(system(cmd), 0, "outbox list --dead shows it");
+	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox requeue '%s' >/dev/null",
+		 getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), id);
+	rc = system(cmd);
+	cr_assert_eq(rc, 0);
+	cr_assert_eq(count_where("dead_at IS NULL AND published_at IS NULL AND attempts = 0"), 1);
+
+	cr_assert_eq(receiver_control(&rcv, "{\"reset\": true}"), 0);
+	cr_assert_eq(run(three), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 2, "requeued and delivered");
+	free(id);
+}
+
+Test(dispatch, a_4xx_answer_makes_the_event_dead_at_once_and_logged_as_error)
+{
+	char *id;
+	char ctl[256];
+
+	seed(1, 1);
+	id = event_id_of("true");
+	snprintf(ctl, sizeof(ctl), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 400}", id);
+	cr_assert_eq(receiver_control(&rcv, ctl), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("dead_at IS NOT NULL AND attempts = 1"), 1);
+	cr_assert(log_has("level=error") && log_has("outcome=dead"), "dead logged at error level");
+	free(id);
+}
+
+Test(dispatch, loop_mode_wakes_on_notify)
+{
+	pid_t pid;
+	double t0;
+	struct timespec ts;
+
+	const char *loop[] = {"--loop", "--poll-interval", "60s", NULL};
+	pid = spawn(loop);
+	usleep(500 * 1000); /* let it reach its wait */
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	t0 = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+	seed(1, 1);
+	cr_assert_eq(receiver_wait(&rcv, 1, 5000), 0, "not woken by NOTIFY: %s", rcv.error);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	cr_log_info("loop: delivered %.0f ms after the insert",
+		    ((double)ts.tv_sec + (double)ts.tv_nsec / 1e9 - t0) * 1e3);
+	kill(pid, SIGTERM);
+	cr_assert_eq(wait_exit(pid), 0, "SIGTERM ends --loop cleanly");
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+}
+
+Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
+{
+	const char *smtp[] = {"--sink", "smtp", NULL};
+	cr_assert_eq(run(smtp), 78);
+	cr_assert(log_has("\\\"sink\\\"") || log_has("sink"), "the message names the key");
+	const char *badurl[] = {"--url", "not a url", NULL};
+	cr_assert_eq(run(badurl), 78);
+	cr_assert(log_has("url"));
+	const char *backoff[] = {"--backoff", "5s,soon", NULL};
+	cr_assert_eq(run(backoff), 78);
+	cr_assert(log_has("backoff"));
+	const char *nodb[] = {"--db", "host=127.0.0.1 port=1 dbname=x", NULL};
+	cr_assert_eq(run(nodb), 75, "an unreachable database is \"try later\"");
+	cr_assert(log_has("could not connect"));
+	const char *both[] = {"--once", "--loop", NULL};
+	cr_assert_eq(run(both), 64);
+}
+
+/* One test at a time: each drains the shared outbox. */
+int main(int argc, char *argv[])
+{
+	struct criterion_test_set *tests = criterion_initialize();
+	int result = 0;
+
+	if (criterion_handle_args(argc, argv, true)) {
+		criterion_options.jobs = 1;
+		result = !criterion_run_all_tests(tests);
+	}
+	criterion_finalize(tests);
+	return result;
+}
