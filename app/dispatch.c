@@ -18,6 +18,7 @@ enum {
 	D_CLAIM,
 	D_DONE,
 	D_FAIL,
+	D_RELEASE,
 	D_STATS,
 	D__COUNT
 };
@@ -56,6 +57,12 @@ static const struct db_stmt dispatch_stmts[D__COUNT] = {
 		    "  FROM unnest($1::bigint[], $3::text[], $4::bigint[], $5::bool[])"
 		    "       AS f(id, err, delay_ms, dead)"
 		    " WHERE o.id = f.id AND o.lease_owner = $2"},
+	/* $1 ids, $2 owner: claimed but never attempted (the lease was about
+	 * to run out, or the run is stopping): hand them back untouched. */
+	[D_RELEASE] = {"d_release",
+		       "UPDATE outbox SET lease_owner = NULL, lease_until = NULL,"
+		       "       attempts = attempts - 1"
+		       " WHERE id = ANY($1::bigint[]) AND lease_owner = $2"},
 	[D_STATS] = {"d_stats",
 		     "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)"
 		     "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL"},
@@ -70,6 +77,7 @@ struct dispatcher {
 	long delays[DISPATCH_BACKOFF_MAX];
 	int ndelays;
 	unsigned seed;
+	int chunk; /* events handed to the sink at a time */
 	struct timespec started;
 };
 
@@ -139,6 +147,21 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 	d->ndelays = dispatch_backoff_parse(c->backoff, d->delays, DISPATCH_BACKOFF_MAX, e);
 	if (d->ndelays < 0)
 		goto fail;
+	/* A chunk must finish within `timeout`: one round of parallel
+	 * requests (http), one confirm wait (amqp), one command (exec). */
+	if (strcmp(s->name, "http") == 0)
+		d->chunk = c->parallel;
+	else if (strcmp(s->name, "amqp") == 0)
+		d->chunk = c->batch;
+	else
+		d->chunk = 1;
+	if ((double)c->lease / 1e3 < (double)c->timeout / 1e3 + 2 * DISPATCH_LEASE_MARGIN_S) {
+		err_set(e, ERR_CONFIG,
+			"invalid value for \"lease\": %ld ms leaves no time to deliver with a "
+			"timeout of %ld ms; make it at least timeout + %d s",
+			c->lease, c->timeout, 2 * DISPATCH_LEASE_MARGIN_S);
+		goto fail;
+	}
 	gethostname(host, sizeof(host) - 1);
 	snprintf(d->owner, sizeof(d->owner), "%s:%ld", host, (long)getpid());
 	snprintf(d->lease, sizeof(d->lease), "%ld milliseconds", c->lease);
@@ -210,87 +233,156 @@ static const char *outcome_name(enum sink_result r, int dead)
 	return dead ? "dead" : "retry";
 }
 
-/* One claim, delivery and record. Returns the number of events claimed,
- * or -1 with e filled. */
-static int dispatch_batch(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* A claimed batch, from its claim to the statements that record it. */
+struct batch {
+	PGresult *res; /* the claim's rows; the events point into it */
+	int n;
+	double lease_end; /* when our lease on these events runs out (monotonic s) */
+	struct sink_event *evs;
+	struct sink_outcome *outs;
+	int *attempted;
+	/* The outcome, as array literals for D_DONE, D_FAIL and D_RELEASE. */
+	struct buf done, ids, errs, delays, deads, release;
+	int ndone, nfail, nrelease;
+};
+
+static void batch_free(struct batch *b)
+{
+	PQclear(b->res);
+	free(b->evs);
+	free(b->outs);
+	free(b->attempted);
+	buf_free(&b->done);
+	buf_free(&b->ids);
+	buf_free(&b->errs);
+	buf_free(&b->delays);
+	buf_free(&b->deads);
+	buf_free(&b->release);
+	memset(b, 0, sizeof(*b));
+}
+
+/* Take over a claim's result (res is owned by b from now on). */
+static int batch_init(struct batch *b, const struct dispatcher *d, PGresult *res,
+		      double claimed_at, struct err *e)
+{
+	memset(b, 0, sizeof(*b));
+	b->res = res;
+	b->n = PQntuples(res);
+	/* The lease was granted by the database a moment after claimed_at:
+	 * counting from claimed_at errs on the safe side. */
+	b->lease_end = claimed_at + (double)d->c->lease / 1e3;
+	if (b->n == 0)
+		return 0;
+	b->evs = calloc((size_t)b->n, sizeof(*b->evs));
+	b->outs = calloc((size_t)b->n, sizeof(*b->outs));
+	b->attempted = calloc((size_t)b->n, sizeof(*b->attempted));
+	if (b->evs == NULL || b->outs == NULL || b->attempted == NULL)
+		return err_set(e, ERR_INTERNAL, "out of memory");
+	for (int i = 0; i < b->n; i++) {
+		b->evs[i] = (struct sink_event){.event_id = PQgetvalue(res, i, 1),
+						.type = PQgetvalue(res, i, 2),
+						.workflow_id = PQgetvalue(res, i, 3),
+						.attempt = atoi(PQgetvalue(res, i, 4)),
+						.max_attempts = d->c->max_attempts,
+						.payload = PQgetvalue(res, i, 5),
+						.payload_len = (size_t)PQgetlength(res, i, 5)};
+		b->outs[i].retry_after_s = -1;
+	}
+	return 0;
+}
+
+/*
+ * Deliver the batch in chunks that each end within `timeout`, and stop
+ * before a chunk could outlive the lease: the events not attempted are
+ * released, so another dispatcher can never deliver an event this one
+ * still holds. Returns 0, or -1 when the sink failed.
+ */
+static int batch_deliver(struct dispatcher *d, struct batch *b, struct err *e)
 {
 	const struct conf *c = d->c;
-	char batch[16];
-	PGresult *res;
-	int n, rc = -1;
-	struct sink_event *evs = NULL;
-	struct sink_outcome *outs = NULL;
-	struct buf done = BUF_INIT, ids = BUF_INIT, errs = BUF_INIT, delays = BUF_INIT,
-		   deads = BUF_INIT;
-	int nfail = 0, ndone = 0;
+	int chunk = d->chunk;
 
-	snprintf(batch, sizeof(batch), "%d", c->batch);
-	const char *cp[3] = {batch, d->owner, d->lease};
-	res = db_run(d->db, D_CLAIM, 3, cp, e);
-	if (res == NULL)
-		return -1;
-	n = PQntuples(res);
-	if (n == 0) {
-		PQclear(res);
-		return 0;
+	for (int i = 0; i < b->n; i += chunk) {
+		int m = b->n - i < chunk ? b->n - i : chunk;
+		if (dispatch_stopping ||
+		    now_s() + (double)c->timeout / 1e3 + DISPATCH_LEASE_MARGIN_S > b->lease_end)
+			break;
+		double t0 = now_s();
+		if (d->sink->deliver(d->sink, b->evs + i, (size_t)m, b->outs + i, e) < 0)
+			return -1; /* the leases run out; the events are delivered later */
+		double ms = (now_s() - t0) * 1e3;
+		for (int j = i; j < i + m; j++) {
+			b->attempted[j] = 1;
+			if (b->outs[j].latency_ms <= 0)
+				b->outs[j].latency_ms = ms / m;
+		}
 	}
-	st->claimed += n;
-	evs = calloc((size_t)n, sizeof(*evs));
-	outs = calloc((size_t)n, sizeof(*outs));
-	if (evs == NULL || outs == NULL) {
-		err_set(e, ERR_INTERNAL, "out of memory");
-		goto out;
-	}
-	for (int i = 0; i < n; i++) {
-		evs[i] = (struct sink_event){.event_id = PQgetvalue(res, i, 1),
-					     .type = PQgetvalue(res, i, 2),
-					     .workflow_id = PQgetvalue(res, i, 3),
-					     .attempt = atoi(PQgetvalue(res, i, 4)),
-					     .max_attempts = c->max_attempts,
-					     .payload = PQgetvalue(res, i, 5),
-					     .payload_len = (size_t)PQgetlength(res, i, 5)};
-		outs[i].retry_after_s = -1;
-	}
+	return 0;
+}
 
-	struct timespec t0;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (d->sink->deliver(d->sink, evs, (size_t)n, outs, e) < 0)
-		goto out; /* the leases run out; the events are delivered later */
-	double batch_ms = elapsed_s(&t0) * 1e3;
+/* Turn the outcomes into the recording statements' parameters; log one
+ * line per attempt; count. */
+static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch_stats *st)
+{
+	const struct conf *c = d->c;
 
-	for (int i = 0; i < n; i++) {
-		struct sink_outcome *o = &outs[i];
-		int dead = o->result == SINK_DEAD ||
-			   (o->result == SINK_RETRY && evs[i].attempt >= c->max_attempts);
+	for (int i = 0; i < b->n; i++) {
+		struct sink_outcome *o = &b->outs[i];
+		const char *id = PQgetvalue(b->res, i, 0);
+		int dead;
 		char num[32], line[1024];
 		size_t ll = 0;
 
+		if (!b->attempted[i]) {
+			buf_putc(&b->release, b->release.len ? ',' : '{');
+			buf_puts(&b->release, id);
+			b->nrelease++;
+			continue;
+		}
+		dead = o->result == SINK_DEAD ||
+		       (o->result == SINK_RETRY && b->evs[i].attempt >= c->max_attempts);
 		if (o->result == SINK_OK) {
-			buf_putc(&done, done.len ? ',' : '{');
-			buf_puts(&done, PQgetvalue(res, i, 0));
-			ndone++;
+			buf_putc(&b->done, b->done.len ? ',' : '{');
+			buf_puts(&b->done, id);
+			b->ndone++;
+			st->published++;
 		} else {
-			long delay = dispatch_backoff_delay(d->delays, d->ndelays, evs[i].attempt,
+			long delay = dispatch_backoff_delay(d->delays, d->ndelays, b->evs[i].attempt,
 							    &d->seed);
+			char trunc[201];
+
 			if (o->retry_after_s >= 0 && o->retry_after_s * 1000 > delay)
 				delay = o->retry_after_s * 1000;
-			buf_putc(&ids, ids.len ? ',' : '{');
-			buf_puts(&ids, PQgetvalue(res, i, 0));
+			buf_putc(&b->ids, b->ids.len ? ',' : '{');
+			buf_puts(&b->ids, id);
 			/* last_error is for humans: keep it short. */
-			char trunc[201];
-			snprintf(trunc, sizeof(trunc), "%s", o->error[0] ? o->error : "failed");
-			array_elem(&errs, trunc);
-			buf_printf(&delays, "%s%ld", delays.len ? "," : "{", dead ? 0 : delay);
-			buf_printf(&deads, "%s%s", deads.len ? "," : "{", dead ? "t" : "f");
-			nfail++;
+			snprintf(trunc, sizeof(trunc), "%.200s", o->error[0] ? o->error : "failed");
+			array_elem(&b->errs, trunc);
+			buf_printf(&b->delays, "%s%ld", b->delays.len ? "," : "{", dead ? 0 : delay);
+			buf_printf(&b->deads, "%s%s", b->deads.len ? "," : "{", dead ? "t" : "f");
+			b->nfail++;
+			if (dead)
+				st->dead++;
+			else
+				st->retried++;
 		}
-		log_kv(line, sizeof(line), &ll, "event_id", evs[i].event_id);
-		log_kv(line, sizeof(line), &ll, "type", evs[i].type);
-		log_kv(line, sizeof(line), &ll, "workflow", evs[i].workflow_id);
-		snprintf(num, sizeof(num), "%d/%d", evs[i].attempt, c->max_attempts);
+		if (o->result == SINK_OK && log_min_level > LOG_INFO)
+			continue; /* skip the formatting nobody will read */
+		log_kv(line, sizeof(line), &ll, "event_id", b->evs[i].event_id);
+		log_kv(line, sizeof(line), &ll, "type", b->evs[i].type);
+		log_kv(line, sizeof(line), &ll, "workflow", b->evs[i].workflow_id);
+		snprintf(num, sizeof(num), "%d/%d", b->evs[i].attempt, c->max_attempts);
 		log_kv(line, sizeof(line), &ll, "attempt", num);
 		log_kv(line, sizeof(line), &ll, "outcome", outcome_name(o->result, dead));
-		snprintf(num, sizeof(num), "%.3f", o->latency_ms > 0 ? o->latency_ms : batch_ms / n);
+		snprintf(num, sizeof(num), "%.3f", o->latency_ms);
 		log_kv(line, sizeof(line), &ll, "latency_ms", num);
 		if (o->status) {
 			snprintf(num, sizeof(num), "%d", o->status);
@@ -304,42 +396,189 @@ static int dispatch_batch(struct dispatcher *d, struct dispatch_stats *st, struc
 			log_warning("delivery failed", "%s", line);
 		else
 			log_info("delivered", "%s", line);
-		if (o->result == SINK_OK)
-			st->published++;
-		else if (dead)
-			st->dead++;
-		else
-			st->retried++;
 	}
-	if (ndone) {
-		array_end(&done);
-		const char *p[2] = {done.data, d->owner};
-		PGresult *r = db_run(d->db, D_DONE, 2, p, e);
-		if (r == NULL)
-			goto out;
-		PQclear(r);
+	array_end(&b->done);
+	array_end(&b->ids);
+	array_end(&b->errs);
+	array_end(&b->delays);
+	array_end(&b->deads);
+	array_end(&b->release);
+}
+
+/*
+ * The pipeline. While the sink delivers batch k, PostgreSQL records batch
+ * k-1 and claims batch k+1: both statements go out in one libpq pipeline
+ * before the delivery starts and their results are read after it, so the
+ * database and the network work at the same time. The claim of k+1 cannot
+ * take a later event of a workflow in batch k: batch k is not recorded
+ * yet, so its events still count as undelivered.
+ */
+struct step {
+	int nsent;       /* statements in the pipeline */
+	int has_claim;   /* the last one is a claim */
+	double claim_at; /* when it was sent */
+};
+
+static int send_stmt(struct dispatcher *d, int stmt, int n, const char *const *p, struct err *e)
+{
+	PGconn *conn = db_conn(d->db);
+
+	if (!PQsendQueryPrepared(conn, dispatch_stmts[stmt].name, n, p, NULL, NULL, 0))
+		return db_classify(conn, NULL, e);
+	return 0;
+}
+
+/* Queue batch b's recording (if any) and, when claim, the next claim. */
+static int step_send(struct dispatcher *d, struct batch *b, int claim, struct step *s,
+		     struct err *e)
+{
+	PGconn *conn = db_conn(d->db);
+	char batch[16];
+
+	memset(s, 0, sizeof(*s));
+	if (!PQenterPipelineMode(conn))
+		return db_classify(conn, NULL, e);
+	if (b != NULL && b->ndone) {
+		const char *p[2] = {b->done.data, d->owner};
+		if (send_stmt(d, D_DONE, 2, p, e) < 0)
+			return -1;
+		s->nsent++;
 	}
-	if (nfail) {
-		array_end(&ids);
-		array_end(&errs);
-		array_end(&delays);
-		array_end(&deads);
-		const char *p[5] = {ids.data, d->owner, errs.data, delays.data, deads.data};
-		PGresult *r = db_run(d->db, D_FAIL, 5, p, e);
-		if (r == NULL)
-			goto out;
-		PQclear(r);
+	if (b != NULL && b->nfail) {
+		const char *p[5] = {b->ids.data, d->owner, b->errs.data, b->delays.data,
+				    b->deads.data};
+		if (send_stmt(d, D_FAIL, 5, p, e) < 0)
+			return -1;
+		s->nsent++;
 	}
-	rc = n;
-out:
+	if (b != NULL && b->nrelease) {
+		const char *p[2] = {b->release.data, d->owner};
+		if (send_stmt(d, D_RELEASE, 2, p, e) < 0)
+			return -1;
+		s->nsent++;
+	}
+	if (claim) {
+		snprintf(batch, sizeof(batch), "%d", d->c->batch);
+		const char *p[3] = {batch, d->owner, d->lease};
+		s->claim_at = now_s();
+		if (send_stmt(d, D_CLAIM, 3, p, e) < 0)
+			return -1;
+		s->nsent++;
+		s->has_claim = 1;
+	}
+	if (!PQpipelineSync(conn))
+		return db_classify(conn, NULL, e);
+	return 0;
+}
+
+/* Read the step's results; the claim's rows (if any) go to *claimed. */
+static int step_recv(struct dispatcher *d, struct step *s, PGresult **claimed, struct err *e)
+{
+	PGconn *conn = db_conn(d->db);
+	PGresult *res;
+	int rc = 0;
+
+	*claimed = NULL;
+	for (int q = 0; q < s->nsent; q++) {
+		res = PQgetResult(conn);
+		ExecStatusType st = PQresultStatus(res);
+		if (res == NULL || (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)) {
+			if (rc == 0)
+				db_classify(conn, res, e);
+			rc = -1;
+		} else if (s->has_claim && q == s->nsent - 1) {
+			*claimed = res;
+			res = NULL;
+		}
+		PQclear(res);
+		while ((res = PQgetResult(conn)) != NULL) /* the end of this query's results */
+			PQclear(res);
+	}
+	res = PQgetResult(conn); /* PGRES_PIPELINE_SYNC */
+	if (res == NULL || PQresultStatus(res) != PGRES_PIPELINE_SYNC) {
+		if (rc == 0)
+			db_classify(conn, res, e);
+		rc = -1;
+	}
 	PQclear(res);
-	free(evs);
-	free(outs);
-	buf_free(&done);
-	buf_free(&ids);
-	buf_free(&errs);
-	buf_free(&delays);
-	buf_free(&deads);
+	if (rc == 0 && !PQexitPipelineMode(conn))
+		rc = db_classify(conn, NULL, e);
+	if (rc < 0) {
+		PQclear(*claimed);
+		*claimed = NULL;
+	}
+	return rc;
+}
+
+/* Record b (if any) and claim the next batch into *next (when claim). */
+static int step_sync(struct dispatcher *d, struct batch *b, int claim, struct batch *next,
+		     struct err *e)
+{
+	struct step s;
+	PGresult *res;
+
+	if (step_send(d, b, claim, &s, e) < 0 || step_recv(d, &s, &res, e) < 0)
+		return -1;
+	if (!claim)
+		return 0;
+	return batch_init(next, d, res, s.claim_at, e);
+}
+
+static int out_of_time(const struct dispatcher *d)
+{
+	return d->c->max_runtime > 0 && elapsed_s(&d->started) * 1e3 >= (double)d->c->max_runtime;
+}
+
+/* Claim, deliver and record until a claim comes back empty. Returns the
+ * number of events claimed, or -1. */
+static int drain(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
+{
+	long claimed = st->claimed;
+	struct batch cur, next, prev;
+	struct step s;
+	PGresult *res;
+	int rc = -1;
+
+	memset(&prev, 0, sizeof(prev));
+	memset(&next, 0, sizeof(next));
+	if (step_sync(d, NULL, 1, &cur, e) < 0)
+		return -1;
+	while (cur.n > 0) {
+		int more = !dispatch_stopping && !out_of_time(d);
+
+		st->claimed += cur.n;
+		/* PostgreSQL: record k-1, claim k+1 ... */
+		if (step_send(d, prev.res ? &prev : NULL, more, &s, e) < 0)
+			goto out;
+		/* ... while the sink delivers k. */
+		if (batch_deliver(d, &cur, e) < 0) {
+			PGresult *ignored;
+			(void)step_recv(d, &s, &ignored, e);
+			PQclear(ignored);
+			goto out;
+		}
+		if (step_recv(d, &s, &res, e) < 0)
+			goto out;
+		batch_free(&prev);
+		if (more) {
+			if (batch_init(&next, d, res, s.claim_at, e) < 0)
+				goto out;
+		} else {
+			memset(&next, 0, sizeof(next));
+		}
+		batch_outcome(d, &cur, st);
+		prev = cur;
+		cur = next;
+		memset(&next, 0, sizeof(next));
+	}
+	/* The last delivered batch is recorded on its own. */
+	if (prev.res != NULL && step_sync(d, &prev, 0, NULL, e) < 0)
+		goto out;
+	rc = st->claimed - claimed > 0;
+out:
+	batch_free(&cur);
+	batch_free(&prev);
+	batch_free(&next);
 	return rc;
 }
 
@@ -370,11 +609,6 @@ static int wait_for_work(struct dispatcher *d, struct err *e)
 	return 0;
 }
 
-static int out_of_time(const struct dispatcher *d)
-{
-	return d->c->max_runtime > 0 && elapsed_s(&d->started) * 1e3 >= (double)d->c->max_runtime;
-}
-
 int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 {
 	int rc = 0;
@@ -383,11 +617,13 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 	memset(st, 0, sizeof(*st));
 	err_clear(e);
 	while (!dispatch_stopping && !out_of_time(d)) {
-		int n = dispatch_batch(d, st, e);
+		int n = drain(d, st, e);
 		if (n < 0) {
 			rc = -1;
 			break;
 		}
+		/* Recording the last batch may have unblocked later events of
+		 * its workflows: look again before deciding nothing is due. */
 		if (n > 0)
 			continue;
 		if (!d->c->loop)

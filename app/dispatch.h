@@ -19,6 +19,7 @@
 #include "sink.h"
 
 #define DISPATCH_BACKOFF_MAX 32
+#define DISPATCH_LEASE_MARGIN_S 1 /* stop delivering this long before a lease ends */
 
 struct dispatch_stats {
 	long claimed;

@@ -32,7 +32,7 @@ static void usage(FILE *out)
 		"  --max-runtime D     stop after D (e.g. 55s); 0 = no limit\n"
 		"  --max-attempts N    attempts before an event is dead\n"
 		"  --sink S            http | amqp | exec\n"
-		"  --url U --secret S --timeout D            http sink\n"
+		"  --url U --secret S --timeout D --parallel N  http sink\n"
 		"  --amqp-url U --exchange X --routing-key K  amqp sink ({type} = event type)\n"
 		"  --exec CMD                                 exec sink\n"
 		"\n");

@@ -11,15 +11,15 @@
  * Anything that leaves a message's fate unknown (lost connection, no confirm
  * in time, a channel closed by the broker) drops the connection, so the next
  * batch starts from a clean channel whose delivery tags start again at 1.
- * A failure here is always "try again later" (SINK_RETRY): the broker, not
- * the event, is the problem.
+ * A kept connection that turns out to have died while idle gets one
+ * immediate replacement within the same delivery. A failure here is always
+ * "try again later" (SINK_RETRY): the broker, not the event, is the problem.
  */
 #include "sink.h"
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdint.h>
@@ -77,14 +77,16 @@ static amqp_bytes_t bytes_of(const char *s, size_t len)
 static void url_redacted(const char *url, char *out, size_t outsz)
 {
 	const char *scheme = strstr(url, "://");
-	const char *at = strchr(url, '@');
+	const char *host = scheme != NULL ? scheme + 3 : NULL;
+	size_t authority = host != NULL ? strcspn(host, "/") : 0;
+	const char *at = host != NULL ? memchr(host, '@', authority) : NULL;
 	const char *colon;
 
-	if (scheme == NULL || at == NULL) {
+	if (at == NULL) {
 		snprintf(out, outsz, "%s", url);
 		return;
 	}
-	colon = memchr(scheme + 3, ':', (size_t)(at - (scheme + 3)));
+	colon = memchr(host, ':', (size_t)(at - host));
 	if (colon == NULL) {
 		snprintf(out, outsz, "%s", url);
 		return;
@@ -102,7 +104,7 @@ static void rpc_error(const struct amqp_sink *as, amqp_rpc_reply_t r, char *out,
 		snprintf(out, outsz, "no error");
 		break;
 	case AMQP_RESPONSE_NONE:
-		snprintf(out, outsz, "no reply from the broker");
+		snprintf(out, outsz, "no reply from RabbitMQ");
 		break;
 	case AMQP_RESPONSE_LIBRARY_EXCEPTION:
 		if (r.library_error == AMQP_STATUS_TIMEOUT)
@@ -114,12 +116,12 @@ static void rpc_error(const struct amqp_sink *as, amqp_rpc_reply_t r, char *out,
 		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 			const amqp_connection_close_t *m = r.reply.decoded;
 			*code = m->reply_code;
-			snprintf(out, outsz, "broker closed the connection: %d %.*s", m->reply_code,
+			snprintf(out, outsz, "RabbitMQ closed the connection: %d %.*s", m->reply_code,
 				 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
 		} else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 			const amqp_channel_close_t *m = r.reply.decoded;
 			*code = m->reply_code;
-			snprintf(out, outsz, "broker closed the channel: %d %.*s", m->reply_code,
+			snprintf(out, outsz, "RabbitMQ closed the channel: %d %.*s", m->reply_code,
 				 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
 		} else {
 			snprintf(out, outsz, "unexpected reply %s",
@@ -160,25 +162,25 @@ static void channel_close_ok(struct amqp_sink *as)
  * exists with another type or other arguments (406 PRECONDITION_FAILED) was
  * set up on purpose by someone else, and is used as it is.
  */
-static int declare_exchange(struct amqp_sink *as, char *why, size_t wlen)
+static int declare_exchange(struct amqp_sink *as, char *why, size_t wlen, int *code)
 {
 	amqp_rpc_reply_t r;
-	int code;
 
 	amqp_exchange_declare(as->conn, AMQP_CHANNEL, amqp_cstring_bytes(as->exchange),
 			      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
 	r = amqp_get_rpc_reply(as->conn);
 	if (r.reply_type == AMQP_RESPONSE_NORMAL)
 		return 0;
-	rpc_error(as, r, why, wlen, &code);
+	rpc_error(as, r, why, wlen, code);
 	if (r.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION ||
-	    r.reply.id != AMQP_CHANNEL_CLOSE_METHOD || code != AMQP_PRECONDITION_FAILED)
+	    r.reply.id != AMQP_CHANNEL_CLOSE_METHOD || *code != AMQP_PRECONDITION_FAILED)
 		return -1;
 	channel_close_ok(as);
+	*code = 0;
 	amqp_channel_open(as->conn, AMQP_CHANNEL);
 	r = amqp_get_rpc_reply(as->conn);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-		rpc_error(as, r, why, wlen, &code);
+		rpc_error(as, r, why, wlen, code);
 		return -1;
 	}
 	return 0;
@@ -224,15 +226,16 @@ out:
 }
 
 /* Connect, log in, open the channel, declare, enable confirms. On failure
- * why says which step failed and the connection is gone. */
-static int connect_broker(struct amqp_sink *as, char *why, size_t wlen)
+ * why says which step failed, *code has the broker's reply code if it
+ * refused something, and the connection is gone. */
+static int connect_broker(struct amqp_sink *as, char *why, size_t wlen, int *code)
 {
 	const struct amqp_connection_info *ci = &as->ci;
 	struct timeval tv = ms_to_tv((double)as->timeout_ms);
 	amqp_socket_t *sock;
 	amqp_rpc_reply_t r;
 	char detail[200];
-	int st, code, rc = -1;
+	int st, rc = -1;
 	/* connection_name shows up in the broker's management views; the
 	 * capability lets the broker tell us why it stops reading. */
 	amqp_table_entry_t caps[] = {
@@ -249,6 +252,7 @@ static int connect_broker(struct amqp_sink *as, char *why, size_t wlen)
 	};
 	amqp_table_t client_props = {.num_entries = 2, .entries = props};
 
+	*code = 0;
 	as->conn = amqp_new_connection();
 	if (as->conn == NULL) {
 		snprintf(why, wlen, "out of memory");
@@ -282,7 +286,7 @@ static int connect_broker(struct amqp_sink *as, char *why, size_t wlen)
 				       &client_props, AMQP_SASL_METHOD_PLAIN, ci->user,
 				       ci->password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-		rpc_error(as, r, detail, sizeof(detail), &code);
+		rpc_error(as, r, detail, sizeof(detail), code);
 		snprintf(why, wlen, "login to RabbitMQ at %s:%d vhost \"%s\" as \"%s\" failed: %s",
 			 ci->host, ci->port, ci->vhost, ci->user, detail);
 		goto out;
@@ -290,18 +294,18 @@ static int connect_broker(struct amqp_sink *as, char *why, size_t wlen)
 	amqp_channel_open(as->conn, AMQP_CHANNEL);
 	r = amqp_get_rpc_reply(as->conn);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-		rpc_error(as, r, detail, sizeof(detail), &code);
+		rpc_error(as, r, detail, sizeof(detail), code);
 		snprintf(why, wlen, "cannot open a channel: %s", detail);
 		goto out;
 	}
-	if (as->exchange[0] != '\0' && declare_exchange(as, detail, sizeof(detail)) < 0) {
+	if (as->exchange[0] != '\0' && declare_exchange(as, detail, sizeof(detail), code) < 0) {
 		snprintf(why, wlen, "cannot declare exchange \"%s\": %s", as->exchange, detail);
 		goto out;
 	}
 	amqp_confirm_select(as->conn, AMQP_CHANNEL);
 	r = amqp_get_rpc_reply(as->conn);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-		rpc_error(as, r, detail, sizeof(detail), &code);
+		rpc_error(as, r, detail, sizeof(detail), code);
 		snprintf(why, wlen, "cannot enable publisher confirms: %s", detail);
 		goto out;
 	}
@@ -472,7 +476,7 @@ static enum fl_result await_confirms(struct amqp_sink *as, struct flight *fl)
 		}
 		case AMQP_CONNECTION_BLOCKED_METHOD: {
 			const amqp_connection_blocked_t *m = f.payload.method.decoded;
-			snprintf(as->blocked, sizeof(as->blocked), "broker blocked publishing (%.*s)",
+			snprintf(as->blocked, sizeof(as->blocked), "RabbitMQ blocked publishing (%.*s)",
 				 (int)m->reason.len, (const char *)m->reason.bytes);
 			break;
 		}
@@ -572,13 +576,13 @@ static int amqp_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 		snprintf(fl.why, sizeof(fl.why), "out of memory");
 		goto out;
 	}
-	for (int try = 1; try <= 1; try++) {
+	for (int try = 1; try <= 2; try++) {
 		int reused = as->conn != NULL;
 
-		if (!reused && connect_broker(as, fl.why, sizeof(fl.why)) < 0)
-			break;
 		fl.polite = 0;
 		fl.code = 0;
+		if (!reused && connect_broker(as, fl.why, sizeof(fl.why), &fl.code) < 0)
+			break;
 		r = fly(as, &fl);
 		if (r == FL_DONE)
 			break;

@@ -632,3 +632,58 @@ Test(amqp_sink, broker_gone_quiet_costs_one_timeout_then_a_new_connection)
 	relay_stop(&r);
 	amqpc_close(&c);
 }
+
+Test(amqp_sink, exchange_set_up_with_another_type_is_used_as_it_is)
+{
+	static struct batch b;
+	char exchange[64], err[512];
+	struct amqpc c;
+	struct amqpc_msg m;
+	struct sink *s;
+
+	unique(exchange, sizeof(exchange), "direct");
+	cr_assert_eq(amqpc_exchange_declare(tstack_env("IDEMFLOW_AMQP_URL"), exchange, "direct",
+					    err, sizeof(err)),
+		     0, "%s", err);
+	consumer_open(&c, exchange, "workflow.created");
+	s = sink_with(tstack_env("IDEMFLOW_AMQP_URL"), exchange, "{type}", "10s");
+	batch_fill(&b, 2, "direct");
+	deliver(s, &b);
+	expect_all(&b, SINK_OK);
+	/* A direct exchange routes on the exact key: only the first one. */
+	receive(&c, &m);
+	cr_assert_str_eq(m.message_id, b.id[0]);
+	cr_assert_str_eq(m.routing_key, "workflow.created");
+	amqpc_msg_free(&m);
+	cr_assert_eq(amqpc_drain(&c, 300), 0);
+	s->close(s);
+	amqpc_close(&c);
+}
+
+Test(amqp_sink, wrong_password_is_a_403_retry_naming_the_user_and_vhost)
+{
+	static struct batch b;
+	char url[160], want[256];
+	struct amqp_connection_info ci;
+	char *copy = strdup(tstack_env("IDEMFLOW_AMQP_URL"));
+	struct sink *s;
+
+	cr_assert_not_null(copy);
+	cr_assert_eq(amqp_parse_url(copy, &ci), AMQP_STATUS_OK);
+	snprintf(url, sizeof(url), "amqp://guest:wrong@%s:%d/", ci.host, ci.port);
+	s = sink_with(url, "idemflow", "{type}", "5s");
+	batch_fill(&b, 2, "password");
+	deliver(s, &b);
+	expect_all(&b, SINK_RETRY);
+	snprintf(want, sizeof(want),
+		 "login to RabbitMQ at %s:%d vhost \"/\" as \"guest\" failed: RabbitMQ closed the "
+		 "connection: 403 ACCESS_REFUSED - Login was refused using authentication mechanism "
+		 "PLAIN. For details see the broker logfile.",
+		 ci.host, ci.port);
+	for (size_t i = 0; i < b.n; i++) {
+		cr_assert_str_eq(b.out[i].error, want);
+		cr_assert_eq(b.out[i].status, 403);
+	}
+	free(copy);
+	s->close(s);
+}

@@ -253,7 +253,7 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	/* Slow answers: the kill lands after some events were published and
 	 * before the batch's outcome is recorded. */
 	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 100}"), 0);
-	const char *slow[] = {"--batch", "20", "--lease", "1s", NULL};
+	const char *slow[] = {"--batch", "20", "--timeout", "1s", "--lease", "3s", NULL};
 	pid = spawn(slow);
 	cr_assert_eq(receiver_wait(&rcv, 5, 20000), 0, "%s", rcv.error);
 	kill(pid, SIGKILL);
@@ -262,7 +262,7 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 		     "killed before recording: nothing is marked published");
 
 	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 0}"), 0);
-	usleep(1200 * 1000); /* the dead dispatcher's lease runs out */
+	usleep(3200 * 1000); /* the dead dispatcher's lease runs out */
 	cr_assert_eq(run(NULL), 0);
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 20, "every event delivered");
 

@@ -111,6 +111,28 @@ out:
 	return conn;
 }
 
+/* Declare exchange as a durable topic exchange; one that exists with
+ * another type (406, which closes the channel) is fine as it is. */
+static int declare_topic(amqp_connection_state_t conn, const char *exchange, char *err,
+			 size_t errsz)
+{
+	amqp_rpc_reply_t r;
+	amqp_channel_close_ok_t ok = {0};
+
+	amqp_exchange_declare(conn, CHANNEL, amqp_cstring_bytes(exchange),
+			      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
+	r = amqp_get_rpc_reply(conn);
+	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+	    r.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+	    ((const amqp_channel_close_t *)r.reply.decoded)->reply_code ==
+		    AMQP_PRECONDITION_FAILED) {
+		amqp_send_method(conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+		amqp_channel_open(conn, CHANNEL);
+		return check(conn, "channel.open", err, errsz);
+	}
+	return check(conn, "exchange.declare", err, errsz);
+}
+
 /* amqpc_open and amqpc_open_full_after: max_length < 0 is unlimited and consumed. */
 static int open_queue(struct amqpc *c, const char *url, const char *exchange,
 		      const char *binding_key, long max_length)
@@ -131,9 +153,7 @@ static int open_queue(struct amqpc *c, const char *url, const char *exchange,
 	if (conn == NULL)
 		return -1;
 	c->conn = conn;
-	amqp_exchange_declare(conn, CHANNEL, amqp_cstring_bytes(exchange),
-			      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
-	if (check(conn, "exchange.declare", c->error, sizeof(c->error)) < 0)
+	if (declare_topic(conn, exchange, c->error, sizeof(c->error)) < 0)
 		goto fail;
 	q = amqp_queue_declare(conn, CHANNEL, amqp_empty_bytes, 0, 0, 1, 1, qargs);
 	if (check(conn, "queue.declare", c->error, sizeof(c->error)) < 0)
@@ -285,6 +305,22 @@ int amqpc_exchange_delete(const char *url, const char *exchange, char *err, size
 		return -1;
 	amqp_exchange_delete(conn, CHANNEL, amqp_cstring_bytes(exchange), 0);
 	rc = check(conn, "exchange.delete", err, errsz);
+	(void)amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+	amqp_destroy_connection(conn);
+	return rc;
+}
+
+int amqpc_exchange_declare(const char *url, const char *exchange, const char *type, char *err,
+			   size_t errsz)
+{
+	amqp_connection_state_t conn = connect_url(url, err, errsz);
+	int rc;
+
+	if (conn == NULL)
+		return -1;
+	amqp_exchange_declare(conn, CHANNEL, amqp_cstring_bytes(exchange), amqp_cstring_bytes(type),
+			      0, 1, 0, 0, amqp_empty_table);
+	rc = check(conn, "exchange.declare", err, errsz);
 	(void)amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
 	amqp_destroy_connection(conn);
 	return rc;

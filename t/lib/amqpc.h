@@ -38,9 +38,10 @@ struct amqpc_msg {
 
 /*
  * Connect to url (an amqp:// URL such as $IDEMFLOW_AMQP_URL), declare
- * exchange as a durable topic exchange (as the sink does, so the binding
- * exists before the first publish), and bind a fresh queue to it with
- * binding_key ("#" for everything). Returns 0 or -1.
+ * exchange as a durable topic exchange unless it exists with another type
+ * (as the sink does, so the binding exists before the first publish), and
+ * bind a fresh queue to it with binding_key ("#" for everything).
+ * Returns 0 or -1.
  */
 int amqpc_open(struct amqpc *c, const char *url, const char *exchange, const char *binding_key);
 
@@ -62,6 +63,12 @@ void amqpc_msg_free(struct amqpc_msg *m);
 long amqpc_drain(struct amqpc *c, long quiet_ms);
 
 void amqpc_close(struct amqpc *c);
+
+/* Declare a durable exchange of type ("direct", "fanout", ...) on the
+ * broker at url, as an operator would before the sink first connects.
+ * Returns 0, or -1 with the reason in err. */
+int amqpc_exchange_declare(const char *url, const char *exchange, const char *type, char *err,
+			   size_t errsz);
 
 /* Delete an exchange on the broker at url (gone already is fine): for
  * tests of a broker whose topology changes under a running sink.
