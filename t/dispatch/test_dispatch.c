@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -461,6 +462,56 @@ Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
 	cr_assert(log_has("could not connect"));
 	const char *both[] = {"--once", "--loop", NULL};
 	cr_assert_eq(run(both), 64);
+}
+
+Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
+{
+	char dir[256], cmd[2400], path[700], want[256];
+	char *id;
+	FILE *f;
+
+	seed(1, 1);
+	id = event_id_of("true");
+	snprintf(dir, sizeof(dir), "%s/exec-%ld",
+		 getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp", (long)getpid());
+	mkdir(dir, 0755);
+	/* A command that fails first: the event is retried, not lost. */
+	snprintf(cmd, sizeof(cmd),
+		 "test -e '%s/fail-once' || { touch '%s/fail-once'; exit 3; };"
+		 " cat > \"%s/$IDEMFLOW_EVENT_ID\"; echo \"$IDEMFLOW_EVENT_TYPE"
+		 " $IDEMFLOW_WORKFLOW_ID $IDEMFLOW_ATTEMPT\" > \"%s/$IDEMFLOW_EVENT_ID.env\"",
+		 dir, dir, dir, dir);
+	const char *exec[] = {"--sink", "exec", "--exec", cmd, "--backoff", "10ms", NULL};
+	cr_assert_eq(run(exec), 0);
+	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1 AND last_error = "
+				 "'command exited with status 3'"),
+		     1, "a failing command is a retry with its status recorded");
+	usleep(50 * 1000);
+	cr_assert_eq(run(exec), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 1);
+
+	/* The command got the stored event JSON on stdin, byte for byte,
+	 * and the id, type, workflow and attempt in its environment. */
+	const char *p[1] = {id};
+	PGresult *res = sql("SELECT payload, workflow_id FROM outbox WHERE event_id = $1", 1, p);
+	snprintf(path, sizeof(path), "%s/%s", dir, id);
+	f = fopen(path, "r");
+	cr_assert_not_null(f, "the command did not write %s", path);
+	char got[4096] = "";
+	size_t n = fread(got, 1, sizeof(got) - 1, f);
+	got[n] = '\0';
+	fclose(f);
+	cr_assert_str_eq(got, PQgetvalue(res, 0, 0));
+	snprintf(path, sizeof(path), "%s/%s.env", dir, id);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	n = fread(got, 1, sizeof(got) - 1, f);
+	got[n] = '\0';
+	fclose(f);
+	snprintf(want, sizeof(want), "test.event %s 2\n", PQgetvalue(res, 0, 1));
+	cr_assert_str_eq(got, want);
+	PQclear(res);
+	free(id);
 }
 
 /* One test at a time: each drains the shared outbox. */
