@@ -102,6 +102,15 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 
+	/* Liveness: the process answers. No database, no authentication;
+	 * also the cheapest request there is, the FastCGI ceiling. */
+	if (strcmp(path, "/healthz") == 0) {
+		if (strcmp(req->method, "GET") != 0)
+			not_allowed(resp, req, "GET");
+		else
+			resp->status = 204;
+		return;
+	}
 	if (strcmp(path, "/v1/workflows") == 0) {
 		if (strcmp(req->method, "POST") != 0)
 			not_allowed(resp, req, "POST");

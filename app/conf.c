@@ -6,6 +6,8 @@
  */
 #include "conf.h"
 
+#include "config.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -83,6 +85,10 @@ static const struct conf_key conf_keys[] = {
 	 "dispatch (amqp): routing key; {type} is replaced by the event type"},
 	{"exec", T_STR, OFF(exec), "", 0, 0,
 	 "dispatch (exec): shell command run per event, event JSON on stdin"},
+#ifdef IDEMFLOW_TEST_HOOKS
+	{"test_fail_after_write", T_BOOL, OFF(test_fail_after_write), "false", 0, 0,
+	 "TEST BUILD ONLY: creates fail after writing, inside the transaction"},
+#endif
 };
 #define NKEYS (sizeof(conf_keys) / sizeof(conf_keys[0]))
 

@@ -61,6 +61,10 @@ struct conf {
 	char *exchange;        /* amqp exchange ("" = default exchange) */
 	char *routing_key;     /* amqp routing key; "{type}" is the event type */
 	char *exec;            /* exec: shell command, event JSON on stdin */
+
+	/* Only in builds configured with --enable-test-hooks: the create
+	 * statement fails after writing its rows, inside its transaction. */
+	int test_fail_after_write;
 };
 
 /* A struct conf with every default applied. Caller frees with conf_free(). */

@@ -3,33 +3,36 @@
 
 #define TS_UTC(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
+/* The keyed create; fail_clause is "" or, for the fault-injection variant,
+ * a condition that fails only once the rows are written. */
+#define CREATE_KEYED(fail_clause)                                                                  \
+	"WITH k AS ("                                                                              \
+	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"       \
+	"                                headers, body, created_at, expires_at)"                   \
+	"  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, $8, $8::timestamptz + $9::interval)"           \
+	"  ON CONFLICT (tenant_id, key) DO NOTHING"                                                \
+	"  RETURNING tenant_id"                                                                    \
+	"), w AS ("                                                                                \
+	"  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at)"      \
+	"  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8 FROM k"                             \
+	"  RETURNING tenant_id, id"                                                                \
+	"), o AS ("                                                                                \
+	"  INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"              \
+	"                      created_at, next_attempt_at)"                                       \
+	"  SELECT $13, tenant_id, id, 1, 'workflow.created', $14, $8, $8 FROM w"                   \
+	"  RETURNING 1"                                                                            \
+	")"                                                                                        \
+	" SELECT 'created', NULL::bytea, NULL::smallint, NULL::text, NULL::text, false FROM o"     \
+	fail_clause " UNION ALL"                                                                   \
+	" SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"              \
+	"   FROM idempotency_keys"                                                                 \
+	"  WHERE tenant_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM k)"
+
 const struct db_stmt queries[Q__COUNT] = {
 	[Q_AUTH] = {"auth",
 		    "SELECT tenant_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL"},
 
-	[Q_CREATE_KEYED] =
-	    {"create_keyed",
-	     "WITH k AS ("
-	     "  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"
-	     "                                headers, body, created_at, expires_at)"
-	     "  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, $8, $8::timestamptz + $9::interval)"
-	     "  ON CONFLICT (tenant_id, key) DO NOTHING"
-	     "  RETURNING tenant_id"
-	     "), w AS ("
-	     "  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at)"
-	     "  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8 FROM k"
-	     "  RETURNING tenant_id, id"
-	     "), o AS ("
-	     "  INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"
-	     "                      created_at, next_attempt_at)"
-	     "  SELECT $13, tenant_id, id, 1, 'workflow.created', $14, $8, $8 FROM w"
-	     "  RETURNING 1"
-	     ")"
-	     " SELECT 'created', NULL::bytea, NULL::smallint, NULL::text, NULL::text, false FROM o"
-	     " UNION ALL"
-	     " SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"
-	     "   FROM idempotency_keys"
-	     "  WHERE tenant_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM k)"},
+	[Q_CREATE_KEYED] = {"create_keyed", CREATE_KEYED("")},
 
 	[Q_CREATE_UNKEYED] =
 	    {"create_unkeyed",
@@ -49,6 +52,9 @@ const struct db_stmt queries[Q__COUNT] = {
 	[Q_KEY_DELETE_EXPIRED] = {"key_delete_expired",
 				  "DELETE FROM idempotency_keys"
 				  " WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()"},
+
+	[Q_CREATE_KEYED_FAIL] = {"create_keyed_fail",
+				 CREATE_KEYED(" WHERE 1 / (SELECT count(*) - count(*) FROM o) = 1")},
 
 	[Q_WF_GET] = {"wf_get", "SELECT id, type, state, input::text, " TS_UTC("created_at")
 				" FROM workflows WHERE tenant_id = $1 AND id = $2"},

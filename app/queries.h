@@ -41,6 +41,11 @@ enum query_id {
 	Q_KEY_DELETE_EXPIRED,
 	/* $1 tenant_id, $2 id -> (id, type, state, input, created_at) */
 	Q_WF_GET,
+	/* Q_CREATE_KEYED that fails with division by zero after its rows
+	 * are written, so the transaction rolls back (--enable-test-hooks
+	 * builds with test_fail_after_write; the statement exists in every
+	 * build, the switch does not). */
+	Q_CREATE_KEYED_FAIL,
 	Q__COUNT
 };
 

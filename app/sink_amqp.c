@@ -96,16 +96,12 @@ static void url_redacted(const char *url, char *out, size_t outsz)
 
 /* The text of a failed RPC; *code gets the broker's reply code, if any. */
 static void rpc_error(const struct amqp_sink *as, amqp_rpc_reply_t r, char *out, size_t outsz,
-		      int *code)
+                      int *code)
 {
 	*code = 0;
 	switch (r.reply_type) {
-	case AMQP_RESPONSE_NORMAL:
-		snprintf(out, outsz, "no error");
-		break;
-	case AMQP_RESPONSE_NONE:
-		snprintf(out, outsz, "no reply from RabbitMQ");
-		break;
+	case AMQP_RESPONSE_NORMAL: snprintf(out, outsz, "no error"); break;
+	case AMQP_RESPONSE_NONE: snprintf(out, outsz, "no reply from RabbitMQ"); break;
 	case AMQP_RESPONSE_LIBRARY_EXCEPTION:
 		if (r.library_error == AMQP_STATUS_TIMEOUT)
 			snprintf(out, outsz, "no answer within %ld ms", as->timeout_ms);
@@ -116,17 +112,18 @@ static void rpc_error(const struct amqp_sink *as, amqp_rpc_reply_t r, char *out,
 		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 			const amqp_connection_close_t *m = r.reply.decoded;
 			*code = m->reply_code;
-			snprintf(out, outsz, "RabbitMQ closed the connection: %d %.*s", m->reply_code,
-				 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+			snprintf(out, outsz, "RabbitMQ closed the connection: %d %.*s",
+			         m->reply_code, (int)m->reply_text.len,
+			         (const char *)m->reply_text.bytes);
 		} else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 			const amqp_channel_close_t *m = r.reply.decoded;
 			*code = m->reply_code;
 			snprintf(out, outsz, "RabbitMQ closed the channel: %d %.*s", m->reply_code,
-				 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+			         (int)m->reply_text.len, (const char *)m->reply_text.bytes);
 		} else {
 			snprintf(out, outsz, "unexpected reply %s",
-				 amqp_method_name(r.reply.id) ? amqp_method_name(r.reply.id)
-							      : "(unknown)");
+			         amqp_method_name(r.reply.id) ? amqp_method_name(r.reply.id)
+			                                      : "(unknown)");
 		}
 		break;
 	}
@@ -167,7 +164,7 @@ static int declare_exchange(struct amqp_sink *as, char *why, size_t wlen, int *c
 	amqp_rpc_reply_t r;
 
 	amqp_exchange_declare(as->conn, AMQP_CHANNEL, amqp_cstring_bytes(as->exchange),
-			      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
+	                      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
 	r = amqp_get_rpc_reply(as->conn);
 	if (r.reply_type == AMQP_RESPONSE_NORMAL)
 		return 0;
@@ -239,16 +236,16 @@ static int connect_broker(struct amqp_sink *as, char *why, size_t wlen, int *cod
 	/* connection_name shows up in the broker's management views; the
 	 * capability lets the broker tell us why it stops reading. */
 	amqp_table_entry_t caps[] = {
-		{.key = amqp_cstring_bytes("connection.blocked"),
-		 .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value = {.boolean = 1}}},
+	    {.key = amqp_cstring_bytes("connection.blocked"),
+	     .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value = {.boolean = 1}}},
 	};
 	amqp_table_entry_t props[] = {
-		{.key = amqp_cstring_bytes("connection_name"),
-		 .value = {.kind = AMQP_FIELD_KIND_UTF8,
-			   .value = {.bytes = amqp_cstring_bytes("idemflow-dispatch")}}},
-		{.key = amqp_cstring_bytes("capabilities"),
-		 .value = {.kind = AMQP_FIELD_KIND_TABLE,
-			   .value = {.table = {.num_entries = 1, .entries = caps}}}},
+	    {.key = amqp_cstring_bytes("connection_name"),
+	     .value = {.kind = AMQP_FIELD_KIND_UTF8,
+	               .value = {.bytes = amqp_cstring_bytes("idemflow-dispatch")}}},
+	    {.key = amqp_cstring_bytes("capabilities"),
+	     .value = {.kind = AMQP_FIELD_KIND_TABLE,
+	               .value = {.table = {.num_entries = 1, .entries = caps}}}},
 	};
 	amqp_table_t client_props = {.num_entries = 2, .entries = props};
 
@@ -272,7 +269,7 @@ static int connect_broker(struct amqp_sink *as, char *why, size_t wlen, int *cod
 		else
 			snprintf(detail, sizeof(detail), "%s", amqp_error_string2(st));
 		snprintf(why, wlen, "cannot connect to RabbitMQ at %s:%d: %s", ci->host, ci->port,
-			 detail);
+		         detail);
 		goto out;
 	}
 	if (amqp_set_handshake_timeout(as->conn, &tv) != AMQP_STATUS_OK ||
@@ -283,12 +280,12 @@ static int connect_broker(struct amqp_sink *as, char *why, size_t wlen, int *cod
 	/* No heartbeats: between batches the connection may idle for a long
 	 * time, and a dead one is noticed by the bounded wait for confirms. */
 	r = amqp_login_with_properties(as->conn, ci->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, 0,
-				       &client_props, AMQP_SASL_METHOD_PLAIN, ci->user,
-				       ci->password);
+	                               &client_props, AMQP_SASL_METHOD_PLAIN, ci->user,
+	                               ci->password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
 		rpc_error(as, r, detail, sizeof(detail), code);
 		snprintf(why, wlen, "login to RabbitMQ at %s:%d vhost \"%s\" as \"%s\" failed: %s",
-			 ci->host, ci->port, ci->vhost, ci->user, detail);
+		         ci->host, ci->port, ci->vhost, ci->user, detail);
 		goto out;
 	}
 	amqp_channel_open(as->conn, AMQP_CHANNEL);
@@ -375,8 +372,8 @@ static int publish_one(struct amqp_sink *as, const struct sink_event *ev, const 
 	}
 	memset(&props, 0, sizeof(props));
 	props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
-		       AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG |
-		       AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_HEADERS_FLAG;
+	               AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG |
+	               AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_HEADERS_FLAG;
 	props.content_type = amqp_cstring_bytes("application/json");
 	props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
 	props.message_id = amqp_cstring_bytes(ev->event_id);
@@ -387,8 +384,8 @@ static int publish_one(struct amqp_sink *as, const struct sink_event *ev, const 
 	/* mandatory off: a message no queue is bound for is still confirmed.
 	 * Routing is the broker operator's business, not a delivery failure. */
 	return amqp_basic_publish(as->conn, AMQP_CHANNEL, amqp_cstring_bytes(as->exchange),
-				  amqp_cstring_bytes(rk), 0, 0, &props,
-				  bytes_of(ev->payload, ev->payload_len));
+	                          amqp_cstring_bytes(rk), 0, 0, &props,
+	                          bytes_of(ev->payload, ev->payload_len));
 }
 
 static void outcome_set(struct sink_outcome *o, enum sink_result r, int status, const char *why)
@@ -408,18 +405,18 @@ struct flight {
 	size_t *tag_idx; /* delivery tag - first_tag -> event index */
 	double *sent_at; /* now_ms() of each publish, for latency_ms */
 	uint64_t first_tag;
-	size_t pending;  /* published, not yet acked or nacked */
-	size_t settled;  /* acked or nacked */
+	size_t pending; /* published, not yet acked or nacked */
+	size_t settled; /* acked or nacked */
 	double deadline;
-	int polite;      /* after a failure: the connection may still be closed politely */
-	int code;        /* the broker's reply code when it closed something */
-	char why[256];   /* the failure, for every event it leaves unsettled */
+	int polite;    /* after a failure: the connection may still be closed politely */
+	int code;      /* the broker's reply code when it closed something */
+	char why[256]; /* the failure, for every event it leaves unsettled */
 };
 
 /* Settle the pending events up to delivery tag `tag` (only that one unless
  * multiple) as acked or nacked. */
 static void settle(struct flight *fl, uint64_t end_tag, uint64_t tag, int multiple,
-		   enum ev_state to)
+                   enum ev_state to)
 {
 	uint64_t lo = multiple ? fl->first_tag : tag;
 
@@ -452,13 +449,13 @@ static enum fl_result await_confirms(struct amqp_sink *as, struct flight *fl)
 		st = amqp_simple_wait_frame_noblock(as->conn, &f, &tv);
 		if (st == AMQP_STATUS_TIMEOUT) {
 			snprintf(fl->why, sizeof(fl->why),
-				 "no publisher confirm from RabbitMQ within %ld ms%s%s", as->timeout_ms,
-				 as->blocked[0] ? ": " : "", as->blocked);
+			         "no publisher confirm from RabbitMQ within %ld ms%s%s",
+			         as->timeout_ms, as->blocked[0] ? ": " : "", as->blocked);
 			return FL_FAILED;
 		}
 		if (st != AMQP_STATUS_OK) {
 			snprintf(fl->why, sizeof(fl->why), "connection to RabbitMQ lost: %s",
-				 amqp_error_string2(st));
+			         amqp_error_string2(st));
 			return FL_LOST;
 		}
 		if (f.frame_type != AMQP_FRAME_METHOD)
@@ -476,20 +473,19 @@ static enum fl_result await_confirms(struct amqp_sink *as, struct flight *fl)
 		}
 		case AMQP_CONNECTION_BLOCKED_METHOD: {
 			const amqp_connection_blocked_t *m = f.payload.method.decoded;
-			snprintf(as->blocked, sizeof(as->blocked), "RabbitMQ blocked publishing (%.*s)",
-				 (int)m->reason.len, (const char *)m->reason.bytes);
+			snprintf(as->blocked, sizeof(as->blocked),
+			         "RabbitMQ blocked publishing (%.*s)", (int)m->reason.len,
+			         (const char *)m->reason.bytes);
 			break;
 		}
-		case AMQP_CONNECTION_UNBLOCKED_METHOD:
-			as->blocked[0] = '\0';
-			break;
+		case AMQP_CONNECTION_UNBLOCKED_METHOD: as->blocked[0] = '\0'; break;
 		case AMQP_CHANNEL_CLOSE_METHOD: {
 			/* e.g. 404 when the exchange was deleted behind our back */
 			const amqp_channel_close_t *m = f.payload.method.decoded;
 			fl->code = m->reply_code;
 			snprintf(fl->why, sizeof(fl->why), "RabbitMQ closed the channel: %d %.*s",
-				 m->reply_code, (int)m->reply_text.len,
-				 (const char *)m->reply_text.bytes);
+			         m->reply_code, (int)m->reply_text.len,
+			         (const char *)m->reply_text.bytes);
 			channel_close_ok(as);
 			fl->polite = 1;
 			return FL_FAILED;
@@ -499,14 +495,13 @@ static enum fl_result await_confirms(struct amqp_sink *as, struct flight *fl)
 			const amqp_connection_close_t *m = f.payload.method.decoded;
 			amqp_connection_close_ok_t ok = {0};
 			fl->code = m->reply_code;
-			snprintf(fl->why, sizeof(fl->why), "RabbitMQ closed the connection: %d %.*s",
-				 m->reply_code, (int)m->reply_text.len,
-				 (const char *)m->reply_text.bytes);
+			snprintf(fl->why, sizeof(fl->why),
+			         "RabbitMQ closed the connection: %d %.*s", m->reply_code,
+			         (int)m->reply_text.len, (const char *)m->reply_text.bytes);
 			(void)amqp_send_method(as->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
 			return FL_LOST;
 		}
-		default:
-			break;
+		default: break;
 		}
 	}
 	return FL_DONE;
@@ -532,20 +527,21 @@ static enum fl_result fly(struct amqp_sink *as, struct flight *fl)
 		    strlen(ev->event_id) > SHORTSTR_MAX || strlen(ev->type) > SHORTSTR_MAX) {
 			fl->state[i] = EV_SKIPPED;
 			outcome_set(&fl->outs[i], SINK_RETRY, 0,
-				    "routing key, event id or type longer than 255 bytes");
+			            "routing key, event id or type longer than 255 bytes");
 			continue;
 		}
 		st = wait_writable(as, fl->deadline);
 		if (st <= 0) {
-			snprintf(fl->why, sizeof(fl->why), "RabbitMQ is not reading within %ld ms%s%s",
-				 as->timeout_ms, as->blocked[0] ? ": " : "", as->blocked);
+			snprintf(fl->why, sizeof(fl->why),
+			         "RabbitMQ is not reading within %ld ms%s%s", as->timeout_ms,
+			         as->blocked[0] ? ": " : "", as->blocked);
 			return FL_FAILED;
 		}
 		fl->sent_at[i] = now_ms();
 		st = publish_one(as, ev, rk);
 		if (st != AMQP_STATUS_OK) {
 			snprintf(fl->why, sizeof(fl->why), "publish to RabbitMQ failed: %s",
-				 amqp_error_string2(st));
+			         amqp_error_string2(st));
 			return FL_LOST;
 		}
 		fl->tag_idx[published++] = i;
@@ -556,7 +552,7 @@ static enum fl_result fly(struct amqp_sink *as, struct flight *fl)
 }
 
 static int amqp_deliver(struct sink *s, const struct sink_event *evs, size_t n,
-			struct sink_outcome *outs, struct err *e)
+                        struct sink_outcome *outs, struct err *e)
 {
 	struct amqp_sink *as = (struct amqp_sink *)s;
 	struct flight fl = {.evs = evs, .outs = outs, .n = n};
@@ -576,7 +572,7 @@ static int amqp_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 		snprintf(fl.why, sizeof(fl.why), "out of memory");
 		goto out;
 	}
-	for (int try = 1; try <= 2; try++) {
+	for (int pass = 1; pass <= 2; pass++) {
 		int reused = as->conn != NULL;
 
 		fl.polite = 0;
@@ -601,7 +597,7 @@ out:
 			outcome_set(&outs[i], SINK_OK, 0, "");
 		else if (fl.state != NULL && fl.state[i] == EV_NACKED)
 			outcome_set(&outs[i], SINK_RETRY, 0,
-				    "RabbitMQ refused the message (basic.nack)");
+			            "RabbitMQ refused the message (basic.nack)");
 		else if (fl.state == NULL || fl.state[i] == EV_PENDING)
 			outcome_set(&outs[i], SINK_RETRY, fl.code, fl.why);
 	}
@@ -649,15 +645,15 @@ struct sink *sink_amqp_open(const struct conf *c, struct err *e)
 	amqp_default_connection_info(&as->ci);
 	if (as->url_buf[0] == '\0' || amqp_parse_url(as->url_buf, &as->ci) != AMQP_STATUS_OK) {
 		err_set(e, ERR_CONFIG,
-			"invalid value \"%s\" for \"amqp_url\": expected "
-			"amqp://user:password@host:port/vhost",
-			shown);
+		        "invalid value \"%s\" for \"amqp_url\": expected "
+		        "amqp://user:password@host:port/vhost",
+		        shown);
 		goto fail;
 	}
 	if (as->ci.ssl) {
 		err_set(e, ERR_CONFIG,
-			"invalid value \"%s\" for \"amqp_url\": amqps:// (TLS) is not supported",
-			shown);
+		        "invalid value \"%s\" for \"amqp_url\": amqps:// (TLS) is not supported",
+		        shown);
 		goto fail;
 	}
 	/* "amqp://host/" names the empty vhost, which RabbitMQ does not have;
@@ -666,17 +662,17 @@ struct sink *sink_amqp_open(const struct conf *c, struct err *e)
 		as->ci.vhost = "/";
 	if (strlen(as->exchange) > SHORTSTR_MAX) {
 		err_set(e, ERR_CONFIG, "invalid value for \"exchange\": longer than %d bytes",
-			SHORTSTR_MAX);
+		        SHORTSTR_MAX);
 		goto fail;
 	}
 	if (strlen(as->routing_key) > SHORTSTR_MAX) {
 		err_set(e, ERR_CONFIG, "invalid value for \"routing_key\": longer than %d bytes",
-			SHORTSTR_MAX);
+		        SHORTSTR_MAX);
 		goto fail;
 	}
 	if (as->timeout_ms <= 0) {
 		err_set(e, ERR_CONFIG, "invalid value %ld ms for \"timeout\": must be positive",
-			as->timeout_ms);
+		        as->timeout_ms);
 		goto fail;
 	}
 	return &as->base;

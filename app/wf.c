@@ -9,6 +9,8 @@
  */
 #include "wf.h"
 
+#include "config.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +135,19 @@ static void answer_existing(struct api_ctx *ctx, struct http_resp *resp,
 	buf_append(&resp->body, PQgetvalue(res, 0, 4), (size_t)PQgetlength(res, 0, 4));
 }
 
+/* The create statement: the real one, or in a test-hooks build with
+ * test_fail_after_write, one that fails after writing. */
+static int create_stmt(const struct api_ctx *ctx)
+{
+#ifdef IDEMFLOW_TEST_HOOKS
+	if (ctx->conf->test_fail_after_write)
+		return Q_CREATE_KEYED_FAIL;
+#else
+	(void)ctx;
+#endif
+	return Q_CREATE_KEYED;
+}
+
 /* Run the keyed create until it either owned the key or found its row.
  * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. */
 static void create_keyed(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
@@ -143,7 +158,7 @@ static void create_keyed(struct api_ctx *ctx, struct http_req *req, struct http_
 	/* Three rounds cover an expired key (delete it, claim again) and a
 	 * row that vanished between the claim and the read (pruned). */
 	for (int round = 0; round < 3; round++) {
-		PGresult *res = db_run(ctx->db, Q_CREATE_KEYED, 14, p, &e);
+		PGresult *res = db_run(ctx->db, create_stmt(ctx), 14, p, &e);
 		if (res == NULL)
 			goto db_error;
 		if (PQntuples(res) == 0) {

@@ -487,6 +487,7 @@ _stack_rabbit_epmd_start() {
 	local rdir=$1 epmd pid tenths=50
 	epmd=$(command -v epmd) || { stack_log "epmd not found (install erlang-base)"; return 1; }
 	# argv[0] names the directory, for stack_sweep.
+	# shellcheck disable=SC2016 # expanded by the inner bash
 	setsid bash -c 'exec -a "$1" "$2" -port "$3" -address 127.0.0.1' _ \
 		"$rdir/epmd" "$epmd" "$STACK_RABBIT_EPMD_PORT" </dev/null >>"$rdir/epmd.log" 2>&1 &
 	pid=$!
@@ -591,7 +592,7 @@ EOT
 
 # stack_rabbit_stop [RDIR]: stop the node in RDIR (DIR/rabbit of
 # stack_rabbit_start): rabbitmqctl stop, then SIGTERM and SIGKILL to its
-# process group; then its epmd.
+# process group; then its epmd; then anything else still naming RDIR.
 stack_rabbit_stop() {
 	local rdir=${1:-${STACK_RABBIT_DIR:-}} bindir pgid pid port
 	[[ -n $rdir && -d $rdir ]] || return 0
@@ -621,5 +622,7 @@ stack_rabbit_stop() {
 		stack_wait_gone "$pid" 5 || kill -KILL "$pid" 2>/dev/null || true
 	fi
 	rm -f -- "$rdir/epmd.pid"
+	# Last resort: beam carries "-home RDIR/home", our epmd's argv[0] is RDIR/epmd.
+	stack_sweep "$rdir"
 	return 0
 }

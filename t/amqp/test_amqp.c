@@ -5,9 +5,10 @@
  * event, persistent, with the event id as message_id (what consumers
  * deduplicate on) and the payload byte for byte; a redelivery carries the
  * same message_id; every broker-side failure (nothing listening, a silent
- * peer, a nack, an exchange deleted under a live connection, a connection
- * cut or gone quiet) is a per-event retry, and the sink recovers by itself;
- * a bad URL is a configuration error.
+ * peer, a refused login, a nack, an exchange deleted under a live
+ * connection, a connection cut or gone quiet) is a per-event retry with a
+ * clear reason, and the sink recovers by itself; an exchange someone else
+ * set up is used as it is; a bad URL is a configuration error.
  * Needs $IDEMFLOW_AMQP_URL, a private node that t/run-test starts.
  */
 #include <criterion/criterion.h>
@@ -65,20 +66,21 @@ static void batch_fill(struct batch *b, size_t n, const char *label)
 		snprintf(b->wf[i], sizeof(b->wf[i]), "%s", wf);
 		snprintf(b->id[i], sizeof(b->id[i]), "%s.%zu", wf, i + 1);
 		snprintf(b->payload[i], sizeof(b->payload[i]),
-			 "{\"event_id\":\"%s\",\"label\":\"%s\",\"n\":%zu,\"s\":\"caf\xc3\xa9 \\\"q\\\"\"}",
-			 b->id[i], label, i);
+		         "{\"event_id\":\"%s\",\"label\":\"%s\",\"n\":%zu,\"s\":\"caf\xc3\xa9 "
+		         "\\\"q\\\"\"}",
+		         b->id[i], label, i);
 		b->ev[i] = (struct sink_event){.event_id = b->id[i],
-					       .type = types[i % 2],
-					       .workflow_id = b->wf[i],
-					       .payload = b->payload[i],
-					       .payload_len = strlen(b->payload[i]),
-					       .attempt = 1,
-					       .max_attempts = 8};
+		                               .type = types[i % 2],
+		                               .workflow_id = b->wf[i],
+		                               .payload = b->payload[i],
+		                               .payload_len = strlen(b->payload[i]),
+		                               .attempt = 1,
+		                               .max_attempts = 8};
 	}
 }
 
 static struct sink *sink_with(const char *url, const char *exchange, const char *routing_key,
-			      const char *timeout)
+                              const char *timeout)
 {
 	struct conf *c = conf_new();
 	struct err e = {0};
@@ -108,13 +110,13 @@ static void expect_all(const struct batch *b, enum sink_result r)
 {
 	for (size_t i = 0; i < b->n; i++)
 		cr_assert_eq(b->out[i].result, r, "event %zu: result %d, error \"%s\"", i,
-			     (int)b->out[i].result, b->out[i].error);
+		             (int)b->out[i].result, b->out[i].error);
 }
 
 static void consumer_open(struct amqpc *c, const char *exchange, const char *key)
 {
 	cr_assert_eq(amqpc_open(c, tstack_env("IDEMFLOW_AMQP_URL"), exchange, key), 0, "%s",
-		     c->error);
+	             c->error);
 }
 
 static void receive(struct amqpc *c, struct amqpc_msg *m)
@@ -171,7 +173,8 @@ struct relay {
 static void write_all(int fd, const char *p, size_t n)
 {
 	while (n > 0) {
-		ssize_t w = write(fd, p, n);
+		/* MSG_NOSIGNAL: a side that hung up must not kill the test. */
+		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
 		if (w <= 0)
 			return; /* the reader sees the connection die instead */
 		p += w;
@@ -182,8 +185,8 @@ static void write_all(int fd, const char *p, size_t n)
 static int dial(int port)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET,
-				.sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-				.sin_port = htons((uint16_t)port)};
+	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+	                        .sin_port = htons((uint16_t)port)};
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
 	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
@@ -227,7 +230,8 @@ static void *relay_main(void *arg)
 			for (int side = 0; side < 2 && fds[i][0] >= 0; side++) {
 				ssize_t n;
 
-				if (!(p[1 + 2 * i + (size_t)side].revents & (POLLIN | POLLHUP | POLLERR)))
+				if (!(p[1 + 2 * i + (size_t)side].revents &
+				      (POLLIN | POLLHUP | POLLERR)))
 					continue;
 				n = read(fds[i][side], buf, sizeof(buf));
 				if (n <= 0)
@@ -342,7 +346,7 @@ Test(amqp_sink, batch_of_50_arrives_once_each_in_order_persistent_with_event_ids
 		cr_assert_neq(m.timestamp, 0);
 		cr_assert_eq(m.body_len, b.ev[i].payload_len);
 		cr_assert_eq(memcmp(m.body, b.payload[i], m.body_len), 0, "body %zu: %s", i,
-			     m.body);
+		             m.body);
 		amqpc_msg_free(&m);
 	}
 	cr_assert_eq(amqpc_drain(&c, 300), 0, "messages beyond the 50 published");
@@ -399,7 +403,7 @@ Test(amqp_sink, unreachable_broker_is_a_retry_for_every_event_not_an_error)
 	deliver(s, &b);
 	expect_all(&b, SINK_RETRY);
 	snprintf(want, sizeof(want),
-		 "cannot connect to RabbitMQ at 127.0.0.1:%d: Connection refused", port);
+	         "cannot connect to RabbitMQ at 127.0.0.1:%d: Connection refused", port);
 	for (size_t i = 0; i < b.n; i++) {
 		cr_assert_str_eq(b.out[i].error, want);
 		cr_assert_eq(b.out[i].status, 0);
@@ -428,9 +432,9 @@ Test(amqp_sink, silent_peer_costs_one_timeout_not_a_hang)
 	took = now_s() - t0;
 	expect_all(&b, SINK_RETRY);
 	snprintf(want, sizeof(want),
-		 "login to RabbitMQ at 127.0.0.1:%d vhost \"/\" as \"guest\" failed: "
-		 "no answer within 300 ms",
-		 port);
+	         "login to RabbitMQ at 127.0.0.1:%d vhost \"/\" as \"guest\" failed: "
+	         "no answer within 300 ms",
+	         port);
 	cr_assert_str_eq(b.out[0].error, want);
 	cr_assert_str_eq(b.out[1].error, want);
 	cr_assert(took >= 0.29 && took < 2.0, "deliver took %.3f s with a 300 ms timeout", took);
@@ -443,17 +447,17 @@ Test(amqp_sink, bad_amqp_url_is_a_config_error_naming_the_key)
 	static const struct {
 		const char *url, *msg;
 	} cases[] = {
-		{"http://127.0.0.1:5672/",
-		 "invalid value \"http://127.0.0.1:5672/\" for \"amqp_url\": expected "
-		 "amqp://user:password@host:port/vhost"},
-		{"amqp://guest:s3cret@127.0.0.1:99999/",
-		 "invalid value \"amqp://guest:***@127.0.0.1:99999/\" for \"amqp_url\": expected "
-		 "amqp://user:password@host:port/vhost"},
-		{"", "invalid value \"\" for \"amqp_url\": expected "
-		     "amqp://user:password@host:port/vhost"},
-		{"amqps://guest:s3cret@127.0.0.1/",
-		 "invalid value \"amqps://guest:***@127.0.0.1/\" for \"amqp_url\": amqps:// (TLS) "
-		 "is not supported"},
+	    {"http://127.0.0.1:5672/",
+	     "invalid value \"http://127.0.0.1:5672/\" for \"amqp_url\": expected "
+	     "amqp://user:password@host:port/vhost"},
+	    {"amqp://guest:s3cret@127.0.0.1:99999/",
+	     "invalid value \"amqp://guest:***@127.0.0.1:99999/\" for \"amqp_url\": expected "
+	     "amqp://user:password@host:port/vhost"},
+	    {"", "invalid value \"\" for \"amqp_url\": expected "
+	         "amqp://user:password@host:port/vhost"},
+	    {"amqps://guest:s3cret@127.0.0.1/",
+	     "invalid value \"amqps://guest:***@127.0.0.1/\" for \"amqp_url\": amqps:// (TLS) "
+	     "is not supported"},
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -479,9 +483,9 @@ Test(amqp_sink, nacked_events_are_retried_and_acked_ones_are_not)
 
 	unique(exchange, sizeof(exchange), "nack");
 	/* Room for two: the broker nacks the third and fourth publish. */
-	cr_assert_eq(amqpc_open_full_after(&full, tstack_env("IDEMFLOW_AMQP_URL"), exchange, "#",
-					   2),
-		     0, "%s", full.error);
+	cr_assert_eq(
+	    amqpc_open_full_after(&full, tstack_env("IDEMFLOW_AMQP_URL"), exchange, "#", 2), 0,
+	    "%s", full.error);
 	s = sink_with(tstack_env("IDEMFLOW_AMQP_URL"), exchange, "{type}", "10s");
 	batch_fill(&b, 4, "nack");
 	deliver(s, &b);
@@ -519,16 +523,16 @@ Test(amqp_sink, exchange_deleted_under_the_sink_is_a_retry_then_it_recovers)
 	cr_assert_str_eq(m.message_id, b.id[0]);
 	amqpc_msg_free(&m);
 
-	cr_assert_eq(amqpc_exchange_delete(tstack_env("IDEMFLOW_AMQP_URL"), exchange, err,
-					   sizeof(err)),
-		     0, "%s", err);
+	cr_assert_eq(
+	    amqpc_exchange_delete(tstack_env("IDEMFLOW_AMQP_URL"), exchange, err, sizeof(err)), 0,
+	    "%s", err);
 	/* The sink's connection is still open: the publish itself fails. */
 	batch_fill(&b, 3, "while-gone");
 	deliver(s, &b);
 	expect_all(&b, SINK_RETRY);
 	snprintf(want, sizeof(want),
-		 "RabbitMQ closed the channel: 404 NOT_FOUND - no exchange '%s' in vhost '/'",
-		 exchange);
+	         "RabbitMQ closed the channel: 404 NOT_FOUND - no exchange '%s' in vhost '/'",
+	         exchange);
 	for (size_t i = 0; i < b.n; i++) {
 		cr_assert_str_eq(b.out[i].error, want);
 		cr_assert_eq(b.out[i].status, 404);
@@ -613,7 +617,7 @@ Test(amqp_sink, broker_gone_quiet_costs_one_timeout_then_a_new_connection)
 	expect_all(&b2, SINK_RETRY);
 	for (size_t i = 0; i < b2.n; i++)
 		cr_assert_str_eq(b2.out[i].error,
-				 "no publisher confirm from RabbitMQ within 500 ms");
+		                 "no publisher confirm from RabbitMQ within 500 ms");
 	cr_assert(took >= 0.49 && took < 2.0, "deliver took %.3f s with a 500 ms timeout", took);
 
 	atomic_store(&r.mute, 0);
@@ -643,8 +647,8 @@ Test(amqp_sink, exchange_set_up_with_another_type_is_used_as_it_is)
 
 	unique(exchange, sizeof(exchange), "direct");
 	cr_assert_eq(amqpc_exchange_declare(tstack_env("IDEMFLOW_AMQP_URL"), exchange, "direct",
-					    err, sizeof(err)),
-		     0, "%s", err);
+	                                    err, sizeof(err)),
+	             0, "%s", err);
 	consumer_open(&c, exchange, "workflow.created");
 	s = sink_with(tstack_env("IDEMFLOW_AMQP_URL"), exchange, "{type}", "10s");
 	batch_fill(&b, 2, "direct");
@@ -675,11 +679,12 @@ Test(amqp_sink, wrong_password_is_a_403_retry_naming_the_user_and_vhost)
 	batch_fill(&b, 2, "password");
 	deliver(s, &b);
 	expect_all(&b, SINK_RETRY);
-	snprintf(want, sizeof(want),
-		 "login to RabbitMQ at %s:%d vhost \"/\" as \"guest\" failed: RabbitMQ closed the "
-		 "connection: 403 ACCESS_REFUSED - Login was refused using authentication mechanism "
-		 "PLAIN. For details see the broker logfile.",
-		 ci.host, ci.port);
+	snprintf(
+	    want, sizeof(want),
+	    "login to RabbitMQ at %s:%d vhost \"/\" as \"guest\" failed: RabbitMQ closed the "
+	    "connection: 403 ACCESS_REFUSED - Login was refused using authentication mechanism "
+	    "PLAIN. For details see the broker logfile.",
+	    ci.host, ci.port);
 	for (size_t i = 0; i < b.n; i++) {
 		cr_assert_str_eq(b.out[i].error, want);
 		cr_assert_eq(b.out[i].status, 403);

@@ -292,3 +292,28 @@ Test(db, lost_connection_is_classified_as_down_and_reconnects)
 	PQclear(res);
 	db_close(db);
 }
+
+Test(db, the_fault_injection_statement_fails_after_writing_and_leaves_nothing)
+{
+	struct db *db = open_db(5000);
+	struct claim c;
+	struct err e;
+	PGresult *res;
+
+	/* What --enable-test-hooks builds run for test_fail_after_write: the
+	 * rows are inserted, then the statement fails, inside one
+	 * transaction. */
+	claim_init(&c, "fault-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED_FAIL, 14, c.p, &e);
+	cr_assert_null(res, "the statement must fail");
+	cr_assert_str_eq(e.sqlstate, "22012", "division by zero, got %s: %s", e.sqlstate, e.msg);
+	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 0);
+	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"), 0);
+	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0);
+	/* The retry of the same request then creates it once. */
+	res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	PQclear(res);
+	db_close(db);
+}

@@ -858,3 +858,17 @@ Test(crash, worker_killed_mid_request_is_retried_to_exactly_one_workflow)
 	http_response_free(r);
 	http_response_free(pending.resp);
 }
+
+Test(routing, healthz_answers_204_without_a_token_or_the_database)
+{
+	struct http_response *r = request("GET", "/healthz", NULL, NULL, 0);
+
+	cr_assert_eq(r->status, 204);
+	cr_assert_eq(r->body_len, 0);
+	cr_assert_not_null(http_header(r, "X-Request-Id"));
+	http_response_free(r);
+	r = request("POST", "/healthz", NULL, "", 0);
+	cr_assert_eq(r->status, 405);
+	tstack_expect_header(r, "Allow", "GET");
+	http_response_free(r);
+}

@@ -14,7 +14,7 @@
 #define CHANNEL 1
 
 static int fail(char *err, size_t errsz, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 static int fail(char *err, size_t errsz, const char *fmt, ...)
 {
@@ -31,15 +31,15 @@ static void reply_text(amqp_rpc_reply_t r, char *out, size_t outsz)
 	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION) {
 		snprintf(out, outsz, "%s", amqp_error_string2(r.library_error));
 	} else if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
-		   r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+	           r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 		const amqp_channel_close_t *m = r.reply.decoded;
 		snprintf(out, outsz, "channel closed: %d %.*s", m->reply_code,
-			 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+		         (int)m->reply_text.len, (const char *)m->reply_text.bytes);
 	} else if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
-		   r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+	           r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 		const amqp_connection_close_t *m = r.reply.decoded;
 		snprintf(out, outsz, "connection closed: %d %.*s", m->reply_code,
-			 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+		         (int)m->reply_text.len, (const char *)m->reply_text.bytes);
 	} else {
 		snprintf(out, outsz, "unexpected reply type %d", (int)r.reply_type);
 	}
@@ -92,7 +92,7 @@ static amqp_connection_state_t connect_url(const char *url, char *err, size_t er
 	}
 	amqp_set_rpc_timeout(conn, &tv);
 	r = amqp_login(conn, ci.vhost, 0, AMQP_DEFAULT_FRAME_SIZE, 0, AMQP_SASL_METHOD_PLAIN,
-		       ci.user, ci.password);
+	               ci.user, ci.password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
 		reply_text(r, why, sizeof(why));
 		fail(err, errsz, "login: %s", why);
@@ -114,18 +114,18 @@ out:
 /* Declare exchange as a durable topic exchange; one that exists with
  * another type (406, which closes the channel) is fine as it is. */
 static int declare_topic(amqp_connection_state_t conn, const char *exchange, char *err,
-			 size_t errsz)
+                         size_t errsz)
 {
 	amqp_rpc_reply_t r;
 	amqp_channel_close_ok_t ok = {0};
 
 	amqp_exchange_declare(conn, CHANNEL, amqp_cstring_bytes(exchange),
-			      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
+	                      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
 	r = amqp_get_rpc_reply(conn);
 	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
 	    r.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
 	    ((const amqp_channel_close_t *)r.reply.decoded)->reply_code ==
-		    AMQP_PRECONDITION_FAILED) {
+	        AMQP_PRECONDITION_FAILED) {
 		amqp_send_method(conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
 		amqp_channel_open(conn, CHANNEL);
 		return check(conn, "channel.open", err, errsz);
@@ -135,16 +135,16 @@ static int declare_topic(amqp_connection_state_t conn, const char *exchange, cha
 
 /* amqpc_open and amqpc_open_full_after: max_length < 0 is unlimited and consumed. */
 static int open_queue(struct amqpc *c, const char *url, const char *exchange,
-		      const char *binding_key, long max_length)
+                      const char *binding_key, long max_length)
 {
 	amqp_connection_state_t conn;
 	amqp_queue_declare_ok_t *q;
 	amqp_table_entry_t args[2] = {
-		{.key = amqp_cstring_bytes("x-max-length"),
-		 .value = {.kind = AMQP_FIELD_KIND_I64, .value = {.i64 = max_length}}},
-		{.key = amqp_cstring_bytes("x-overflow"),
-		 .value = {.kind = AMQP_FIELD_KIND_UTF8,
-			   .value = {.bytes = amqp_cstring_bytes("reject-publish")}}},
+	    {.key = amqp_cstring_bytes("x-max-length"),
+	     .value = {.kind = AMQP_FIELD_KIND_I64, .value = {.i64 = max_length}}},
+	    {.key = amqp_cstring_bytes("x-overflow"),
+	     .value = {.kind = AMQP_FIELD_KIND_UTF8,
+	               .value = {.bytes = amqp_cstring_bytes("reject-publish")}}},
 	};
 	amqp_table_t qargs = {.num_entries = max_length < 0 ? 0 : 2, .entries = args};
 
@@ -158,16 +158,17 @@ static int open_queue(struct amqpc *c, const char *url, const char *exchange,
 	q = amqp_queue_declare(conn, CHANNEL, amqp_empty_bytes, 0, 0, 1, 1, qargs);
 	if (check(conn, "queue.declare", c->error, sizeof(c->error)) < 0)
 		goto fail;
-	snprintf(c->queue, sizeof(c->queue), "%.*s", (int)q->queue.len, (const char *)q->queue.bytes);
+	snprintf(c->queue, sizeof(c->queue), "%.*s", (int)q->queue.len,
+	         (const char *)q->queue.bytes);
 	amqp_queue_bind(conn, CHANNEL, amqp_cstring_bytes(c->queue), amqp_cstring_bytes(exchange),
-			amqp_cstring_bytes(binding_key), amqp_empty_table);
+	                amqp_cstring_bytes(binding_key), amqp_empty_table);
 	if (check(conn, "queue.bind", c->error, sizeof(c->error)) < 0)
 		goto fail;
 	if (max_length >= 0)
 		return 0;
 	/* no_ack: the queue is ours alone and dies with the connection. */
 	amqp_basic_consume(conn, CHANNEL, amqp_cstring_bytes(c->queue), amqp_empty_bytes, 0, 1, 1,
-			   amqp_empty_table);
+	                   amqp_empty_table);
 	if (check(conn, "basic.consume", c->error, sizeof(c->error)) < 0)
 		goto fail;
 	return 0;
@@ -183,7 +184,7 @@ int amqpc_open(struct amqpc *c, const char *url, const char *exchange, const cha
 }
 
 int amqpc_open_full_after(struct amqpc *c, const char *url, const char *exchange,
-			  const char *binding_key, long max_length)
+                          const char *binding_key, long max_length)
 {
 	return open_queue(c, url, exchange, binding_key, max_length);
 }
@@ -207,10 +208,10 @@ static void read_headers(const amqp_table_t *t, struct amqpc_msg *m)
 		    (v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES))
 			copy_bytes(m->workflow_id, sizeof(m->workflow_id), v->value.bytes);
 		else if (en->key.len == 7 && memcmp(en->key.bytes, "attempt", 7) == 0 &&
-			 v->kind == AMQP_FIELD_KIND_I32)
+		         v->kind == AMQP_FIELD_KIND_I32)
 			m->attempt = v->value.i32;
 		else if (en->key.len == 7 && memcmp(en->key.bytes, "attempt", 7) == 0 &&
-			 v->kind == AMQP_FIELD_KIND_I64)
+		         v->kind == AMQP_FIELD_KIND_I64)
 			m->attempt = (long)v->value.i64;
 	}
 }
@@ -311,7 +312,7 @@ int amqpc_exchange_delete(const char *url, const char *exchange, char *err, size
 }
 
 int amqpc_exchange_declare(const char *url, const char *exchange, const char *type, char *err,
-			   size_t errsz)
+                           size_t errsz)
 {
 	amqp_connection_state_t conn = connect_url(url, err, errsz);
 	int rc;
@@ -319,7 +320,7 @@ int amqpc_exchange_declare(const char *url, const char *exchange, const char *ty
 	if (conn == NULL)
 		return -1;
 	amqp_exchange_declare(conn, CHANNEL, amqp_cstring_bytes(exchange), amqp_cstring_bytes(type),
-			      0, 1, 0, 0, amqp_empty_table);
+	                      0, 1, 0, 0, amqp_empty_table);
 	rc = check(conn, "exchange.declare", err, errsz);
 	(void)amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
 	amqp_destroy_connection(conn);

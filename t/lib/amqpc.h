@@ -51,7 +51,7 @@ int amqpc_open(struct amqpc *c, const char *url, const char *exchange, const cha
  * answers them with basic.nack), and nothing is consumed: it stays full.
  */
 int amqpc_open_full_after(struct amqpc *c, const char *url, const char *exchange,
-			  const char *binding_key, long max_length);
+                          const char *binding_key, long max_length);
 
 /* The next message, waiting up to timeout_ms: 1 with *m filled (free with
  * amqpc_msg_free), 0 when none came in time, -1 on error. */
@@ -68,7 +68,7 @@ void amqpc_close(struct amqpc *c);
  * broker at url, as an operator would before the sink first connects.
  * Returns 0, or -1 with the reason in err. */
 int amqpc_exchange_declare(const char *url, const char *exchange, const char *type, char *err,
-			   size_t errsz);
+                           size_t errsz);
 
 /* Delete an exchange on the broker at url (gone already is fine): for
  * tests of a broker whose topology changes under a running sink.
