@@ -41,9 +41,11 @@ void api_db_error(struct api_ctx *ctx, struct http_resp *resp, const struct http
 	api_problem(resp, req, P_INTERNAL, "the request failed; nothing was stored");
 }
 
-/* Resolve the bearer token to a tenant. Returns 1 when authenticated, 0
- * when resp now holds the answer (401 or 503). */
-static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
+/* Resolve the bearer token to a tenant (and, when want_key, fetch the
+ * request's Idempotency-Key row into ctx->key_row). Returns 1 when
+ * authenticated, 0 when resp now holds the answer (401 or 503). */
+static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+			int want_key)
 {
 	const char *h = req->authorization, *tok;
 	uint8_t hash[FP_LEN];
@@ -65,8 +67,11 @@ static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_r
 	hex[0] = '\\';
 	hex[1] = 'x';
 	fp_hex(hex + 2, hash, FP_LEN);
-	const char *p[1] = {hex};
-	res = db_run(ctx->db, Q_AUTH, 1, p, &e);
+	/* A keyed POST learns in the same round trip whether its key was
+	 * used before: a replay then needs no other statement. */
+	int keyed = want_key && req->idem_key_count == 1 && idem_key_valid(req->idem_key);
+	const char *p[2] = {hex, req->idem_key};
+	res = db_run(ctx->db, keyed ? Q_AUTH_KEY : Q_AUTH, keyed ? 2 : 1, p, &e);
 	if (res == NULL) {
 		api_db_error(ctx, resp, req, &e);
 		return 0;
@@ -74,6 +79,10 @@ static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_r
 	ok = PQntuples(res) == 1;
 	if (ok)
 		ctx->tenant_id = atol(PQgetvalue(res, 0, 0));
+	if (ok && keyed && !PQgetisnull(res, 0, 1)) {
+		ctx->key_row = res;
+		res = NULL;
+	}
 	PQclear(res);
 	if (!ok) {
 		http_resp_header(resp, "WWW-Authenticate",
@@ -98,6 +107,8 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 	const char *path = req->path;
 
 	ctx->tenant_id = 0;
+	PQclear(ctx->key_row);
+	ctx->key_row = NULL;
 	ctx->idem = IDEM_NONE;
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
@@ -114,7 +125,7 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 	if (strcmp(path, "/v1/workflows") == 0) {
 		if (strcmp(req->method, "POST") != 0)
 			not_allowed(resp, req, "POST");
-		else if (authenticate(ctx, req, resp))
+		else if (authenticate(ctx, req, resp, 1))
 			wf_create(ctx, req, resp);
 		return;
 	}
@@ -122,7 +133,7 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 	    path[sizeof(wf_prefix) - 1] != '\0' && strchr(path + sizeof(wf_prefix) - 1, '/') == NULL) {
 		if (strcmp(req->method, "GET") != 0)
 			not_allowed(resp, req, "GET");
-		else if (authenticate(ctx, req, resp))
+		else if (authenticate(ctx, req, resp, 0))
 			wf_get(ctx, req, path + sizeof(wf_prefix) - 1, resp);
 		return;
 	}

@@ -25,6 +25,8 @@ struct api_ctx {
 	struct buf scratch;      /* canonical forms, payloads */
 	/* Per request, for the access log: */
 	long tenant_id;          /* 0 until authenticated */
+	PGresult *key_row;       /* a keyed POST's stored key row, found while
+				  * authenticating (Q_AUTH_KEY), or NULL; owned */
 	enum idem_outcome idem;
 	struct err err;          /* why a 5xx happened */
 };

@@ -32,6 +32,13 @@ const struct db_stmt queries[Q__COUNT] = {
 	[Q_AUTH] = {"auth",
 		    "SELECT tenant_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL"},
 
+	[Q_AUTH_KEY] = {"auth_key",
+			"SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,"
+			"       k.expires_at <= now()"
+			"  FROM api_tokens t"
+			"  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = $2"
+			" WHERE t.token_hash = $1 AND t.revoked_at IS NULL"},
+
 	[Q_CREATE_KEYED] = {"create_keyed", CREATE_KEYED("")},
 
 	[Q_CREATE_UNKEYED] =

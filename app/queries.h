@@ -19,6 +19,15 @@ enum query_id {
 	/* $1 token_hash (bytea hex) -> tenant_id */
 	Q_AUTH,
 	/*
+	 * Authentication and the key's stored row in one read-only round
+	 * trip, for a keyed POST: $1 token_hash, $2 key -> no row when the
+	 * token is unknown or revoked, else (tenant_id, fingerprint, status,
+	 * headers, body, expired) with the key's columns NULL when the key
+	 * is new. Columns 1-5 are laid out as Q_CREATE_KEYED's 'existing'
+	 * row, so a replay needs no other statement.
+	 */
+	Q_AUTH_KEY,
+	/*
 	 * One statement, hence one transaction: claim the key, insert the
 	 * workflow and its workflow.created event, store the response.
 	 * $1 tenant_id, $2 key, $3 method, $4 path, $5 fingerprint (bytea hex),

@@ -301,6 +301,16 @@ void wf_create(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp
 	fp_request(fp, req->method, req->path, sc->data, canon_len);
 	idem_fp_text(fp_text, fp);
 
+	/* The key's row came with the authentication: a replay or a conflict
+	 * is answered now, without another statement. */
+	if (ctx->key_row != NULL) {
+		if (strcmp(PQgetvalue(ctx->key_row, 0, 5), "t") != 0) {
+			answer_existing(ctx, resp, req, ctx->key_row, fp_text);
+			goto out;
+		}
+		/* Expired: the create below finds it again and takes it over. */
+	}
+
 	if (ids_uuid7(id) < 0) {
 		err_set(&e, ERR_INTERNAL, "could not read random bytes");
 		api_db_error(ctx, resp, req, &e);

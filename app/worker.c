@@ -152,6 +152,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	FCGX_Free(&freq, 0);
 out:
 	http_resp_free(&resp);
+	PQclear(ctx.key_row);
 	buf_free(&ctx.body);
 	buf_free(&ctx.scratch);
 	db_close(ctx.db);
