@@ -692,3 +692,55 @@ Test(amqp_sink, wrong_password_is_a_403_retry_naming_the_user_and_vhost)
 	free(copy);
 	s->close(s);
 }
+
+/*
+ * The whole path: idemflow-dispatch drains the outbox to RabbitMQ. Every
+ * event arrives once, persistent, with its event id as message_id and the
+ * routing key from the template, and is marked published. Only this test
+ * writes outbox rows, so the dispatcher's run is this test's alone.
+ */
+Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_it)
+{
+	struct tstack_tenant t;
+	struct amqpc c;
+	char exchange[64], cmd[2048];
+	int rc;
+
+	tstack_tenant_create(&t, "amqp-dispatch");
+	snprintf(exchange, sizeof(exchange), "dispatch-%ld", (long)getpid());
+	consumer_open(&c, exchange, "wf.#");
+	tstack_exec(tstack_db(),
+		    "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+		    " updated_at) SELECT $1::bigint, gen_random_uuid(), 't', '{}', now(), now()"
+		    " FROM generate_series(1, 30) RETURNING tenant_id, id)"
+		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+		    " SELECT id::text || '.1', tenant_id, id, 1, 'workflow.created',"
+		    " json_build_object('id', id::text || '.1')::text FROM w",
+		    t.id_text);
+	snprintf(cmd, sizeof(cmd),
+		 "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
+		 " --routing-key 'wf.{type}' --log-level warning",
+		 tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
+		 tstack_env("IDEMFLOW_AMQP_URL"), exchange);
+	rc = system(cmd);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+				  " AND published_at IS NOT NULL AND attempts = 1",
+				  t.id_text),
+		     30, "every event marked published on attempt 1");
+
+	for (int i = 0; i < 30; i++) {
+		struct amqpc_msg m;
+		receive(&c, &m);
+		cr_assert_eq(m.delivery_mode, 2, "persistent");
+		cr_assert_str_eq(m.routing_key, "wf.workflow.created");
+		cr_assert_str_eq(m.type, "workflow.created");
+		cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE event_id = $1"
+					  " AND payload = $2",
+					  m.message_id, m.body),
+			     1, "message_id %s is an event id, body byte for byte", m.message_id);
+		amqpc_msg_free(&m);
+	}
+	cr_assert_eq(amqpc_drain(&c, 300), 0, "no message arrived twice");
+	amqpc_close(&c);
+}
