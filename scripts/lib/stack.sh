@@ -119,13 +119,19 @@ stack_as_pg() {
 	fi
 }
 
+# stack_install_dir USER DIR MODE: create DIR owned by USER when root (the
+# servers run as their own users then), by the caller otherwise.
+stack_install_dir() {
+	if stack_is_root; then
+		install -d -o "$1" -g "$1" -m "$3" -- "$2"
+	else
+		install -d -m "$3" -- "$2"
+	fi
+}
+
 # stack_pg_install_dir DIR MODE: create DIR owned by the PostgreSQL owner.
 stack_pg_install_dir() {
-	if stack_is_root; then
-		install -d -o postgres -g postgres -m "$2" -- "$1"
-	else
-		install -d -m "$2" -- "$1"
-	fi
+	stack_install_dir postgres "$1" "$2"
 }
 
 # stack_pg_bindir: print the directory holding initdb and pg_ctl.
@@ -425,11 +431,7 @@ stack_rabbit_bindir() {
 
 # stack_rabbit_install_dir DIR MODE: create DIR owned by the broker's owner.
 stack_rabbit_install_dir() {
-	if stack_is_root; then
-		install -d -o rabbitmq -g rabbitmq -m "$2" -- "$1"
-	else
-		install -d -m "$2" -- "$1"
-	fi
+	stack_install_dir rabbitmq "$1" "$2"
 }
 
 # _stack_rabbit_prefix RDIR: set STACK_RABBIT_PREFIX to the command prefix
