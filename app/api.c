@@ -13,6 +13,8 @@
 #include <strings.h>
 
 #include "fp.h"
+#include "metrics.h"
+#include "migrate.h"
 #include "wf.h"
 
 void api_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
@@ -101,6 +103,73 @@ static void not_allowed(struct http_resp *resp, const struct http_req *req, cons
 	api_problem(resp, req, P_METHOD_NOT_ALLOWED, detail);
 }
 
+/*
+ * The schema version, read on a connection of our own. Only when the
+ * worker's connection failed: a worker cannot connect at all when it cannot
+ * prepare its statements, which is what a schema older than the build
+ * usually causes (the statements name columns it lacks), and the reason is
+ * what the operator needs. -1 with e filled when this fails too.
+ */
+static int schema_version_direct(const struct conf *c, struct err *e)
+{
+	char appname[96];
+	PGconn *conn;
+	int v;
+
+	snprintf(appname, sizeof(appname), "%s-readyz", c->application_name);
+	conn = db_connect_simple(c->db, appname, e);
+	if (conn == NULL)
+		return -1;
+	v = migrate_current(conn, e);
+	PQfinish(conn);
+	return v;
+}
+
+/*
+ * Readiness: the database answers and its schema is the one this build
+ * needs. One statement per probe on the worker's own connection, with no
+ * cache: reading the version is as cheap as a SELECT 1 and is itself the
+ * round trip that proves the database reachable. A schema newer than the
+ * build counts as ready: during an upgrade the migration runs before the
+ * workers are replaced, and the old workers must keep serving meanwhile
+ * (migrations only add).
+ */
+static void readyz(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp)
+{
+	const int latest = migrate_latest();
+	char detail[128], ra[24];
+	struct err e, direct;
+	PGresult *res = db_run(ctx->db, Q_SCHEMA_VERSION, 0, NULL, &e);
+	int version;
+
+	if (res != NULL) {
+		version = atoi(PQgetvalue(res, 0, 0));
+		PQclear(res);
+	} else {
+		ctx->err = e; /* for the log line */
+		version = schema_version_direct(ctx->conf, &direct);
+		if (version < 0)
+			e = direct;
+	}
+	if (res != NULL && version >= latest) {
+		resp->status = 200;
+		resp->content_type = "application/json";
+		buf_printf(&resp->body, "{\"status\":\"ready\",\"schema_version\":%d}", version);
+		return;
+	}
+	if (version >= 0 && version < latest)
+		snprintf(detail, sizeof(detail),
+			 "schema at version %d, expected %d: run \"idemflow migrate\"", version,
+			 latest);
+	else if (e.code == ERR_DB_DOWN)
+		snprintf(detail, sizeof(detail), "database unreachable");
+	else
+		snprintf(detail, sizeof(detail), "database error (see the server log)");
+	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+	http_resp_header(resp, "Retry-After", ra);
+	api_problem(resp, req, P_UNAVAILABLE, detail);
+}
+
 void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	static const char wf_prefix[] = "/v1/workflows/";
@@ -120,6 +189,18 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 			not_allowed(resp, req, "GET");
 		else
 			resp->status = 204;
+		return;
+	}
+	if (strcmp(path, "/readyz") == 0) {
+		if (strcmp(req->method, "GET") != 0)
+			not_allowed(resp, req, "GET");
+		else
+			readyz(ctx, req, resp);
+		return;
+	}
+	/* For the operator's scraper, not for tenants: metrics.c decides who. */
+	if (strcmp(path, "/metrics") == 0) {
+		metrics_handle(ctx, req, resp);
 		return;
 	}
 	if (strcmp(path, "/v1/workflows") == 0) {

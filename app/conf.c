@@ -15,7 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum conf_type { T_STR, T_INT, T_DURATION, T_SIZE, T_OCTAL, T_IDEM_MODE, T_LOG_LEVEL, T_BOOL };
+enum conf_type {
+	T_STR,
+	T_INT,
+	T_DURATION,
+	T_SIZE,
+	T_OCTAL,
+	T_IDEM_MODE,
+	T_LOG_LEVEL,
+	T_LOG_FORMAT,
+	T_BOOL
+};
 
 struct conf_key {
 	const char *name;
@@ -53,6 +63,16 @@ static const struct conf_key conf_keys[] = {
 	{"log_level", T_LOG_LEVEL, OFF(log_level), "info", 0, 0, "debug | info | warning | error"},
 	{"application_name", T_STR, OFF(application_name), "idemflow", 0, 0,
 	 "prefix of the PostgreSQL application_name"},
+	{"log_format", T_LOG_FORMAT, OFF(log_format), "logfmt", 0, 0,
+	 "logfmt | json (one JSON object per line, same fields)"},
+	{"log_file", T_STR, OFF(log_file), "", 0, 0,
+	 "append the log to this file instead of stderr; SIGUSR1 reopens it"},
+	{"metrics_allow", T_STR, OFF(metrics_allow), "127.0.0.1,::1", 0, 0,
+	 "client addresses or networks (a.b.c.d/n, x::/n) allowed to GET /metrics"},
+	{"metrics_token", T_STR, OFF(metrics_token), "", 0, 0,
+	 "bearer token that opens GET /metrics from any address (never a tenant's)"},
+	{"textfile", T_STR, OFF(textfile), "", 0, 0,
+	 "dispatch: write the run's metrics to this node_exporter textfile (*.prom)"},
 	/* idemflow-dispatch */
 	{"once", T_BOOL, OFF(once), "false", 0, 0, "dispatch: one pass until nothing is due (default)"},
 	{"loop", T_BOOL, OFF(loop), "false", 0, 0,
@@ -85,6 +105,11 @@ static const struct conf_key conf_keys[] = {
 	 "dispatch (amqp): routing key; {type} is replaced by the event type"},
 	{"exec", T_STR, OFF(exec), "", 0, 0,
 	 "dispatch (exec): shell command run per event, event JSON on stdin"},
+	/* idemflow prune */
+	{"outbox_retention", T_DURATION, OFF(outbox_retention), "7d", 0, 0,
+	 "prune: delivered outbox events older than this are deleted (dead ones are kept)"},
+	{"prune_batch", T_INT, OFF(prune_batch), "1000", 1, 100000,
+	 "prune: rows deleted per statement, each its own short transaction"},
 #ifdef IDEMFLOW_TEST_HOOKS
 	{"test_fail_after_write", T_BOOL, OFF(test_fail_after_write), "false", 0, 0,
 	 "TEST BUILD ONLY: creates fail after writing, inside the transaction"},
@@ -217,6 +242,12 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 		else
 			return err_set(e, ERR_CONFIG,
 				       "%s: invalid value \"%s\" for \"%s\": expected true or false",
+				       origin, value, k->name);
+		return 0;
+	case T_LOG_FORMAT:
+		if (log_format_parse(value, (enum log_format *)base) < 0)
+			return err_set(e, ERR_CONFIG,
+				       "%s: invalid value \"%s\" for \"%s\": expected logfmt or json",
 				       origin, value, k->name);
 		return 0;
 	case T_LOG_LEVEL:

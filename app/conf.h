@@ -41,6 +41,11 @@ struct conf {
 	long shutdown_timeout; /* ms a draining worker gets before SIGKILL */
 	enum log_level log_level;
 	char *application_name;
+	enum log_format log_format;
+	char *log_file;      /* "" = stderr */
+	char *metrics_allow; /* addresses and networks that may GET /metrics */
+	char *metrics_token; /* bearer token for GET /metrics; "" = none */
+	char *textfile;      /* dispatch: node_exporter textfile; "" = none */
 
 	/* idemflow-dispatch */
 	int once;              /* one pass, then exit (the default) */
@@ -61,6 +66,10 @@ struct conf {
 	char *exchange;        /* amqp exchange ("" = default exchange) */
 	char *routing_key;     /* amqp routing key; "{type}" is the event type */
 	char *exec;            /* exec: shell command, event JSON on stdin */
+
+	/* idemflow prune */
+	long outbox_retention; /* ms a delivered event is kept */
+	int prune_batch;       /* rows deleted per statement (one short transaction each) */
 
 	/* Only in builds configured with --enable-test-hooks: the create
 	 * statement fails after writing its rows, inside its transaction. */

@@ -25,6 +25,7 @@ void http_req_init(struct http_req *r, FCGX_Request *f)
 	r->method = "";
 	r->path = "";
 	r->request_id = "";
+	r->remote_addr = "";
 	r->content_length = -1;
 	for (char **e = f->envp; e && *e; e++) {
 		const char *env = *e;
@@ -45,6 +46,8 @@ void http_req_init(struct http_req *r, FCGX_Request *f)
 			cl = v;
 		} else if ((v = PARAM(env, "REQUEST_ID")) != NULL) {
 			r->request_id = v;
+		} else if ((v = PARAM(env, "REMOTE_ADDR")) != NULL) {
+			r->remote_addr = v;
 		}
 	}
 	if (cl != NULL && *cl) {

@@ -22,6 +22,7 @@ struct http_req {
 	const char *idem_key;     /* the first Idempotency-Key header, or NULL */
 	int idem_key_count;       /* how many Idempotency-Key headers came */
 	const char *request_id;   /* nginx $request_id, or "" */
+	const char *remote_addr;  /* REMOTE_ADDR: the client as nginx saw it, or "" */
 	long content_length;      /* -1 when absent or unparsable */
 };
 

@@ -1,5 +1,6 @@
 /*
- * idemflow - the admin CLI: migrations, tenants, API tokens, the outbox.
+ * idemflow - the admin CLI: migrations, tenants, API tokens, the outbox,
+ * retention (prune) and idempotency debugging.
  *
  * Results go to stdout (a new token is the only thing printed by
  * "token create", so scripts can capture it); diagnostics go to stderr.
@@ -10,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
+#include <time.h>
+
+#include <json-c/json.h>
 
 #include "config.h"
 #include "conf.h"
@@ -26,7 +30,10 @@ static void usage(FILE *out)
 		"Commands:\n"
 		"  migrate                        apply the SQL migrations (safe to repeat)\n"
 		"  tenant create NAME             create a tenant\n"
-		"  tenant list                    list tenants\n"
+		"  tenant list                    list tenants (id, name, created, key TTL)\n"
+		"  tenant set-ttl NAME DURATION|default\n"
+		"                                 how long the tenant's idempotency keys are\n"
+		"                                 remembered (default: idempotency_ttl)\n"
 		"  token create --tenant NAME     issue a bearer token; prints it once\n"
 		"  token revoke TOKEN | --id N    revoke a token\n"
 		"  token list [--tenant NAME]     list tokens (ids, tenants, states; never the "
@@ -36,6 +43,12 @@ static void usage(FILE *out)
 		"  outbox show ID                 one event in full (numeric id or event id)\n"
 		"  outbox requeue ID | --dead     revive a dead or pending event: attempts\n"
 		"                                 start again from zero, due now\n"
+		"  prune [--outbox-retention D] [--prune-batch N]\n"
+		"                                 delete expired idempotency keys and delivered\n"
+		"                                 events older than outbox_retention (for cron)\n"
+		"  debug idempotency-check --tenant NAME [--hours H] [--limit N] [--json]\n"
+		"                                 keys first seen in the last H hours (24) with\n"
+		"                                 their replays and conflicts, most replayed first\n"
 		"\n"
 		"The database is --db, else $DATABASE_URL, else the config file's db, else\n"
 		"libpq's PG* variables.\n\n");
@@ -72,6 +85,50 @@ static int cmd_migrate(PGconn *conn)
 	return EX_OK;
 }
 
+/* tenant set-ttl NAME DURATION|default: durations are read exactly as the
+ * idempotency_ttl key is, and at least as long (1 s). */
+static int tenant_set_ttl(PGconn *conn, const char *name, const char *value)
+{
+	char ms[24];
+	struct err e;
+	struct conf *tmp;
+	PGresult *res;
+	int dflt = strcmp(value, "default") == 0;
+
+	if (!dflt) {
+		tmp = conf_new();
+		if (tmp == NULL) {
+			fprintf(stderr, "idemflow: out of memory\n");
+			return EX_OSERR;
+		}
+		if (conf_set(tmp, "idempotency_ttl", value, "tenant set-ttl", &e) < 0) {
+			conf_free(tmp);
+			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
+			return EX_USAGE;
+		}
+		snprintf(ms, sizeof(ms), "%ld", tmp->idempotency_ttl);
+		conf_free(tmp);
+	}
+	const char *p[2] = {name, dflt ? NULL : ms};
+	res = db_exec(conn,
+		      "UPDATE tenants SET idempotency_ttl = $2::bigint * interval '1 millisecond'"
+		      " WHERE name = $1 RETURNING id",
+		      2, p, &e);
+	if (res == NULL)
+		return fail(db_exit(&e), &e);
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: no tenant named \"%s\"\n", name);
+		PQclear(res);
+		return EX_DATAERR;
+	}
+	PQclear(res);
+	if (dflt)
+		printf("tenant %s: idempotency keys kept for the server's idempotency_ttl\n", name);
+	else
+		printf("tenant %s: idempotency keys kept for %s (from new keys on)\n", name, value);
+	return EX_OK;
+}
+
 static int cmd_tenant(PGconn *conn, int argc, char **argv)
 {
 	struct err e;
@@ -104,15 +161,19 @@ static int cmd_tenant(PGconn *conn, int argc, char **argv)
 	}
 	if (argc == 1 && strcmp(argv[0], "list") == 0) {
 		res = db_exec(conn,
-			      "SELECT id, name, created_at FROM tenants ORDER BY id", 0, NULL, &e);
+			      "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')"
+			      "  FROM tenants ORDER BY id",
+			      0, NULL, &e);
 		if (res == NULL)
 			return fail(db_exit(&e), &e);
 		for (int i = 0; i < PQntuples(res); i++)
-			printf("%s\t%s\t%s\n", PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
-			       PQgetvalue(res, i, 2));
+			printf("%s\t%s\t%s\t%s\n", PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
+			       PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
 		PQclear(res);
 		return EX_OK;
 	}
+	if (argc == 3 && strcmp(argv[0], "set-ttl") == 0)
+		return tenant_set_ttl(conn, argv[1], argv[2]);
 	usage(stderr);
 	return EX_USAGE;
 }
@@ -314,6 +375,292 @@ static int cmd_outbox(PGconn *conn, int argc, char **argv)
 	return EX_USAGE;
 }
 
+/*
+ * prune. Every statement deletes at most prune_batch rows and commits on
+ * its own, so no lock is held longer than one small batch; rows are picked
+ * FOR UPDATE SKIP LOCKED, so a key that a request is taking over at that
+ * moment is left to it instead of waited for. Everything is measured
+ * against one cutoff taken at the start: a run ends even while keys keep
+ * expiring, and removes exactly what had expired when it began. A key's
+ * counts (idempotency_key_stats) go in the same statement as the key.
+ * Both statements take $1 cutoff (timestamptz), $2 batch size, and return
+ * (rows deleted, counts rows deleted).
+ */
+#define PRUNE_KEYS                                                                                 \
+	"WITH d AS ("                                                                              \
+	"  DELETE FROM idempotency_keys"                                                           \
+	"   WHERE ctid = ANY(ARRAY("                                                               \
+	"           SELECT ctid FROM idempotency_keys WHERE expires_at <= $1::timestamptz"         \
+	"            ORDER BY expires_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                   \
+	"  RETURNING tenant_id, key"                                                               \
+	"), s AS ("                                                                                \
+	"  DELETE FROM idempotency_key_stats st USING d"                                           \
+	"   WHERE st.tenant_id = d.tenant_id AND st.key = d.key"                                   \
+	"  RETURNING 1"                                                                            \
+	")"                                                                                        \
+	" SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM s)"
+
+/* Delivered events only: a dead or pending event has no published_at.
+ * Nothing references an event, and the workflow it announced stays. */
+#define PRUNE_EVENTS                                                                               \
+	"WITH d AS ("                                                                              \
+	"  DELETE FROM outbox"                                                                     \
+	"   WHERE ctid = ANY(ARRAY("                                                               \
+	"           SELECT ctid FROM outbox WHERE published_at < $1::timestamptz"                  \
+	"            ORDER BY published_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                 \
+	"  RETURNING 1"                                                                            \
+	")"                                                                                        \
+	" SELECT count(*), 0 FROM d"
+
+struct prune_totals {
+	long keys, key_stats, events;
+	int statements;
+};
+
+/* Run one prune statement until a batch comes back short. */
+static int prune_loop(PGconn *conn, const char *sql, const char *cutoff, int batch, long *rows,
+		      long *extra, int *statements, struct err *e)
+{
+	char lim[16];
+	const char *p[2] = {cutoff, lim};
+
+	snprintf(lim, sizeof(lim), "%d", batch);
+	for (;;) {
+		PGresult *res = db_exec(conn, sql, 2, p, e);
+		long n;
+
+		if (res == NULL)
+			return -1;
+		n = atol(PQgetvalue(res, 0, 0));
+		*rows += n;
+		*extra += atol(PQgetvalue(res, 0, 1));
+		(*statements)++;
+		PQclear(res);
+		if (n < batch)
+			return 0;
+	}
+}
+
+static int cmd_prune(PGconn *conn, struct conf *c, int argc, char **argv)
+{
+	struct prune_totals t = {0};
+	struct timespec t0, t1;
+	char ms[24], key_cutoff[64], event_cutoff[64];
+	struct err e;
+	PGresult *res;
+	int rc = EX_OK;
+
+	/* The two prune keys may also follow the command. */
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *eq = strchr(a, '='), *val;
+		char name[32];
+		size_t n = eq ? (size_t)(eq - a) : strlen(a);
+
+		snprintf(name, sizeof(name), "%.*s", (int)n, a);
+		if (strcmp(name, "--outbox-retention") != 0 && strcmp(name, "--prune-batch") != 0) {
+			usage(stderr);
+			return EX_USAGE;
+		}
+		if (eq == NULL && i + 1 >= argc) {
+			fprintf(stderr, "idemflow: option \"%s\" needs a value\n", a);
+			return EX_USAGE;
+		}
+		val = eq ? eq + 1 : argv[++i];
+		if (conf_set(c, name + 2, val, name, &e) < 0) {
+			fprintf(stderr, "idemflow: %s\n", e.msg);
+			return EX_USAGE;
+		}
+	}
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	snprintf(ms, sizeof(ms), "%ld", c->outbox_retention);
+	const char *p[1] = {ms};
+	res = db_exec(conn, "SELECT now(), now() - $1::bigint * interval '1 millisecond'", 1, p, &e);
+	if (res == NULL)
+		return fail(db_exit(&e), &e);
+	snprintf(key_cutoff, sizeof(key_cutoff), "%s", PQgetvalue(res, 0, 0));
+	snprintf(event_cutoff, sizeof(event_cutoff), "%s", PQgetvalue(res, 0, 1));
+	PQclear(res);
+
+	if (prune_loop(conn, PRUNE_KEYS, key_cutoff, c->prune_batch, &t.keys, &t.key_stats,
+		       &t.statements, &e) < 0 ||
+	    prune_loop(conn, PRUNE_EVENTS, event_cutoff, c->prune_batch, &t.events, &t.key_stats,
+		       &t.statements, &e) < 0)
+		rc = db_exit(&e);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	/* What was removed is reported even when a later batch failed:
+	 * every batch before it is committed. */
+	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f\n", t.keys,
+	       t.key_stats, t.events, t.statements,
+	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	if (rc != EX_OK)
+		return fail(rc, &e);
+	return EX_OK;
+}
+
+#define TS_SECONDS(col) "to_char((" col ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+
+/* The keys of tenant $1 first seen in the last $2 hours, with their counts. */
+#define CHECK_FROM                                                                                 \
+	"  FROM idempotency_keys k"                                                                \
+	"  LEFT JOIN idempotency_key_stats s ON s.tenant_id = k.tenant_id AND s.key = k.key"       \
+	" WHERE k.tenant_id = $1::bigint AND k.created_at >= now() - $2::float8 * interval '1 hour'"
+
+static void print_check_json(const char *tenant, double hours, const PGresult *rows,
+			     const PGresult *sum)
+{
+	struct json_object *doc = json_object_new_object(), *keys = json_object_new_array();
+	struct json_object *summary = json_object_new_object();
+	long nkeys = atol(PQgetvalue(sum, 0, 0)), replays = atol(PQgetvalue(sum, 0, 1));
+	char ratio[32];
+
+	json_object_object_add(doc, "tenant", json_object_new_string(tenant));
+	json_object_object_add(doc, "hours", json_object_new_double(hours));
+	json_object_object_add(doc, "since", json_object_new_string(PQgetvalue(sum, 0, 4)));
+	for (int i = 0; i < PQntuples(rows); i++) {
+		struct json_object *k = json_object_new_object();
+
+		json_object_object_add(k, "key", json_object_new_string(PQgetvalue(rows, i, 0)));
+		json_object_object_add(k, "method", json_object_new_string(PQgetvalue(rows, i, 1)));
+		json_object_object_add(k, "route", json_object_new_string(PQgetvalue(rows, i, 2)));
+		json_object_object_add(k, "first_seen",
+				       json_object_new_string(PQgetvalue(rows, i, 3)));
+		json_object_object_add(k, "replays",
+				       json_object_new_int64(atoll(PQgetvalue(rows, i, 4))));
+		json_object_object_add(k, "conflicts",
+				       json_object_new_int64(atoll(PQgetvalue(rows, i, 5))));
+		json_object_object_add(k, "in_flight",
+				       json_object_new_int64(atoll(PQgetvalue(rows, i, 6))));
+		json_object_object_add(k, "last_seen",
+				       PQgetisnull(rows, i, 7)
+					   ? NULL
+					   : json_object_new_string(PQgetvalue(rows, i, 7)));
+		json_object_array_add(keys, k);
+	}
+	json_object_object_add(doc, "keys", keys);
+	json_object_object_add(summary, "keys", json_object_new_int64(nkeys));
+	json_object_object_add(summary, "listed", json_object_new_int(PQntuples(rows)));
+	json_object_object_add(summary, "replays", json_object_new_int64(replays));
+	json_object_object_add(summary, "conflicts",
+			       json_object_new_int64(atoll(PQgetvalue(sum, 0, 2))));
+	json_object_object_add(summary, "in_flight",
+			       json_object_new_int64(atoll(PQgetvalue(sum, 0, 3))));
+	/* Three decimals, written as such (not as the nearest double's digits). */
+	snprintf(ratio, sizeof(ratio), "%.3f", nkeys > 0 ? (double)replays / (double)nkeys : 0.0);
+	json_object_object_add(summary, "replay_ratio", json_object_new_double_s(atof(ratio), ratio));
+	json_object_object_add(doc, "summary", summary);
+	printf("%s\n", json_object_to_json_string_ext(
+			       doc, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(doc);
+}
+
+static void print_check_text(const PGresult *rows, const PGresult *sum)
+{
+	long nkeys = atol(PQgetvalue(sum, 0, 0)), replays = atol(PQgetvalue(sum, 0, 1));
+
+	printf("key\troute\tfirst_seen\treplays\tconflicts\tin_flight\n");
+	for (int i = 0; i < PQntuples(rows); i++)
+		printf("%s\t%s %s\t%s\t%s\t%s\t%s\n", PQgetvalue(rows, i, 0), PQgetvalue(rows, i, 1),
+		       PQgetvalue(rows, i, 2), PQgetvalue(rows, i, 3), PQgetvalue(rows, i, 4),
+		       PQgetvalue(rows, i, 5), PQgetvalue(rows, i, 6));
+	printf("summary: keys=%ld listed=%d replays=%ld conflicts=%s in_flight=%s "
+	       "replay_ratio=%.3f since=%s\n",
+	       nkeys, PQntuples(rows), replays, PQgetvalue(sum, 0, 2), PQgetvalue(sum, 0, 3),
+	       nkeys > 0 ? (double)replays / (double)nkeys : 0.0, PQgetvalue(sum, 0, 4));
+}
+
+/* debug idempotency-check --tenant NAME [--hours H] [--limit N] [--json] */
+static int cmd_debug(PGconn *conn, int argc, char **argv)
+{
+	const char *tenant = NULL, *hours = "24", *limit = "100";
+	PGresult *res, *rows = NULL, *sum = NULL;
+	char tenant_id[24], hours_num[32], *end;
+	struct err e;
+	double h;
+	long lim;
+	int json = 0, rc = EX_OK;
+
+	if (argc < 1 || strcmp(argv[0], "idempotency-check") != 0)
+		goto usage;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--json") == 0)
+			json = 1;
+		else if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc)
+			tenant = argv[++i];
+		else if (strcmp(argv[i], "--hours") == 0 && i + 1 < argc)
+			hours = argv[++i];
+		else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc)
+			limit = argv[++i];
+		else
+			goto usage;
+	}
+	if (tenant == NULL)
+		goto usage;
+	h = strtod(hours, &end);
+	if (end == hours || *end != '\0' || !(h > 0 && h <= 24 * 366)) {
+		fprintf(stderr, "idemflow: invalid --hours \"%s\": expected a number of hours\n",
+			hours);
+		return EX_USAGE;
+	}
+	lim = strtol(limit, &end, 10);
+	if (end == limit || *end != '\0' || lim < 1 || lim > 1000000) {
+		fprintf(stderr, "idemflow: invalid --limit \"%s\": expected a positive integer\n",
+			limit);
+		return EX_USAGE;
+	}
+
+	const char *pt[1] = {tenant};
+	res = db_exec(conn, "SELECT id FROM tenants WHERE name = $1", 1, pt, &e);
+	if (res == NULL)
+		return fail(db_exit(&e), &e);
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: no tenant named \"%s\"\n", tenant);
+		PQclear(res);
+		return EX_DATAERR;
+	}
+	snprintf(tenant_id, sizeof(tenant_id), "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+
+	/* The list and the summary read one snapshot, so they agree. The
+	 * hours go as the number strtod read ("0x10" is not SQL). */
+	snprintf(hours_num, sizeof(hours_num), "%.17g", h);
+	const char *p[3] = {tenant_id, hours_num, limit};
+	res = db_exec(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL, &e);
+	if (res == NULL)
+		return fail(db_exit(&e), &e);
+	PQclear(res);
+	rows = db_exec(conn,
+		       "SELECT k.key, k.method, k.path, " TS_SECONDS("k.created_at") ","
+		       "       coalesce(s.replays, 0) AS replays, coalesce(s.conflicts, 0) AS conflicts,"
+		       "       coalesce(s.in_flight, 0) AS in_flight, " TS_SECONDS("s.last_seen")
+			   CHECK_FROM " ORDER BY replays DESC, conflicts DESC, in_flight DESC,"
+				      "          k.created_at, k.key"
+				      " LIMIT $3::bigint",
+		       3, p, &e);
+	if (rows != NULL)
+		sum = db_exec(conn,
+			      "SELECT count(*), coalesce(sum(s.replays), 0),"
+			      "       coalesce(sum(s.conflicts), 0), coalesce(sum(s.in_flight), 0),"
+			      "       " TS_SECONDS("now() - $2::float8 * interval '1 hour'") CHECK_FROM,
+			      2, p, &e);
+	PQclear(PQexec(conn, "COMMIT"));
+	if (rows == NULL || sum == NULL) {
+		rc = fail(db_exit(&e), &e);
+		goto out;
+	}
+	if (json)
+		print_check_json(tenant, h, rows, sum);
+	else
+		print_check_text(rows, sum);
+out:
+	PQclear(rows);
+	PQclear(sum);
+	return rc;
+usage:
+	usage(stderr);
+	return EX_USAGE;
+}
+
 int main(int argc, char **argv)
 {
 	struct err e;
@@ -344,7 +691,8 @@ int main(int argc, char **argv)
 	}
 	const char *cmd = argv[next];
 	if (strcmp(cmd, "migrate") != 0 && strcmp(cmd, "tenant") != 0 &&
-	    strcmp(cmd, "token") != 0 && strcmp(cmd, "outbox") != 0) {
+	    strcmp(cmd, "token") != 0 && strcmp(cmd, "outbox") != 0 && strcmp(cmd, "prune") != 0 &&
+	    strcmp(cmd, "debug") != 0) {
 		fprintf(stderr, "idemflow: unknown command \"%s\"\n", cmd);
 		usage(stderr);
 		conf_free(c);
@@ -362,6 +710,10 @@ int main(int argc, char **argv)
 		rc = cmd_tenant(conn, argc - next - 1, argv + next + 1);
 	else if (strcmp(cmd, "token") == 0)
 		rc = cmd_token(conn, argc - next - 1, argv + next + 1);
+	else if (strcmp(cmd, "prune") == 0)
+		rc = cmd_prune(conn, c, argc - next - 1, argv + next + 1);
+	else if (strcmp(cmd, "debug") == 0)
+		rc = cmd_debug(conn, argc - next - 1, argv + next + 1);
 	else
 		rc = cmd_outbox(conn, argc - next - 1, argv + next + 1);
 	PQfinish(conn);

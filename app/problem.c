@@ -20,6 +20,7 @@ static const struct problem_def defs[P__COUNT] = {
 	[P_KEY_IN_FLIGHT] = {409, "idempotency-key-in-flight", "Request In Flight"},
 	[P_UNAVAILABLE] = {503, "unavailable", "Service Unavailable"},
 	[P_INTERNAL] = {500, "internal", "Internal Server Error"},
+	[P_FORBIDDEN] = {403, "forbidden", "Forbidden"},
 };
 
 const struct problem_def *problem_def(enum problem_kind kind)

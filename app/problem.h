@@ -25,6 +25,7 @@ enum problem_kind {
 	P_KEY_IN_FLIGHT,
 	P_UNAVAILABLE,
 	P_INTERNAL,
+	P_FORBIDDEN,
 	P__COUNT
 };
 

@@ -9,7 +9,8 @@
 	"WITH k AS ("                                                                              \
 	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"       \
 	"                                headers, body, created_at, expires_at)"                   \
-	"  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, $8, $8::timestamptz + $9::interval)"           \
+	"  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, $8, $8::timestamptz + coalesce("               \
+	"    (SELECT idempotency_ttl FROM tenants WHERE id = $1), $9::interval))"                  \
 	"  ON CONFLICT (tenant_id, key) DO NOTHING"                                                \
 	"  RETURNING tenant_id"                                                                    \
 	"), w AS ("                                                                                \
@@ -56,12 +57,42 @@ const struct db_stmt queries[Q__COUNT] = {
 		       "SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"
 		       "  FROM idempotency_keys WHERE tenant_id = $1 AND key = $2"},
 
+	/* The counts of the old key go with it: the key is new again. */
 	[Q_KEY_DELETE_EXPIRED] = {"key_delete_expired",
-				  "DELETE FROM idempotency_keys"
-				  " WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()"},
+				  "WITH d AS ("
+				  "  DELETE FROM idempotency_keys"
+				  "   WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()"
+				  "  RETURNING tenant_id, key"
+				  ")"
+				  " DELETE FROM idempotency_key_stats s USING d"
+				  "  WHERE s.tenant_id = d.tenant_id AND s.key = d.key"},
 
 	[Q_CREATE_KEYED_FAIL] = {"create_keyed_fail",
 				 CREATE_KEYED(" WHERE 1 / (SELECT count(*) - count(*) FROM o) = 1")},
+
+	/* Rows in (tenant_id, key) order, so two workers flushing the same
+	 * keys lock them in the same order and cannot deadlock. */
+	[Q_KEYSTATS_FLUSH] = {"keystats_flush",
+			      "INSERT INTO idempotency_key_stats AS s"
+			      "       (tenant_id, key, replays, conflicts, in_flight, last_seen)"
+			      " SELECT u.tenant_id, u.key, u.replays, u.conflicts, u.in_flight, now()"
+			      "   FROM unnest($1::bigint[], $2::text[], $3::int[], $4::int[], $5::int[])"
+			      "        AS u(tenant_id, key, replays, conflicts, in_flight)"
+			      " ON CONFLICT (tenant_id, key) DO UPDATE"
+			      "    SET replays = s.replays + excluded.replays,"
+			      "        conflicts = s.conflicts + excluded.conflicts,"
+			      "        in_flight = s.in_flight + excluded.in_flight,"
+			      "        last_seen = excluded.last_seen"},
+
+	[Q_SCHEMA_VERSION] = {"schema_version",
+			      "SELECT coalesce(max(version), 0) FROM schema_migrations"},
+
+	/* Pending events are what the partial index outbox_due covers;
+	 * dead ones are few (a dead event is an incident). */
+	[Q_METRICS_OUTBOX] = {"metrics_outbox",
+			      "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0),"
+			      "       (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)"
+			      "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL"},
 
 	[Q_WF_GET] = {"wf_get", "SELECT id, type, state, input::text, " TS_UTC("created_at")
 				" FROM workflows WHERE tenant_id = $1 AND id = $2"},

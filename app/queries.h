@@ -31,7 +31,8 @@ enum query_id {
 	 * One statement, hence one transaction: claim the key, insert the
 	 * workflow and its workflow.created event, store the response.
 	 * $1 tenant_id, $2 key, $3 method, $4 path, $5 fingerprint (bytea hex),
-	 * $6 stored headers, $7 stored body, $8 created_at, $9 key ttl (interval),
+	 * $6 stored headers, $7 stored body, $8 created_at, $9 key ttl (interval;
+	 * the tenant's idempotency_ttl wins when set),
 	 * $10 workflow id, $11 type, $12 input (canonical JSON), $13 event_id,
 	 * $14 event payload.
 	 * -> rows of (outcome, fingerprint, status, headers, body, expired):
@@ -46,7 +47,8 @@ enum query_id {
 	Q_CREATE_UNKEYED,
 	/* $1 tenant_id, $2 key -> the 'existing' row of Q_CREATE_KEYED */
 	Q_KEY_GET,
-	/* $1 tenant_id, $2 key: removes the row only if it has expired */
+	/* $1 tenant_id, $2 key: removes the row (and its counts) only if it
+	 * has expired */
 	Q_KEY_DELETE_EXPIRED,
 	/* $1 tenant_id, $2 id -> (id, type, state, input, created_at) */
 	Q_WF_GET,
@@ -55,6 +57,15 @@ enum query_id {
 	 * builds with test_fail_after_write; the statement exists in every
 	 * build, the switch does not). */
 	Q_CREATE_KEYED_FAIL,
+	/* Add per-key counts (keystats.h): $1 tenant ids (bigint[]), $2 keys
+	 * (text[]), $3 replays, $4 conflicts, $5 in-flight refusals (int[]),
+	 * all of one length, each (tenant, key) once. */
+	Q_KEYSTATS_FLUSH,
+	/* -> the highest applied migration (0 when none), for GET /readyz */
+	Q_SCHEMA_VERSION,
+	/* GET /metrics, one cheap statement per scrape -> (pending events,
+	 * age in seconds of the oldest pending one or 0, dead events) */
+	Q_METRICS_OUTBOX,
 	Q__COUNT
 };
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "worker.h"
 
 #define MAX_CHILDREN 1024
@@ -25,6 +26,7 @@
 struct child {
 	pid_t pid;
 	unsigned gen;
+	int slot; /* its metrics slot */
 	time_t started;
 	time_t kill_at; /* when retiring: SIGKILL after this; 0 = not retiring */
 };
@@ -43,7 +45,7 @@ struct sup {
 	time_t stop_deadline;
 };
 
-static volatile sig_atomic_t got_chld, got_term, got_hup, got_alrm;
+static volatile sig_atomic_t got_chld, got_term, got_hup, got_alrm, got_usr1;
 
 static void on_signal(int sig)
 {
@@ -53,7 +55,18 @@ static void on_signal(int sig)
 	case SIGINT: got_term = 1; break;
 	case SIGHUP: got_hup = 1; break;
 	case SIGALRM: got_alrm = 1; break;
+	case SIGUSR1: got_usr1 = 1; break;
 	}
+}
+
+/* msg with error=<e's message>, quoted and escaped as logfmt needs. */
+static void log_failure(const char *msg, const struct err *e)
+{
+	char line[512];
+	size_t n = 0;
+
+	log_kv(line, sizeof(line), &n, "error", e->msg);
+	log_error(msg, "%s", line);
 }
 
 static int is_unix_path(const char *listen)
@@ -108,12 +121,30 @@ static int open_listener(const struct conf *c)
 	return fd;
 }
 
+/* The lowest metrics slot no live worker uses, so a respawned worker adds
+ * to the counts of the one it replaces. With more live workers than slots
+ * (a reload that shrinks a big pool), slots are shared, which the atomic
+ * counters allow. */
+static int free_slot(const struct sup *s)
+{
+	unsigned char used[METRICS_SLOTS] = {0};
+
+	for (int i = 0; i < s->nkids; i++)
+		used[s->kids[i].slot] = 1;
+	for (int i = 0; i < METRICS_SLOTS; i++)
+		if (!used[i])
+			return i;
+	return s->nkids % METRICS_SLOTS;
+}
+
 static void spawn(struct sup *s)
 {
 	pid_t pid;
+	int slot;
 
 	if (s->nkids >= MAX_CHILDREN)
 		return;
+	slot = free_slot(s);
 	pid = fork();
 	if (pid < 0) {
 		log_error("could not fork a worker", "error=\"%s\"", strerror(errno));
@@ -122,13 +153,24 @@ static void spawn(struct sup *s)
 	}
 	if (pid == 0) {
 		sigset_t none;
+		struct sigaction usr1;
+		/* A SIGUSR1 forwarded before worker_run installs its handlers
+		 * must still reopen the log: the supervisor's handler, inherited,
+		 * would only set a flag nobody reads in this process. */
+		memset(&usr1, 0, sizeof(usr1));
+		usr1.sa_handler = log_reopen_on_signal;
+		sigemptyset(&usr1.sa_mask);
+		sigaction(SIGUSR1, &usr1, NULL);
+		metrics_use_slot(slot);
 		sigemptyset(&none);
 		/* The child starts with the supervisor's mask; worker_run sets its own. */
 		sigprocmask(SIG_SETMASK, &none, NULL);
 		_exit(worker_run(s->conf, s->listen_fd));
 	}
-	s->kids[s->nkids++] = (struct child){.pid = pid, .gen = s->gen, .started = time(NULL)};
-	log_debug("worker spawned", "worker_pid=%ld gen=%u", (long)pid, s->gen);
+	s->kids[s->nkids++] =
+		(struct child){.pid = pid, .gen = s->gen, .slot = slot, .started = time(NULL)};
+	metrics_set_workers(s->nkids);
+	log_debug("worker spawned", "worker_pid=%ld gen=%u slot=%d", (long)pid, s->gen, slot);
 }
 
 static void retire(struct sup *s, struct child *k)
@@ -150,20 +192,27 @@ static void reap(struct sup *s)
 			continue;
 		struct child k = s->kids[i];
 		s->kids[i] = s->kids[--s->nkids];
+		metrics_set_workers(s->nkids);
 		long uptime = (long)(time(NULL) - k.started);
 		int expected = k.kill_at != 0 || s->stopping;
 		int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
 
-		if (WIFSIGNALED(status))
+		if (WIFSIGNALED(status)) {
+			char name[96];
+			size_t n = 0;
+			log_kv(name, sizeof(name), &n, "signal_name", strsignal(WTERMSIG(status)));
 			LOG_AT(expected ? LOG_INFO : LOG_WARNING, "worker exited",
-			       "worker_pid=%ld signal=%d (%s) uptime_s=%ld", (long)pid,
-			       WTERMSIG(status), strsignal(WTERMSIG(status)), uptime);
-		else
+			       "worker_pid=%ld signal=%d %s uptime_s=%ld", (long)pid,
+			       WTERMSIG(status), name, uptime);
+		} else {
 			LOG_AT(clean ? LOG_INFO : LOG_WARNING, "worker exited",
 			       "worker_pid=%ld exit_code=%d uptime_s=%ld", (long)pid,
 			       WEXITSTATUS(status), uptime);
+		}
 		if (expected || clean)
 			continue;
+		/* Planned exits (stop, reload, max_requests) are not restarts. */
+		metrics_worker_restarted();
 		/* Crash storm back-off: immediate respawns for the first two
 		 * young deaths in a row, then 1 s, 2 s, 4 s ... 30 s. */
 		if (uptime < YOUNG_SECONDS) {
@@ -249,7 +298,15 @@ static void reload(struct sup *s)
 	struct conf *c = conf_from_args(s->argc, s->argv, &next, &e);
 
 	if (c == NULL) {
-		log_error("configuration not reloaded; keeping the old one", "error=\"%s\"", e.msg);
+		log_failure("configuration not reloaded; keeping the old one", &e);
+		return;
+	}
+	/* Checked here, not by the parser: only the server reads these. The
+	 * log file is opened last, once nothing else can refuse the reload. */
+	if (metrics_allow_match(c->metrics_allow, NULL, &e) < 0 ||
+	    (strcmp(c->log_file, s->conf->log_file) != 0 && log_open(c->log_file, &e) < 0)) {
+		log_failure("configuration not reloaded; keeping the old one", &e);
+		conf_free(c);
 		return;
 	}
 	if (strcmp(c->listen, s->conf->listen) != 0) {
@@ -261,6 +318,7 @@ static void reload(struct sup *s)
 	conf_free(s->conf);
 	s->conf = c;
 	log_min_level = c->log_level;
+	log_line_format = c->log_format;
 	s->gen++;
 	s->crash_streak = 0;
 	s->respawn_at = 0;
@@ -302,6 +360,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 	struct sigaction sa;
 	sigset_t handled, waitmask;
 	char *pid_file = NULL;
+	struct err e;
 
 	s.conf = c;
 	s.argc = argc;
@@ -312,7 +371,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigemptyset(&handled);
-	int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM};
+	int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1};
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
 		sigaddset(&handled, sigs[i]);
 		sigaction(sigs[i], &sa, NULL);
@@ -323,6 +382,20 @@ int sup_run(struct conf *c, int argc, char **argv)
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
 		sigdelset(&waitmask, sigs[i]);
 
+	log_line_format = c->log_format;
+	if (log_open(c->log_file, &e) < 0) {
+		log_failure("could not open the log file", &e);
+		return 73; /* EX_CANTCREAT */
+	}
+	if (metrics_allow_match(c->metrics_allow, NULL, &e) < 0) {
+		log_failure("bad configuration", &e);
+		return 78; /* EX_CONFIG */
+	}
+	/* Before the first fork: every worker inherits the mapping. */
+	if (metrics_init(&e) < 0) {
+		log_failure("could not start", &e);
+		return 71; /* EX_OSERR */
+	}
 	s.listen_fd = open_listener(c);
 	if (s.listen_fd < 0)
 		return 71; /* EX_OSERR */
@@ -336,7 +409,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 		if (s.stopping && s.nkids == 0)
 			break;
 		alarm(pending ? 1 : 0);
-		while (!got_chld && !got_term && !got_hup && !got_alrm)
+		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1)
 			sigsuspend(&waitmask);
 		if (got_chld) {
 			got_chld = 0;
@@ -350,6 +423,14 @@ int sup_run(struct conf *c, int argc, char **argv)
 			got_hup = 0;
 			if (!s.stopping)
 				reload(&s);
+		}
+		if (got_usr1) {
+			got_usr1 = 0;
+			/* logrotate moved the file: reopen it here, then in every
+			 * worker (each holds its own descriptor). */
+			log_reopen();
+			for (int i = 0; i < s.nkids; i++)
+				kill(s.kids[i].pid, SIGUSR1);
 		}
 		got_alrm = 0;
 	}

@@ -9,6 +9,11 @@
  *    after shutdown_timeout the rest get SIGKILL; then the supervisor exits 0.
  *  - SIGHUP: re-read the configuration (a bad one is logged and the old one
  *    kept) and replace the workers one at a time.
+ *  - SIGUSR1: reopen the log file (log_file), then have every worker do the
+ *    same.
+ * Before the first fork it maps the metrics counters (metrics.h) and gives
+ * each worker a slot; it keeps idemflow_workers and
+ * idemflow_worker_restarts_total itself.
  * The main loop waits in sigsuspend() with every handled signal blocked
  * otherwise, so no signal is lost between a check and the wait.
  */

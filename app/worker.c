@@ -11,8 +11,11 @@
 
 #include "api.h"
 #include "db.h"
+#include "fp.h"
 #include "http.h"
+#include "keystats.h"
 #include "log.h"
+#include "metrics.h"
 #include "queries.h"
 
 static volatile sig_atomic_t worker_stop;
@@ -41,11 +44,22 @@ static void log_request(const struct api_ctx *ctx, const struct http_req *req,
 	log_kv(line, sizeof(line), &n, "request_id", req->request_id);
 	log_kv(line, sizeof(line), &n, "method", req->method);
 	log_kv(line, sizeof(line), &n, "path", req->path);
+	log_kv(line, sizeof(line), &n, "route", metrics_route_name(metrics_route_of(req->path)));
 	snprintf(num, sizeof(num), "%d", resp->status);
 	log_kv(line, sizeof(line), &n, "status", num);
 	snprintf(num, sizeof(num), "%ld", ctx->tenant_id);
 	log_kv(line, sizeof(line), &n, "tenant", num);
 	log_kv(line, sizeof(line), &n, "idem", idem_outcome_name(ctx->idem));
+	if (req->idem_key != NULL) {
+		/* Enough to follow one key through the logs (printf %s KEY |
+		 * b2sum -l 256), never the key itself: keys may carry meaning. */
+		uint8_t h[FP_LEN];
+		char hex[2 * FP_LEN + 1];
+		fp_token(h, req->idem_key, strlen(req->idem_key));
+		fp_hex(hex, h, FP_LEN);
+		hex[12] = '\0';
+		log_kv(line, sizeof(line), &n, "key_fp", hex);
+	}
 	snprintf(num, sizeof(num), "%.3f", ms);
 	log_kv(line, sizeof(line), &n, "duration_ms", num);
 	if (ctx->err.code != ERR_NONE) {
@@ -58,6 +72,17 @@ static void log_request(const struct api_ctx *ctx, const struct http_req *req,
 		log_info("request", "%s", line);
 }
 
+/* Flush the per-key counts when due (or now, at exit). An outage is
+ * already visible as 503s; only other failures are worth a line. */
+static void flush_keystats(struct keystats *ks, struct db *db, int now)
+{
+	struct err e;
+
+	if ((now ? keystats_flush(ks, db, &e) : keystats_flush_due(ks, db, &e)) < 0 &&
+	    e.code != ERR_DB_DOWN)
+		log_warning("could not store idempotency key counts", "error=\"%s\"", e.msg);
+}
+
 int worker_run(const struct conf *c, int listen_fd)
 {
 	struct sigaction sa;
@@ -67,6 +92,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	struct api_ctx ctx;
 	struct http_resp resp = {0};
 	FCGX_Request freq;
+	struct keystats ks;
 	struct err e;
 	struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
 	long served = 0;
@@ -85,13 +111,17 @@ int worker_run(const struct conf *c, int listen_fd)
 	sa.sa_handler = SIG_DFL;
 	sigaction(SIGCHLD, &sa, NULL);
 	sigaction(SIGALRM, &sa, NULL);
+	sa.sa_handler = log_reopen_on_signal; /* SIGUSR1, from the supervisor */
+	sigaction(SIGUSR1, &sa, NULL);
 
 	sigemptyset(&stopset);
 	sigaddset(&stopset, SIGTERM);
 	sigaddset(&stopset, SIGINT);
+	sigaddset(&stopset, SIGUSR1);
 	sigprocmask(SIG_SETMASK, &stopset, &waitmask);
 	sigdelset(&waitmask, SIGTERM);
 	sigdelset(&waitmask, SIGINT);
+	sigdelset(&waitmask, SIGUSR1);
 
 	snprintf(appname, sizeof(appname), "%s-worker-%ld", c->application_name, (long)getpid());
 	ds = (struct db_settings){.conninfo = c->db,
@@ -103,8 +133,9 @@ int worker_run(const struct conf *c, int listen_fd)
 	memset(&ctx, 0, sizeof(ctx));
 	ctx.conf = c;
 	ctx.db = db_open(&ds, &e);
-	if (ctx.db == NULL) {
+	if (ctx.db == NULL || keystats_init(&ks) < 0) {
 		log_error("could not start worker", "error=\"out of memory\"");
+		db_close(ctx.db);
 		return 1;
 	}
 	if (e.code != ERR_NONE)
@@ -122,10 +153,16 @@ int worker_run(const struct conf *c, int listen_fd)
 		struct timespec t0;
 		struct http_req req;
 
-		/* Wait for a connection with the stop signals unblocked, atomically. */
-		int r = ppoll(&pfd, 1, NULL, &waitmask);
+		/* Wait for a connection with the stop signals unblocked,
+		 * atomically; wake for a due key-stats flush when idle. */
+		long ks_wait = keystats_wait_ms(&ks);
+		struct timespec ks_ts = {ks_wait / 1000, ks_wait % 1000 * 1000000};
+		int r = ppoll(&pfd, 1, ks_wait < 0 ? NULL : &ks_ts, &waitmask);
 		if (worker_stop)
 			break;
+		log_reopen_if_asked();
+		if (r == 0)
+			flush_keystats(&ks, ctx.db, 0);
 		if (r <= 0)
 			continue;
 		/* The socket is non-blocking: when another worker won the
@@ -137,20 +174,27 @@ int worker_run(const struct conf *c, int listen_fd)
 		http_resp_reset(&resp);
 		db_check(ctx.db);
 		api_handle(&ctx, &req, &resp);
+		metrics_request(req.path, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
+				db_reconnects(ctx.db));
+		keystats_note(&ks, ctx.tenant_id, req.idem_key, ctx.idem);
 		if (http_send(&freq, &resp) < 0)
 			log_warning("client went away before the answer was sent", "request_id=%s",
 				    req.request_id);
 		/* Log before FCGX_Finish_r: it frees the strings req points to. */
 		log_request(&ctx, &req, &resp, elapsed_ms(&t0));
 		FCGX_Finish_r(&freq);
+		/* After the answer went out: the flush never delays a response. */
+		flush_keystats(&ks, ctx.db, 0);
 		if (c->max_requests > 0 && ++served >= c->max_requests) {
 			log_info("worker retiring after max_requests", "served=%ld", served);
 			break;
 		}
 	}
+	flush_keystats(&ks, ctx.db, 1);
 	log_info("worker stopped", NULL);
 	FCGX_Free(&freq, 0);
 out:
+	keystats_free(&ks);
 	http_resp_free(&resp);
 	PQclear(ctx.key_row);
 	buf_free(&ctx.body);

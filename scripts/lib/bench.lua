@@ -1,47 +1,37 @@
 -- scripts/lib/bench.lua - wrk script of scripts/bench.
 --
---   wrk ... -s bench.lua URL -- MODE TOKEN TAG [LIMIT]
+--   wrk ... -s bench.lua URL -- MODE TOKEN TAG
 --
 -- MODE create  POST /v1/workflows, a new Idempotency-Key on every request:
 --              TAG-<thread>-<random>-<counter>
 --      replay  POST /v1/workflows with the one key TAG (created beforehand)
 --      get     GET of the URL's path, no headers (GET /healthz)
 -- TOKEN  bearer token (create, replay)
--- LIMIT  stop once this many responses arrived, over all threads (0: run for -d)
 --
 -- done() prints one line "BENCH_JSON {...}" with the request count, the
 -- errors and latency percentiles in microseconds, for scripts/lib/bench.py.
 
 local BODY = '{"type":"order-flow","input":{"order":42}}'
 
-local threads = {}
 local nthreads = 0
 
 function setup(thread)
 	nthreads = nthreads + 1
 	thread:set("tid", nthreads)
-	table.insert(threads, thread)
 end
 
 local mode, token, tag
 local prefix
 local counter = 0
-local limit = 0
-local seen = 0
 
 function init(args)
 	mode = args[1] or "get"
 	token = args[2] or ""
 	tag = args[3] or "b"
-	local total = tonumber(args[4] or "0") or 0
 	local t = tid or 1
 	-- wrk gives every thread its own Lua state; seed each one differently.
 	math.randomseed(os.time() * 1000 + t * 7919 + math.floor(os.clock() * 1e6))
 	prefix = string.format("%s-%d-%08x-", tag, t, math.random(0, 0x7fffffff))
-	if total > 0 then
-		-- wrk.thread is this thread; threads share the total.
-		limit = math.ceil(total / (tonumber(os.getenv("BENCH_THREADS") or "1") or 1))
-	end
 	if mode == "create" or mode == "replay" then
 		wrk.method = "POST"
 		wrk.path = "/v1/workflows"
@@ -62,19 +52,6 @@ function request()
 		wrk.headers["Idempotency-Key"] = prefix .. counter
 	end
 	return wrk.format()
-end
-
--- Only defined when a request limit is wanted: a response() hook makes wrk
--- parse every response for Lua, which costs the load generator time.
-if os.getenv("BENCH_LIMITED") == "1" then
-	function response(status, headers, body)
-		if limit > 0 then
-			seen = seen + 1
-			if seen >= limit then
-				wrk.thread:stop()
-			end
-		end
-	end
 end
 
 function done(summary, latency, requests)

@@ -43,7 +43,9 @@ static void control(const char *json)
 	cr_assert_eq(receiver_control(&rcv, json), 0, "%s", rcv.error);
 }
 
-/* A sink for url with extra key/value pairs (NULL-terminated) applied. */
+/* A sink for url with extra key/value pairs (NULL-terminated) applied.
+ * One request at a time unless the pairs say "parallel": tests that steer
+ * the receiver ("fail the next delivery") need a known arrival order. */
 static struct sink *open_sink(const char *url, ...)
 {
 	struct conf *c = conf_new();
@@ -53,6 +55,7 @@ static struct sink *open_sink(const char *url, ...)
 
 	cr_assert_not_null(c);
 	cr_assert_eq(conf_set(c, "url", url, "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(conf_set(c, "parallel", "1", "test", &e), 0, "%s", e.msg);
 	va_start(ap, url);
 	for (const char *k = va_arg(ap, const char *); k; k = va_arg(ap, const char *)) {
 		const char *v = va_arg(ap, const char *);

@@ -1,0 +1,941 @@
+#!/usr/bin/env python3
+"""scripts/lib/bench.py - the bookkeeping of scripts/bench.
+
+scripts/bench starts the stack and drives it; this file does the rest:
+
+  pgbench-script QUERIES_C        the create transaction of a worker, for pgbench
+  measure [options] -- CMD...      run a load generator (wrk or pgbench), with
+                                   per-process CPU before and after; append a record
+  rss RECORDS POINT SUP_PID        append the RSS of each worker (children of SUP_PID)
+  dispatch RECORDS OUTPUT          append the numbers printed by scripts/bench-dispatch
+  finish RECORDS FACTS OUTDIR [--readme FILE]
+                                   results.json, the table on stdout, plots, README
+  report OUTDIR [--readme FILE]    the table, plots and README again from results.json
+
+Records are JSON lines; results.json is built from them. Only the standard
+library is used.
+"""
+
+import glob
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# The targets of the benchmark (issue "Benchmark").
+TARGET_CREATES = 0.80  # keyed creates / pgbench, at TARGET_CONNS
+TARGET_REPLAYS = 0.60  # replays / empty FastCGI (GET /healthz), at TARGET_CONNS
+TARGET_CONNS = 16
+TARGET_RSS_KIB = 8 * 1024  # per worker
+TARGET_SCALE = 0.85  # creates with 5M keys / empty table
+# "No growth beyond noise" between the two memory points, per worker: a
+# page or two of malloc arena moves, a leak of even 100 bytes a request
+# would be ~9 MiB over 90k requests.
+RSS_NOISE_KIB = 64
+
+
+def die(msg):
+    print("bench.py: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+# ------------------------------------------------------------ pgbench script
+
+def _c_literals(text):
+    """The concatenated C string literals in text, unescaped."""
+    out = []
+    for lit in re.findall(r'"((?:[^"\\\n]|\\.)*)"', text):
+        out.append(re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": "\r"}.get(m.group(1), m.group(1)), lit))
+    return "".join(out)
+
+
+def _macro(src, name):
+    """(params, body) of a function-like #define NAME(...) spanning \\-continued lines."""
+    m = re.search(r"^#define\s+" + name + r"\(([^)]*)\)((?:.*\\\n)*.*)$", src, re.M)
+    if not m:
+        return None
+    return [p.strip() for p in m.group(1).split(",")], m.group(2).replace("\\\n", "\n")
+
+
+def _query(src, enum):
+    """The SQL of queries[ENUM] in app/queries.c."""
+    m = re.search(r"\[" + enum + r"\]\s*=\s*\{\s*\"[^\"]*\"\s*,(.*?)\}\s*,\s*$", src, re.S | re.M)
+    if not m:
+        die("cannot find [%s] in app/queries.c" % enum)
+    entry = m.group(1)
+    call = re.match(r"\s*([A-Z_][A-Z0-9_]*)\((.*)\)\s*$", entry, re.S)
+    if call:
+        mac = _macro(src, call.group(1))
+        if mac is None:
+            die("cannot find the macro %s in app/queries.c" % call.group(1))
+        params, body = mac
+        arg = _c_literals(call.group(2))
+        # Replace the macro parameter (a bare identifier between literals).
+        parts = re.findall(r'"(?:[^"\\\n]|\\.)*"|[A-Za-z_][A-Za-z0-9_]*', body)
+        sql = ""
+        for p in parts:
+            if p.startswith('"'):
+                sql += _c_literals(p)
+            elif p in params:
+                sql += arg
+        return sql
+    return _c_literals(entry)
+
+
+def _params(sql):
+    return sorted({int(n) for n in re.findall(r"\$(\d+)", sql)})
+
+
+# What a worker binds to Q_CREATE_KEYED's parameters (app/wf.c, wf_create):
+# pgbench variables (real parameters, so the statement and its plan are the
+# same), except the three values that must differ per request, made from the
+# per-client counter :k by small expressions.
+CREATE_PARAMS = {
+    1: ":tenant",
+    2: ":k",                                  # Idempotency-Key (text)
+    3: ":method",
+    4: ":path",
+    5: ":fp",                                 # fingerprint, '\x' + 64 hex digits
+    6: ":headers",                            # "Location: ...\r\n"
+    7: ":body",                               # the stored response body
+    8: ":ts",                                 # created_at, text
+    9: ":ttl",                                # "86400000 milliseconds"
+    # The workflow id: unique and increasing per client, like the worker's
+    # time-ordered UUIDv7 (a random UUID would spread the index inserts).
+    10: "lpad(:k::text, 32, '0')::uuid",
+    11: ":wftype",
+    12: ":input",
+    13: "(lpad(:k::text, 32, '0')::uuid::text || '.1')",  # event id: "<id>.1"
+    14: ":payload",
+}
+
+
+# The statement that authenticates a keyed POST: Q_AUTH_KEY (the token and
+# the key's row in one round trip) where app/api.c uses it, else Q_AUTH.
+AUTH_PARAMS = {"Q_AUTH_KEY": {1: ":hash", 2: ":k"}, "Q_AUTH": {1: ":hash"}}
+
+
+def _auth_stmt(app_dir):
+    try:
+        api = open(os.path.join(app_dir, "api.c"), encoding="utf-8").read()
+    except OSError:
+        api = ""
+    return "Q_AUTH_KEY" if "Q_AUTH_KEY" in api else "Q_AUTH"
+
+
+def pgbench_script(queries_c):
+    src = open(queries_c, encoding="utf-8").read()
+    auth_name = _auth_stmt(os.path.dirname(queries_c))
+    auth = _query(src, auth_name)
+    create = _query(src, "Q_CREATE_KEYED")
+    amap = AUTH_PARAMS[auth_name]
+    if _params(auth) != sorted(amap):
+        die("%s in app/queries.c takes %s: update AUTH_PARAMS in scripts/lib/bench.py" % (
+            auth_name, " ".join("$%d" % n for n in _params(auth))))
+    if _params(create) != list(range(1, 15)):
+        die("Q_CREATE_KEYED in app/queries.c no longer takes $1..$14: update CREATE_PARAMS "
+            "in scripts/lib/bench.py to match app/wf.c")
+    auth = re.sub(r"\$(\d+)", lambda m: amap[int(m.group(1))], auth)
+    create = re.sub(r"\$(\d+)", lambda m: CREATE_PARAMS[int(m.group(1))], create)
+    squash = lambda s: re.sub(r"\s+", " ", s).strip()
+    return (
+        "-- generated by scripts/lib/bench.py from app/queries.c: the statements a\n"
+        "-- worker runs for one keyed create (%s, then Q_CREATE_KEYED), two round trips.\n"
+        "-- :n counts this client's transactions; :k is unique over runs and clients.\n"
+        "\\set n :n + 1\n"
+        "\\set k :run * 1000000000000 + :client_id * 1000000000 + :n\n" % auth_name
+        + squash(auth) + ";\n"
+        + squash(create) + ";\n"
+    )
+
+
+# --------------------------------------------------------------- processes
+
+def _stat(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            s = f.read()
+    except OSError:
+        return None
+    rest = s[s.rindex(")") + 2:].split()
+    # fields 3.. of proc(5): state ppid ...; utime stime are fields 14 and 15
+    return {"ppid": int(rest[1]), "ticks": int(rest[11]) + int(rest[12]),
+            "cticks": int(rest[13]) + int(rest[14])}
+
+
+def _all_procs():
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st:
+                procs[int(d)] = st
+    return procs
+
+
+def _tree(procs, root):
+    """root and its descendants."""
+    kids = {}
+    for pid, st in procs.items():
+        kids.setdefault(st["ppid"], []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        if p in procs:
+            out.append(p)
+            todo.extend(kids.get(p, []))
+    return out
+
+
+def _machine_ticks():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    steal = v[7] if len(v) > 7 else 0
+    return {"busy": sum(v[:8]) - idle - steal, "steal": steal, "all": sum(v[:8])}
+
+
+def cpu_snapshot(groups):
+    """CPU ticks of each group {name: root pid}: the live processes of the
+    tree plus what the root has reaped (cutime + cstime). The workers,
+    nginx's workers and PostgreSQL's backends are direct children of their
+    root, so a backend that exits during a run (pgbench's) still counts."""
+    procs = _all_procs()
+    snap = {"groups": {}}
+    for name, root in groups.items():
+        pids = _tree(procs, root) if root else []
+        snap["groups"][name] = sum(procs[p]["ticks"] for p in pids) + (
+            procs[root]["cticks"] if root in procs else 0)
+    snap["machine"] = _machine_ticks()
+    snap["t"] = time.monotonic()
+    return snap
+
+
+def cpu_delta(a, b):
+    d = {name: max(0, b["groups"][name] - a["groups"].get(name, 0)) / CLK_TCK
+         for name in b["groups"]}
+    d["machine_busy"] = (b["machine"]["busy"] - a["machine"]["busy"]) / CLK_TCK
+    d["steal"] = (b["machine"]["steal"] - a["machine"]["steal"]) / CLK_TCK
+    d["wall"] = b["t"] - a["t"]
+    return d
+
+
+# ---------------------------------------------------------------- measure
+
+def _percentile(sorted_vals, q):
+    if not sorted_vals:
+        return None
+    k = (len(sorted_vals) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def parse_wrk(text):
+    for line in text.splitlines():
+        if line.startswith("BENCH_JSON "):
+            j = json.loads(line[len("BENCH_JSON "):])
+            secs = j["duration_us"] / 1e6
+            lat = j["latency_us"]
+            errs = j["errors"]
+            return {
+                "requests": j["requests"],
+                "seconds": round(secs, 3),
+                "rate": round(j["requests"] / secs, 1) if secs > 0 else 0.0,
+                "p50_ms": round(lat["p50"] / 1000.0, 3),
+                "p90_ms": round(lat["p90"] / 1000.0, 3),
+                "p99_ms": round(lat["p99"] / 1000.0, 3),
+                "p999_ms": round(lat["p999"] / 1000.0, 3),
+                "mean_ms": round(lat["mean"] / 1000.0, 3),
+                "max_ms": round(lat["max"] / 1000.0, 3),
+                "errors": errs,
+                "failed": sum(errs.values()),
+            }
+    return None
+
+
+def parse_pgbench(text, logprefix):
+    m = re.search(r"^tps = ([0-9.]+) \(without initial connection time\)", text, re.M)
+    if not m:
+        m = re.search(r"^tps = ([0-9.]+)", text, re.M)
+    if not m:
+        return None
+    lat = []
+    for f in glob.glob(logprefix + ".*"):
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                # client_id transaction_no time script_no time_epoch time_us
+                if len(parts) >= 3 and parts[2].isdigit():
+                    lat.append(int(parts[2]))
+    lat.sort()
+    proc = re.search(r"^number of transactions actually processed: (\d+)", text, re.M)
+    failed = re.search(r"^number of failed transactions: (\d+)", text, re.M)
+    dur = re.search(r"^duration: (\d+) s", text, re.M)
+    n = int(proc.group(1)) if proc else len(lat)
+    ms = lambda q: round(_percentile(lat, q) / 1000.0, 3) if lat else None
+    return {
+        "requests": n,
+        "seconds": int(dur.group(1)) if dur else None,
+        "rate": round(float(m.group(1)), 1),
+        "p50_ms": ms(50), "p90_ms": ms(90), "p99_ms": ms(99), "p999_ms": ms(99.9),
+        "mean_ms": round(sum(lat) / len(lat) / 1000.0, 3) if lat else None,
+        "max_ms": round(lat[-1] / 1000.0, 3) if lat else None,
+        "errors": {"failed": int(failed.group(1)) if failed else 0},
+        "failed": int(failed.group(1)) if failed else 0,
+    }
+
+
+def cmd_measure(argv):
+    import argparse
+    ap = argparse.ArgumentParser(prog="bench.py measure")
+    ap.add_argument("--records", required=True)
+    ap.add_argument("--measure", required=True)
+    ap.add_argument("--side", required=True)
+    ap.add_argument("--conns", type=int, required=True)
+    ap.add_argument("--kind", choices=["wrk", "pgbench"], required=True)
+    ap.add_argument("--out", required=True, help="file for the generator's output")
+    ap.add_argument("--logprefix", help="pgbench --log-prefix")
+    ap.add_argument("--group", action="append", default=[], help="NAME=ROOTPID")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE, stored as is")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
+    groups = {}
+    for g in a.group:
+        name, _, pid = g.partition("=")
+        groups[name] = int(pid) if pid.isdigit() else 0
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = cpu_snapshot(groups)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=a.timeout)
+        out, rc = p.stdout.decode("utf-8", "replace"), p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode("utf-8", "replace")
+        rc = 124
+    after = cpu_snapshot(groups)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(a.out, "w") as f:
+        f.write(out)
+    res = parse_wrk(out) if a.kind == "wrk" else parse_pgbench(out, a.logprefix or "")
+    if rc != 0 or res is None:
+        sys.stderr.write(out[-3000:])
+        die("%s exited with %d%s" % (cmd[0], rc, "" if res else " and printed no result"))
+    cpu = cpu_delta(before, after)
+    cpu["load"] = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    ours = sum(v for k, v in cpu.items() if k in groups or k == "load")
+    cpu["other"] = max(0.0, cpu["machine_busy"] - ours)
+    res["cpu_s"] = {k: round(v, 3) for k, v in cpu.items()}
+    # Share of the machine's CPU time that went to processes outside this
+    # benchmark during the run: the noise of a shared machine.
+    ncpu = os.cpu_count() or 1
+    res["others_pct"] = round(100.0 * cpu["other"] / max(cpu["wall"] * ncpu, 1e-9), 1)
+    rec = {"measure": a.measure, "side": a.side, "conns": a.conns, "tool": a.kind}
+    for kv in a.extra:
+        k, _, v = kv.partition("=")
+        rec[k] = v
+    rec.update(res)
+    with open(a.records, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(json.dumps({k: rec.get(k) for k in ("rate", "p50_ms", "p99_ms", "requests", "failed")}))
+
+
+# ---------------------------------------------------------------- memory
+
+def worker_rss(sup):
+    out = []
+    for pid, st in sorted(_all_procs().items()):
+        if st["ppid"] != sup:
+            continue
+        vals = {}
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                        vals[k] = int(v.split()[0])
+        except OSError:
+            continue
+        out.append({"pid": pid, "rss_kib": vals.get("VmRSS"), "anon_kib": vals.get("RssAnon"),
+                    "file_kib": vals.get("RssFile"), "hwm_kib": vals.get("VmHWM")})
+    return out
+
+
+def cmd_rss(argv):
+    records, point, sup = argv[0], int(argv[1]), int(argv[2])
+    served = int(argv[3]) if len(argv) > 3 else point
+    w = worker_rss(sup)
+    if not w:
+        die("no workers under supervisor %d" % sup)
+    with open(records, "a") as f:
+        f.write(json.dumps({"measure": "memory", "point": point, "served": served,
+                            "workers": w}) + "\n")
+    print(" ".join("%d:%dKiB" % (x["pid"], x["rss_kib"]) for x in w))
+
+
+def cmd_dispatch(argv):
+    records, output = argv[0], argv[1]
+    text = open(output, encoding="utf-8", errors="replace").read()
+    rec = {"measure": "dispatch"}
+    m = re.search(r"idemflow-dispatch, (\d+) pending events per measure, batch (\d+)", text)
+    if m:
+        rec["events"], rec["batch"] = int(m.group(1)), int(m.group(2))
+    m = re.search(r"^claim\+mark SQL only.*?\s(\d+)\s+([0-9.]+)\s*$", text, re.M)
+    if m:
+        rec["sql_only_rate"] = int(m.group(1))
+    m = re.search(r"^http sink.*?\s(\d+)\s+([0-9.]+)\s*$", text, re.M)
+    if m:
+        rec["http_rate"], rec["http_ratio"] = int(m.group(1)), float(m.group(2))
+    m = re.search(r"^amqp sink.*?\s(\d+)\s+([0-9.]+)\s*$", text, re.M)
+    if m:
+        rec["amqp_rate"], rec["amqp_ratio"] = int(m.group(1)), float(m.group(2))
+    if "http_rate" not in rec:
+        die("no numbers in the output of scripts/bench-dispatch (%s)" % output)
+    with open(records, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+# ---------------------------------------------------------------- results
+
+def _read_records(path):
+    recs = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                recs.append(json.loads(line))
+    return recs
+
+
+def _merge(recs):
+    """Combine the rounds of one point (same measure, side and connections)
+    into one record: requests and seconds add up, the rate is their
+    quotient; latency percentiles are averaged weighted by requests (an
+    approximation: the rounds are alike), the worst max is kept; CPU adds up."""
+    out, index = [], {}
+    for r in recs:
+        if "requests" not in r or "side" not in r:
+            out.append(r)
+            continue
+        key = (r["measure"], r["side"], r["conns"])
+        if key not in index:
+            index[key] = len(out)
+            m = dict(r)
+            m["rounds"] = 1
+            m["cpu_s"] = dict(r.get("cpu_s", {}))
+            m["errors"] = dict(r.get("errors", {}))
+            out.append(m)
+            continue
+        m = out[index[key]]
+        n0, n1 = m["requests"], r["requests"]
+        for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "mean_ms"):
+            if m.get(k) is not None and r.get(k) is not None and n0 + n1 > 0:
+                m[k] = round((m[k] * n0 + r[k] * n1) / (n0 + n1), 3)
+        if r.get("max_ms") is not None:
+            m["max_ms"] = max(m.get("max_ms") or 0, r["max_ms"])
+        w0, w1 = m["cpu_s"].get("wall", 0), r.get("cpu_s", {}).get("wall", 0)
+        if m.get("others_pct") is not None and r.get("others_pct") is not None and w0 + w1 > 0:
+            m["others_pct"] = round((m["others_pct"] * w0 + r["others_pct"] * w1) / (w0 + w1), 1)
+        m["requests"] = n0 + n1
+        m["seconds"] = round((m.get("seconds") or 0) + (r.get("seconds") or 0), 3)
+        m["rate"] = round(m["requests"] / m["seconds"], 1) if m["seconds"] else 0.0
+        m["failed"] = (m.get("failed") or 0) + (r.get("failed") or 0)
+        for k, v in r.get("errors", {}).items():
+            m["errors"][k] = m["errors"].get(k, 0) + v
+        for k, v in r.get("cpu_s", {}).items():
+            m["cpu_s"][k] = round(m["cpu_s"].get(k, 0) + v, 3)
+        if "rows_written" in r:
+            m["rows_written"] = m.get("rows_written", 0) + r["rows_written"]
+        m["rounds"] += 1
+    return out
+
+
+def _side(recs, measure, side, conns=None):
+    for r in recs:
+        if r.get("measure") == measure and r.get("side") == side and (
+                conns is None or r.get("conns") == conns):
+            return r
+    return None
+
+
+def _slim(r):
+    if r is None:
+        return None
+    keys = ("rate", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "mean_ms", "max_ms", "requests",
+            "seconds", "rounds", "failed", "errors", "cpu_s", "others_pct", "rows_written",
+            "tool")
+    return {k: r[k] for k in keys if k in r}
+
+
+def _ratio(a, b):
+    if a is None or b is None or not b.get("rate"):
+        return None
+    return round(a["rate"] / b["rate"], 3)
+
+
+def build_results(recs, facts):
+    res = {"date": facts.get("date"), "machine": facts.get("machine", {}),
+           "settings": facts.get("settings", {}), "creates": [], "replays": [],
+           "memory": None, "scale": None, "dispatch": None, "targets": []}
+    rows = {r["tag"]: r["rows"] for r in recs if r.get("measure") == "rows"}
+    for r in recs:
+        if r.get("tag") in rows:
+            r["rows_written"] = rows[r["tag"]]
+    recs = _merge(recs)
+    conns = sorted({r["conns"] for r in recs if r.get("measure") in ("creates", "replays")})
+    for c in conns:
+        h, p = _side(recs, "creates", "http", c), _side(recs, "creates", "pgbench", c)
+        if h or p:
+            res["creates"].append({"conns": c, "http": _slim(h), "ceiling": _slim(p),
+                                   "ratio": _ratio(h, p)})
+        h, p = _side(recs, "replays", "http", c), _side(recs, "replays", "healthz", c)
+        if h or p:
+            res["replays"].append({"conns": c, "http": _slim(h), "ceiling": _slim(p),
+                                   "ratio": _ratio(h, p)})
+
+    mem = [r for r in recs if r.get("measure") == "memory"]
+    if mem:
+        points = sorted({r["point"] for r in mem})
+        workers = {}
+        for r in mem:
+            for w in r["workers"]:
+                workers.setdefault(w["pid"], {})[str(r["point"])] = w
+        rows = []
+        for pid, by in sorted(workers.items()):
+            row = {"pid": pid}
+            for pt in points:
+                w = by.get(str(pt))
+                row["rss_kib_%d" % pt] = w["rss_kib"] if w else None
+                row["anon_kib_%d" % pt] = w["anon_kib"] if w else None
+            lo, hi = [p for p in points if p > 0][:1], points[-1:]
+            if lo and hi and by.get(str(lo[0])) and by.get(str(hi[0])):
+                row["growth_kib"] = by[str(hi[0])]["rss_kib"] - by[str(lo[0])]["rss_kib"]
+            rows.append(row)
+        drive = [r for r in recs if r.get("measure") == "memory-drive"]
+        res["memory"] = {"points": points,
+                         "served": {str(r["point"]): r.get("served") for r in mem},
+                         "workers": rows, "drive": [_slim(r) for r in drive]}
+
+    sc = {k: _side(recs, "scale", k) for k in ("http-empty", "http-large", "pgbench-empty",
+                                               "pgbench-large")}
+    if sc["http-empty"] or sc["http-large"]:
+        load = next((r for r in recs if r.get("measure") == "scale-load"), {})
+        res["scale"] = {"existing_keys": load.get("rows"), "load_seconds": load.get("seconds"),
+                        "conns": (sc["http-empty"] or sc["http-large"])["conns"],
+                        "empty": _slim(sc["http-empty"]), "large": _slim(sc["http-large"]),
+                        "ratio": _ratio(sc["http-large"], sc["http-empty"]),
+                        "pgbench_empty": _slim(sc["pgbench-empty"]),
+                        "pgbench_large": _slim(sc["pgbench-large"]),
+                        "pgbench_ratio": _ratio(sc["pgbench-large"], sc["pgbench-empty"])}
+
+    d = next((r for r in recs if r.get("measure") == "dispatch"), None)
+    if d:
+        res["dispatch"] = {k: v for k, v in d.items() if k != "measure"}
+
+    # targets
+    t = res["targets"]
+    c16 = next((x for x in res["creates"] if x["conns"] == TARGET_CONNS), None)
+    if c16:
+        t.append({"name": "keyed creates / pgbench, %d connections" % TARGET_CONNS,
+                  "target": ">= %.2f" % TARGET_CREATES, "observed": c16["ratio"],
+                  "met": c16["ratio"] is not None and c16["ratio"] >= TARGET_CREATES})
+    r16 = next((x for x in res["replays"] if x["conns"] == TARGET_CONNS), None)
+    if r16:
+        t.append({"name": "replays / empty FastCGI, %d connections" % TARGET_CONNS,
+                  "target": ">= %.2f" % TARGET_REPLAYS, "observed": r16["ratio"],
+                  "met": r16["ratio"] is not None and r16["ratio"] >= TARGET_REPLAYS})
+    if res["memory"]:
+        pts = res["memory"]["points"]
+        hi = pts[-1]
+        rss = [w.get("rss_kib_%d" % hi) for w in res["memory"]["workers"]]
+        rss = [x for x in rss if x is not None]
+        t.append({"name": "worker RSS after %s requests, largest (KiB)" % _count(hi),
+                  "target": "<= %d" % TARGET_RSS_KIB, "observed": max(rss) if rss else None,
+                  "met": bool(rss) and max(rss) <= TARGET_RSS_KIB})
+        g = [w["growth_kib"] for w in res["memory"]["workers"] if "growth_kib" in w]
+        lo = [p for p in pts if p > 0][0]
+        t.append({"name": "worker RSS growth %s -> %s requests, largest (KiB)" % (
+            _count(lo), _count(hi)), "target": "<= %d (noise)" % RSS_NOISE_KIB,
+            "observed": max(g) if g else None, "met": bool(g) and max(g) <= RSS_NOISE_KIB})
+    if res["scale"]:
+        t.append({"name": "creates with %s keys / empty table" % _count(
+            res["scale"]["existing_keys"] or 0), "target": ">= %.2f" % TARGET_SCALE,
+            "observed": res["scale"]["ratio"],
+            "met": res["scale"]["ratio"] is not None and res["scale"]["ratio"] >= TARGET_SCALE})
+    return res
+
+
+def _count(n):
+    if n is None:
+        return "?"
+    if n >= 1000000 and n % 1000000 == 0:
+        return "%dM" % (n // 1000000)
+    if n >= 1000 and n % 1000 == 0:
+        return "%dk" % (n // 1000)
+    return str(n)
+
+
+def _f(v, fmt="%.0f"):
+    return "-" if v is None else fmt % v
+
+
+def _cpu_line(r):
+    """CPU milliseconds per request by component, from a record."""
+    if not r or "cpu_s" not in r or not r.get("requests"):
+        return None
+    c, n = r["cpu_s"], r["requests"]
+    parts = []
+    for k in ("load", "nginx", "workers", "postgres", "other"):
+        if k in c and (c[k] > 0 or k in ("workers", "postgres")):
+            parts.append("%s %.3f" % (k, c[k] * 1000.0 / n))
+    return " ".join(parts) + " (ms CPU per request; machine busy %.0f%% of %d cores)" % (
+        100.0 * c["machine_busy"] / max(c["wall"], 1e-9) / os.cpu_count(), os.cpu_count())
+
+
+def render_table(res):
+    L = []
+    m = res["machine"]
+    s = res["settings"]
+    L.append("idemflow benchmark, %s" % res.get("date", "?"))
+    L.append("machine: %s cores (%s), %s MiB RAM, %s; PostgreSQL %s; nginx %s" % (
+        m.get("nproc"), m.get("cpu_model"), m.get("mem_mib"), m.get("kernel"),
+        m.get("postgresql"), m.get("nginx")))
+    L.append("stack: %s workers, PostgreSQL fsync=%s synchronous_commit=%s "
+             "shared_buffers=%s; %s s per point; load avg at start %s" % (
+                 s.get("workers"), s.get("fsync"), s.get("synchronous_commit"),
+                 s.get("shared_buffers"), s.get("seconds"), m.get("loadavg_start")))
+    if s.get("pgbench_statements"):
+        L.append("pgbench ceiling runs, per transaction: %s (from app/queries.c)" %
+                 s["pgbench_statements"])
+    L.append("")
+    fmt = "%-36s %5s %8s %7s %7s   %8s %7s %7s %6s %7s"
+    hdr = fmt % ("measure (vs ceiling)", "conns", "rate/s", "p50 ms", "p99 ms",
+                 "ceil/s", "p50 ms", "p99 ms", "ratio", "others")
+    L.append(hdr)
+    L.append("-" * len(hdr))
+
+    def row(name, conns, h, c, ratio):
+        h, c = h or {}, c or {}
+        fails = (h.get("failed") or 0) + (c.get("failed") or 0)
+        noise = [x.get("others_pct") for x in (h, c) if x.get("others_pct") is not None]
+        L.append(fmt % (
+            name, conns, _f(h.get("rate")), _f(h.get("p50_ms"), "%.2f"),
+            _f(h.get("p99_ms"), "%.2f"), _f(c.get("rate")), _f(c.get("p50_ms"), "%.2f"),
+            _f(c.get("p99_ms"), "%.2f"), _f(ratio, "%.2f"),
+            ("%.0f%%" % max(noise)) if noise else "-") +
+            ("  (%d errors!)" % fails if fails else ""))
+
+    for i, x in enumerate(res["creates"]):
+        row("keyed creates (vs pgbench, same SQL)" if i == 0 else "", x["conns"], x["http"],
+            x["ceiling"], x["ratio"])
+    for i, x in enumerate(res["replays"]):
+        row("replays (vs GET /healthz, 204)" if i == 0 else "", x["conns"], x["http"],
+            x["ceiling"], x["ratio"])
+    sc = res.get("scale")
+    if sc:
+        row("creates, %s keys (vs empty tables)" % _count(sc["existing_keys"] or 0),
+            sc["conns"], sc["large"], sc["empty"], sc["ratio"])
+        if sc.get("pgbench_empty") or sc.get("pgbench_large"):
+            row("  pgbench, same SQL (vs empty tables)", sc["conns"], sc.get("pgbench_large"),
+                sc.get("pgbench_empty"), sc.get("pgbench_ratio"))
+        if sc.get("load_seconds"):
+            L.append("  (%s rows each in idempotency_keys, workflows, outbox of another tenant, "
+                     "loaded in %.0f s)" % (_count(sc["existing_keys"] or 0), sc["load_seconds"]))
+    d = res.get("dispatch")
+    if d:
+        L.append(fmt % ("dispatch, http sink (vs its SQL alone)", "-", _f(d.get("http_rate")),
+                        "", "", _f(d.get("sql_only_rate")), "", "", _f(d.get("http_ratio"), "%.2f"),
+                        ""))
+        L.append("  (events/s draining %s pending events, batch %s: scripts/bench-dispatch)" % (
+            _count(d.get("events")), d.get("batch")))
+    L.append("  rates in requests/s; others = share of the machine's CPU used by processes "
+             "outside the benchmark during the run (noise)")
+    mem = res.get("memory")
+    if mem:
+        pts = mem["points"]
+        L.append("")
+        L.append("worker RSS (KiB)   " + "".join(
+            "%12s" % ("start" if p == 0 else "after " + _count(p)) for p in pts) +
+            "%10s   %s" % ("growth", "(private part of the last)"))
+        for w in mem["workers"]:
+            L.append("  worker %-9d " % w["pid"] + "".join(
+                "%12s" % _f(w.get("rss_kib_%d" % p)) for p in pts) +
+                "%10s   %s" % (_f(w.get("growth_kib"), "%+d"), _f(w.get("anon_kib_%d" % pts[-1]))))
+        L.append("  (requests served by the pool of fresh workers, POST creates at 16 "
+                 "connections: %s)" % ", ".join(
+                     "%s" % mem["served"].get(str(p)) for p in pts if p > 0))
+    L.append("")
+    L.append("%-58s %-16s %10s  %s" % ("target", "wanted", "observed", ""))
+    for t in res["targets"]:
+        obs = t["observed"]
+        L.append("%-58s %-16s %10s  %s" % (t["name"], t["target"],
+                                           _f(obs, "%.3f" if isinstance(obs, float) else "%d"),
+                                           "met" if t["met"] else "MISSED"))
+    cpu = []
+    for meas, side, label in (("creates", "http", "creates"),
+                              ("creates", "pgbench", "pgbench"),
+                              ("replays", "http", "replays"),
+                              ("replays", "healthz", "healthz")):
+        for x in res[meas]:
+            if x["conns"] == TARGET_CONNS:
+                r = x["http"] if side == "http" else x["ceiling"]
+                line = _cpu_line(r)
+                if line:
+                    cpu.append("  %-8s %s" % (label, line))
+    if cpu:
+        L.append("")
+        L.append("where the CPU went at %d connections (load = wrk or pgbench; other = rest of "
+                 "the machine):" % TARGET_CONNS)
+        L.extend(cpu)
+    return "\n".join(L) + "\n"
+
+
+# ---------------------------------------------------------------- plots
+
+def plot(res, outdir):
+    gp = shutil.which("gnuplot")
+    if not gp:
+        print("bench.py: gnuplot not found: no plots (apt-get install gnuplot-nox)",
+              file=sys.stderr)
+        return []
+    m = res["machine"]
+    sub = "%s, %s cores, %s; %s workers; %s s per point" % (
+        res.get("date", "")[:10], m.get("nproc"), m.get("cpu_model"),
+        res["settings"].get("workers"), res["settings"].get("seconds"))
+    made = []
+    for name, title, what, ceil, xlabel in (
+            ("creates", "Keyed creates: POST /v1/workflows through nginx",
+             "POST, new Idempotency-Key each (wrk)",
+             "ceiling: pgbench, the same SQL (auth + create), same socket",
+             "concurrent connections (wrk) / clients (pgbench)"),
+            ("replays", "Replays: the same key again through nginx",
+             "POST, one fixed Idempotency-Key (wrk)",
+             "ceiling: GET /healthz, empty FastCGI answer (wrk)",
+             "concurrent connections (wrk)")):
+        rows = [x for x in res[name] if x["http"] and x["ceiling"]]
+        if not rows:
+            continue
+        dat = os.path.join(outdir, name + ".dat")
+        with open(dat, "w") as f:
+            f.write("# conns rate ceiling ratio p50 p99 ceil_p50 ceil_p99\n")
+            for x in rows:
+                f.write("%d %.1f %.1f %.3f %s %s %s %s\n" % (
+                    x["conns"], x["http"]["rate"], x["ceiling"]["rate"], x["ratio"],
+                    x["http"]["p50_ms"], x["http"]["p99_ms"], x["ceiling"]["p50_ms"],
+                    x["ceiling"]["p99_ms"]))
+        png = os.path.join(outdir, name + ".png")
+        # Labels: the higher of the two points of a column above it, the
+        # other below, so they do not collide where the lines cross.
+        labels = []
+        for x in rows:
+            up_h = x["http"]["rate"] >= x["ceiling"]["rate"]
+            labels.append('set label "%.0f/s  x%.2f\\np50 %.1f ms, p99 %.1f ms" at %d,%.1f '
+                          'center offset 0,%s font "sans,9" tc rgb "#1f77b4"' % (
+                              x["http"]["rate"], x["ratio"], x["http"]["p50_ms"],
+                              x["http"]["p99_ms"], x["conns"], x["http"]["rate"],
+                              "1.8" if up_h else "-1.8"))
+            labels.append('set label "%.0f/s" at %d,%.1f center offset 0,%s font "sans,9" '
+                          'tc rgb "#555555"' % (x["ceiling"]["rate"], x["conns"],
+                                                 x["ceiling"]["rate"],
+                                                 "-1.2" if up_h else "1.2"))
+        ymax = max(max(x["http"]["rate"], x["ceiling"]["rate"]) for x in rows) * 1.35
+        script = """
+set terminal pngcairo size 900,540 noenhanced font "sans,10"
+set output '{png}'
+set title "{title}\\n{sub}"
+set logscale x 2
+set xtics ({xt})
+set xrange [{xmin}:{xmax}]
+set yrange [0:{ymax:.0f}]
+set xlabel "{xlabel}"
+set ylabel "requests per second"
+set grid
+set key top left opaque box
+{labels}
+plot '{dat}' using 1:3 with linespoints lw 2 pt 7 ps 1.2 lc rgb '#888888' title "{ceil}", \\
+     '' using 1:2 with linespoints lw 2 pt 5 ps 1.2 lc rgb '#1f77b4' title "{what}"
+""".format(png=png, title=title, sub=sub, dat=dat, what=what, ceil=ceil, xlabel=xlabel,
+           xt=",".join(str(x["conns"]) for x in rows), ymax=ymax, labels="\n".join(labels),
+           xmin=rows[0]["conns"] / 1.5, xmax=rows[-1]["conns"] * 1.5)
+        gpf = os.path.join(outdir, name + ".gp")
+        with open(gpf, "w") as f:
+            f.write(script)
+        p = subprocess.run([gp, gpf], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if p.returncode != 0:
+            print("bench.py: gnuplot failed on %s:\n%s" % (gpf, p.stdout.decode()),
+                  file=sys.stderr)
+            continue
+        made.append(png)
+    return made
+
+
+# ---------------------------------------------------------------- README
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def readme_section(res, table, pngs):
+    m = res["machine"]
+    lines = [
+        BEGIN,
+        "",
+        "`scripts/bench` measures the service on one machine against that machine's own",
+        "limits, each measure next to its ceiling in the same run, and prints the ratios.",
+        "It starts a private stack on loopback (PostgreSQL with its default durable",
+        "settings, `fsync` and `synchronous_commit` on; `idemflow-fcgi` with its default",
+        "4 workers; nginx from `nginx/idemflow-local.conf.in`) and removes it at the end.",
+        "",
+        "| measure | load | ceiling |",
+        "|---|---|---|",
+        "| keyed creates | `wrk`, a new `Idempotency-Key` per request, 4/16/64 connections | "
+        "`pgbench -M prepared` running the statements a worker runs per create (the token "
+        "check with the key lookup, then `Q_CREATE_KEYED`, taken from `app/queries.c`) over "
+        "the same unix socket, same client counts |",
+        "| replays | `wrk`, one key created beforehand, 4/16/64 connections | `GET /healthz` "
+        "(204, no database) through the same nginx |",
+        "| memory | RSS of each worker of a fresh pool after 10k and 100k creates | no growth "
+        "beyond noise |",
+        "| scale (`--large`) | creates at 16 connections with 5M keys of another tenant | the "
+        "empty-table rate |",
+        "| dispatch | `scripts/bench-dispatch -n 50000 --no-amqp` | the dispatcher's SQL alone |",
+        "",
+        "```sh",
+        "scripts/bench                  # ~5 minutes: writes var/bench/results.json and var/bench/*.png",
+        "scripts/bench --quick          # 3 s per point, smaller memory run",
+        "scripts/bench --large          # adds the 5M-key run (several minutes more)",
+        "scripts/bench --update-readme  # also rewrites this section",
+        "```",
+        "",
+        "Latest run (%s, on %s cores %s, %s MiB RAM, %s; load generator, nginx, workers "
+        "and PostgreSQL share the cores):" % (
+            res.get("date", "?"), m.get("nproc"), m.get("cpu_model"), m.get("mem_mib"),
+            m.get("kernel")),
+        "",
+        "```",
+        table.rstrip("\n"),
+        "```",
+        "",
+    ]
+    if pngs:
+        lines.append("Plots generated by `scripts/bench` (not committed; `var/` is ignored): " +
+                     ", ".join("`var/bench/%s`" % os.path.basename(p) for p in pngs) + ".")
+        lines.append("")
+        for p in pngs:
+            lines.append("![%s](var/bench/%s)" % (os.path.splitext(os.path.basename(p))[0],
+                                                  os.path.basename(p)))
+        lines.append("")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def update_readme(path, section):
+    text = open(path, encoding="utf-8").read()
+    if BEGIN in text and END in text:
+        a = text.index(BEGIN)
+        b = text.index(END) + len(END)
+        text = text[:a] + section + text[b:]
+    else:
+        block = "## Performance\n\n" + section + "\n\n"
+        m = re.search(r"^## Layout\s*$", text, re.M)
+        if m:
+            text = text[:m.start()] + block + text[m.start():]
+        else:
+            text = text.rstrip("\n") + "\n\n" + block
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _publish(res, outdir, readme):
+    table = render_table(res)
+    with open(os.path.join(outdir, "table.txt"), "w") as f:
+        f.write(table)
+    sys.stdout.write(table)
+    pngs = plot(res, outdir)
+    for p in pngs:
+        print("plot: %s" % p)
+    if readme:
+        update_readme(readme, readme_section(res, table, pngs))
+        print("README section updated: %s" % readme)
+
+
+def _opt_readme(argv):
+    if "--readme" in argv:
+        i = argv.index("--readme")
+        return argv[:i] + argv[i + 2:], argv[i + 1]
+    return argv, None
+
+
+def cmd_finish(argv):
+    argv, readme = _opt_readme(argv)
+    records, facts_path, outdir = argv[:3]
+    facts = json.load(open(facts_path))
+    res = build_results(_read_records(records), facts)
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "results.json.tmp"), "w") as f:
+        json.dump(res, f, indent=2)
+        f.write("\n")
+    os.replace(os.path.join(outdir, "results.json.tmp"), os.path.join(outdir, "results.json"))
+    _publish(res, outdir, readme)
+
+
+def cmd_report(argv):
+    argv, readme = _opt_readme(argv)
+    outdir = argv[0]
+    res = json.load(open(os.path.join(outdir, "results.json")))
+    _publish(res, outdir, readme)
+
+
+def cmd_facts(argv):
+    """facts FILE KEY=VALUE...: the machine and settings as JSON."""
+    path, kv = argv[0], dict(a.partition("=")[::2] for a in argv[1:])
+    num = lambda k: int(kv[k]) if kv.get(k, "").isdigit() else kv.get(k)
+    machine = {k: num(k) if k in ("nproc", "mem_mib") else kv.get(k)
+               for k in ("nproc", "cpu_model", "mem_mib", "kernel", "postgresql", "nginx", "wrk",
+                         "loadavg_start")}
+    settings = {k: num(k) for k in ("workers", "seconds", "fsync", "synchronous_commit",
+                                     "shared_buffers", "wal_sync_method", "commit",
+                                     "uncommitted_app_files", "pgbench_statements",
+                                     "sources_newer_than_binary")}
+    settings["quick"] = kv.get("quick") == "1"
+    settings["connections"] = [int(c) for c in kv.get("connections", "").split()]
+    with open(path, "w") as f:
+        json.dump({"date": kv.get("date"), "machine": machine, "settings": settings}, f,
+                  indent=2)
+        f.write("\n")
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(64)
+    cmd, argv = sys.argv[1], sys.argv[2:]
+    if cmd == "pgbench-script":
+        sys.stdout.write(pgbench_script(argv[0]))
+    elif cmd == "measure":
+        cmd_measure(argv)
+    elif cmd == "rss":
+        cmd_rss(argv)
+    elif cmd == "dispatch":
+        cmd_dispatch(argv)
+    elif cmd == "facts":
+        cmd_facts(argv)
+    elif cmd == "finish":
+        cmd_finish(argv)
+    elif cmd == "report":
+        cmd_report(argv)
+    else:
+        print(__doc__, file=sys.stderr)
+        sys.exit(64)
+
+
+if __name__ == "__main__":
+    main()

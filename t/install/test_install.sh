@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# t/install/test_install.sh - "make install DESTDIR=..." lays out the
+# expected tree, with configure's directories filled into every file that
+# names a path; every man page renders with "man -l" without a warning;
+# idemflow.conf(5) names every configuration key; "make uninstall" leaves
+# no file behind.
+#
+# Run by "make check" (t/run-test runs it as is), which exports the build
+# directory (top_builddir) and the configured directories (inst_*).
+set -euo pipefail
+
+: "${top_builddir:?run me from make check}" "${top_srcdir:?}"
+: "${inst_prefix:?}" "${inst_bindir:?}" "${inst_sbindir:?}" "${inst_sysconfdir:?}"
+: "${inst_pkgdatadir:?}" "${inst_mandir:?}" "${inst_docdir:?}" "${inst_unitdir:?}"
+: "${inst_sysusersdir:?}"
+
+FAILS=0
+TMP=$(mktemp -d /tmp/idemflow-install.XXXXXX)
+trap 'rm -rf -- "$TMP"' EXIT
+DEST=$TMP/root
+
+fail() {
+	echo "FAIL: $*" >&2
+	FAILS=$((FAILS + 1))
+}
+
+# expect_file PATH [MODE]: an installed regular file (under DESTDIR).
+expect_file() {
+	local f=$DEST$1 mode
+	if [[ ! -f $f ]]; then
+		fail "not installed: $1"
+		return
+	fi
+	if [[ -n ${2:-} ]]; then
+		mode=$(stat -c %a "$f")
+		[[ $mode == "$2" ]] || fail "$1 has mode $mode, want $2"
+	fi
+}
+
+# expect_line PATH LINE: the installed file has exactly this line.
+expect_line() {
+	grep -qxF -- "$2" "$DEST$1" || fail "$1 lacks the line: $2"
+}
+
+# The nested make must not try to join the parent's job server.
+mk() {
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$top_builddir" "$@"
+}
+
+if ! mk install DESTDIR="$DEST" >"$TMP/install.log" 2>&1; then
+	cat "$TMP/install.log" >&2
+	echo "FAIL: make install DESTDIR=$DEST" >&2
+	exit 1
+fi
+
+# --- The tree ----------------------------------------------------------
+expect_file "$inst_bindir/idemflow" 755
+expect_file "$inst_bindir/idemflow-dispatch" 755
+expect_file "$inst_sbindir/idemflow-fcgi" 755
+for f in 001_init.sql 002_dispatch.sql; do
+	expect_file "$inst_pkgdatadir/sql/$f" 644
+done
+# Every migration the programs carry is there to read.
+for f in "$top_srcdir"/sql/[0-9]*.sql; do
+	expect_file "$inst_pkgdatadir/sql/${f##*/}" 644
+done
+expect_file "$inst_sysconfdir/idemflow/idemflow.conf.example" 644
+expect_file "$inst_sysconfdir/idemflow/idemflow.conf" 644
+expect_file "$inst_sysconfdir/nginx/sites-available/idemflow" 644
+expect_file "$inst_sysconfdir/cron.d/idemflow" 644
+expect_file "$inst_sysconfdir/logrotate.d/idemflow" 644
+# --without-systemdsystemunitdir installs no unit.
+[[ $inst_unitdir == no ]] || expect_file "$inst_unitdir/idemflow-fcgi.service" 644
+expect_file "$inst_sysusersdir/idemflow.conf" 644
+expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.yml" 644
+expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
+expect_file "$inst_docdir/README.md" 644
+PAGES=(man1/idemflow.1 man5/idemflow.conf.5 man8/idemflow-fcgi.8 man8/idemflow-dispatch.8)
+for p in "${PAGES[@]}"; do
+	expect_file "$inst_mandir/$p" 644
+done
+
+# Nothing else: a stray file is as much a bug as a missing one.
+want=$(
+	printf '%s\n' "$inst_bindir/idemflow" "$inst_bindir/idemflow-dispatch" \
+		"$inst_sbindir/idemflow-fcgi" \
+		"$inst_sysconfdir/idemflow/idemflow.conf.example" \
+		"$inst_sysconfdir/idemflow/idemflow.conf" \
+		"$inst_sysconfdir/nginx/sites-available/idemflow" \
+		"$inst_sysconfdir/cron.d/idemflow" "$inst_sysconfdir/logrotate.d/idemflow" \
+		"$inst_sysusersdir/idemflow.conf" \
+		"$inst_pkgdatadir/prometheus/idemflow-rules.yml" \
+		"$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" \
+		"$inst_docdir/README.md" "$inst_docdir/ChangeLog"
+	for f in "$top_srcdir"/sql/[0-9]*.sql; do echo "$inst_pkgdatadir/sql/${f##*/}"; done
+	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
+	[[ $inst_unitdir == no ]] || echo "$inst_unitdir/idemflow-fcgi.service"
+)
+got=$(cd "$DEST" && find . -type f | sed 's|^\.||' | sort)
+extra=$(comm -13 <(sort <<<"$want") <(echo "$got"))
+[[ -z $extra ]] || fail "unexpected files installed: $extra"
+
+# --- Paths filled in -----------------------------------------------------
+conf=$inst_sysconfdir/idemflow/idemflow.conf
+if [[ $inst_unitdir != no ]]; then
+	unit=$inst_unitdir/idemflow-fcgi.service
+	expect_line "$unit" "ExecStart=$inst_sbindir/idemflow-fcgi --config $conf --pid-file /run/idemflow/idemflow-fcgi.pid"
+	# shellcheck disable=SC2016 # $MAINPID is systemd's, not ours
+	expect_line "$unit" 'ExecReload=/bin/kill -HUP $MAINPID'
+	expect_line "$unit" "Type=simple"
+	expect_line "$unit" "User=idemflow"
+	expect_line "$unit" "RuntimeDirectory=idemflow"
+fi
+cron=$inst_sysconfdir/cron.d/idemflow
+expect_line "$cron" "* * * * *  idemflow  $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
+expect_line "$cron" "17 * * * * idemflow  $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
+expect_line "$cron" "#*/5 * * * * idemflow  $inst_bindir/idemflow --config $conf reap"
+grep -q 'kill-who=main --signal=USR1 idemflow-fcgi.service' "$DEST$inst_sysconfdir/logrotate.d/idemflow" ||
+	fail "logrotate does not send USR1 to idemflow-fcgi"
+if left=$(grep -rl '@[a-z]*dir@' "$DEST"); then
+	fail "unsubstituted @...dir@ in: $left"
+fi
+cmp -s "$top_srcdir/idemflow.conf.example" "$DEST$conf" || fail "$conf is not the sample"
+
+# logrotate parses its file when it is there to ask (as root's, on a host
+# that has no idemflow user to name).
+if command -v logrotate >/dev/null 2>&1; then
+	sed 's/ idemflow idemflow$/ root root/' "$DEST$inst_sysconfdir/logrotate.d/idemflow" \
+		>"$TMP/logrotate.conf"
+	getent passwd idemflow >/dev/null && cp "$DEST$inst_sysconfdir/logrotate.d/idemflow" "$TMP/logrotate.conf"
+	logrotate --debug --state "$TMP/logrotate.state" "$TMP/logrotate.conf" \
+		>"$TMP/logrotate.out" 2>&1 || fail "logrotate rejects its file: $(cat "$TMP/logrotate.out")"
+	if grep -qi 'error' "$TMP/logrotate.out"; then
+		fail "logrotate: $(grep -i error "$TMP/logrotate.out")"
+	fi
+fi
+# The alert rules load, and their unit tests pass, when promtool is there.
+if command -v promtool >/dev/null 2>&1; then
+	(cd "$DEST$inst_pkgdatadir/prometheus" && promtool check rules idemflow-rules.yml &&
+		promtool test rules idemflow-rules.test.yml) >"$TMP/promtool.out" 2>&1 ||
+		fail "promtool: $(cat "$TMP/promtool.out")"
+fi
+
+# --- Man pages -------------------------------------------------------------
+if command -v man >/dev/null 2>&1; then
+	for p in "${PAGES[@]}"; do
+		f=$DEST$inst_mandir/$p
+		out=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -E UTF-8 -l "$f" 2>&1 >/dev/null) ||
+			fail "man -l $p failed: $out"
+		[[ -z $out ]] || fail "man -l $p warns: $out"
+		name=${p#man*/}
+		name=${name%.*}
+		LC_ALL=C.UTF-8 MANWIDTH=80 man -E UTF-8 -l "$f" 2>/dev/null | grep -q "^NAME" ||
+			fail "man -l $p has no NAME section"
+		head -1 "$f" | grep -qi "^\.TH ${name//./\\.} ${p##*.} " ||
+			fail "$p: .TH does not name $name in section ${p##*.}"
+	done
+else
+	echo "man is not installed: the pages were not rendered (apt-get install man-db)" >&2
+	FAILS=$((FAILS + 1))
+fi
+
+# Every configuration key has its entry in idemflow.conf(5) (but the
+# fault-injection switches of --enable-test-hooks builds).
+keys=$("$top_builddir/app/idemflow-fcgi" --help |
+	sed -n '/^Configuration/,$ s/^  \([a-z_0-9]*\) .*/\1/p' | grep -vx config | grep -v '^test_')
+[[ -n $keys ]] || fail "no keys in idemflow-fcgi --help"
+for k in $keys; do
+	grep -qxF ".B $k" "$top_srcdir/app/idemflow.conf.5" || fail "idemflow.conf(5) lacks the key $k"
+done
+
+# --- Uninstall ---------------------------------------------------------------
+mk uninstall DESTDIR="$DEST" >"$TMP/uninstall.log" 2>&1 || fail "make uninstall: $(cat "$TMP/uninstall.log")"
+left=$(cd "$DEST" && find . -type f)
+[[ -z $left ]] || fail "left after uninstall: $left"
+
+# An operator's changed configuration survives both.
+mk install DESTDIR="$DEST" >"$TMP/install2.log" 2>&1 || fail "second make install"
+echo "workers = 9" >>"$DEST$conf"
+mk install DESTDIR="$DEST" >"$TMP/install3.log" 2>&1 || fail "third make install"
+grep -qx 'workers = 9' "$DEST$conf" || fail "make install overwrote a changed $conf"
+mk uninstall DESTDIR="$DEST" >"$TMP/uninstall2.log" 2>&1 || fail "second make uninstall"
+[[ -f $DEST$conf ]] || fail "make uninstall removed a changed $conf"
+
+if ((FAILS)); then
+	echo "$FAILS failure(s)" >&2
+	exit 1
+fi
+echo "install tree, man pages and uninstall: ok"

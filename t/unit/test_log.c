@@ -1,0 +1,186 @@
+/* test_log.c - JSON lines made from logfmt, log files and their reopening. */
+#include <criterion/criterion.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static char *json(const char *logfmt)
+{
+	static char out[8192];
+
+	log_json_from_logfmt(logfmt, out, sizeof(out));
+	return out;
+}
+
+Test(log_json, same_fields_in_order_numbers_stay_numbers)
+{
+	cr_assert_str_eq(json("ts=2026-11-29T14:00:00.123Z level=info component=worker pid=12 "
+			      "msg=request request_id=0af3 route=/v1/workflows status=201 "
+			      "tenant=7 idem=created key_fp=123456789012 duration_ms=1.250"),
+			 "{\"ts\":\"2026-11-29T14:00:00.123Z\",\"level\":\"info\","
+			 "\"component\":\"worker\",\"pid\":12,\"msg\":\"request\","
+			 "\"request_id\":\"0af3\",\"route\":\"/v1/workflows\",\"status\":201,"
+			 "\"tenant\":7,\"idem\":\"created\",\"key_fp\":\"123456789012\","
+			 "\"duration_ms\":1.250}");
+}
+
+Test(log_json, identifiers_and_non_numbers_stay_strings)
+{
+	cr_assert_str_eq(json("sqlstate=40001 request_id=12 event_id=1 a=01 b=1. c=-0 d=1e5 e=- "
+			      "f=0x10 g="),
+			 "{\"sqlstate\":\"40001\",\"request_id\":\"12\",\"event_id\":\"1\","
+			 "\"a\":\"01\",\"b\":\"1.\",\"c\":-0,\"d\":1e5,\"e\":\"-\",\"f\":\"0x10\","
+			 "\"g\":\"\"}");
+}
+
+Test(log_json, quoted_values_are_unescaped_then_escaped_for_json)
+{
+	cr_assert_str_eq(json("msg=\"say \\\"hi\\\"\" error=\"a\\\\b\\nc\" x=\"=\""),
+			 "{\"msg\":\"say \\\"hi\\\"\",\"error\":\"a\\\\b\\nc\",\"x\":\"=\"}");
+	/* The value ends at the end of the line when its quote never comes. */
+	cr_assert_str_eq(json("msg=\"cut sh"), "{\"msg\":\"cut sh\"}");
+}
+
+Test(log_json, words_without_a_key_join_the_value_before_them)
+{
+	cr_assert_str_eq(json("signal=11 (Segmentation fault) uptime_s=3"),
+			 "{\"signal\":\"11 (Segmentation fault)\",\"uptime_s\":3}");
+	cr_assert_str_eq(json("stray words x=1"), "{\"_\":\"stray words\",\"x\":1}");
+}
+
+Test(log_json, bytes_that_are_not_utf8_become_replacement_characters)
+{
+	cr_assert_str_eq(json("path=/\xc3\xa9t\xc3 x=\"\x01\""),
+			 "{\"path\":\"/\xc3\xa9t\\ufffd\",\"x\":\"\\u0001\"}");
+	cr_assert_str_eq(json("p=\xed\xa0\x80"), "{\"p\":\"\\ufffd\\ufffd\\ufffd\"}",
+			 "a UTF-16 surrogate is not UTF-8");
+}
+
+Test(log_json, a_line_too_long_for_the_buffer_keeps_whole_members_only)
+{
+	char out[40];
+	size_t n = log_json_from_logfmt("level=info msg=\"a long message here\" x=1", out,
+					sizeof(out));
+
+	cr_assert_str_eq(out, "{\"level\":\"info\"}");
+	cr_assert_eq(n, strlen(out));
+}
+
+Test(log_json, every_line_parses_as_json)
+{
+	const char *lines[] = {"", "a", "=", "a=", "=b", "\"", "a=\"\\", "a=b=c", "  a=1  b=2 ",
+			       "k\"=v", "a=\"x\" y"};
+
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+		struct json_object *o = json_tokener_parse(json(lines[i]));
+		cr_assert_not_null(o, "\"%s\" gave %s", lines[i], json(lines[i]));
+		cr_assert(json_object_is_type(o, json_type_object));
+		json_object_put(o);
+	}
+}
+
+Test(log_format, parses_its_two_names)
+{
+	enum log_format f;
+
+	cr_assert_eq(log_format_parse("json", &f), 0);
+	cr_assert_eq(f, LOG_FORMAT_JSON);
+	cr_assert_eq(log_format_parse("logfmt", &f), 0);
+	cr_assert_eq(f, LOG_FORMAT_LOGFMT);
+	cr_assert_eq(log_format_parse("JSON", &f), -1);
+}
+
+/* --- Files ---------------------------------------------------------------- */
+
+static char dir[] = "/tmp/idemflow-test-log.XXXXXX";
+
+static void setup(void)
+{
+	cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	struct err e;
+	char cmd[128];
+
+	/* Back to the stderr Criterion gave us. */
+	cr_assert_eq(log_open(NULL, &e), 0);
+	log_line_format = LOG_FORMAT_LOGFMT;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	static char text[8192];
+	size_t n;
+
+	cr_assert_not_null(f, "%s", path);
+	n = fread(text, 1, sizeof(text) - 1, f);
+	text[n] = '\0';
+	fclose(f);
+	return text;
+}
+
+Test(log_file, lines_go_to_the_file_as_json_and_sigusr1_moves_them_to_a_new_one,
+     .init = setup, .fini = teardown)
+{
+	char path[128], rotated[140];
+	struct err e;
+	struct json_object *o, *v;
+	char *text;
+
+	snprintf(path, sizeof(path), "%s/idemflow.log", dir);
+	snprintf(rotated, sizeof(rotated), "%s.1", path);
+	cr_assert_eq(log_open(path, &e), 0, "%s", e.msg);
+	log_line_format = LOG_FORMAT_JSON;
+	log_set_component("test");
+	log_info("first", "n=1");
+	fprintf(stderr, "stray\n"); /* anything on stderr goes to the file too */
+
+	text = slurp(path);
+	char *nl = strchr(text, '\n');
+	cr_assert_not_null(nl);
+	*nl = '\0';
+	o = json_tokener_parse(text);
+	cr_assert_not_null(o, "%s", text);
+	cr_assert(json_object_object_get_ex(o, "msg", &v));
+	cr_assert_str_eq(json_object_get_string(v), "first");
+	cr_assert(json_object_object_get_ex(o, "component", &v));
+	cr_assert_str_eq(json_object_get_string(v), "test");
+	cr_assert(json_object_object_get_ex(o, "n", &v));
+	cr_assert_eq(json_object_get_int(v), 1);
+	json_object_put(o);
+	cr_assert_str_eq(nl + 1, "stray\n");
+
+	/* logrotate renames, then signals: the next line opens the new file. */
+	cr_assert_eq(rename(path, rotated), 0);
+	log_reopen_on_signal(SIGUSR1);
+	log_line_format = LOG_FORMAT_LOGFMT;
+	log_info("second", NULL);
+	text = slurp(path);
+	cr_assert_not_null(strstr(text, "msg=\"log file reopened\""), "%s", text);
+	cr_assert_not_null(strstr(text, "msg=second"), "%s", text);
+	cr_assert(strstr(text, "msg=\"log file reopened\"") < strstr(text, "msg=second"));
+	cr_assert_null(strstr(slurp(rotated), "second"), "the old file must not get new lines");
+}
+
+Test(log_file, an_unwritable_path_is_an_error_and_stderr_is_kept, .init = setup,
+     .fini = teardown)
+{
+	char path[160];
+	struct err e;
+
+	snprintf(path, sizeof(path), "%s/missing/idemflow.log", dir);
+	cr_assert_eq(log_open(path, &e), -1);
+	cr_assert_eq(e.code, ERR_CONFIG);
+	cr_assert(strstr(e.msg, "could not open log_file \"") == e.msg, "%s", e.msg);
+	cr_assert(strstr(e.msg, "No such file or directory") != NULL, "%s", e.msg);
+}
