@@ -179,6 +179,7 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 	PQclear(ctx->key_row);
 	ctx->key_row = NULL;
 	ctx->idem = IDEM_NONE;
+	ctx->created = 0;
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 

@@ -28,6 +28,7 @@ struct api_ctx {
 	PGresult *key_row;       /* a keyed POST's stored key row, found while
 				  * authenticating (Q_AUTH_KEY), or NULL; owned */
 	enum idem_outcome idem;
+	int created;             /* this request wrote an outbox event */
 	struct err err;          /* why a 5xx happened */
 };
 

@@ -96,4 +96,5 @@ const struct db_stmt queries[Q__COUNT] = {
 
 	[Q_WF_GET] = {"wf_get", "SELECT id, type, state, input::text, " TS_UTC("created_at")
 				" FROM workflows WHERE tenant_id = $1 AND id = $2"},
+	[Q_NOTIFY] = {"notify", "SELECT pg_notify('idemflow_outbox', '')"},
 };

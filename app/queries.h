@@ -66,6 +66,8 @@ enum query_id {
 	/* GET /metrics, one cheap statement per scrape -> (pending events,
 	 * age in seconds of the oldest pending one or 0, dead events) */
 	Q_METRICS_OUTBOX,
+	/* Wake dispatchers waiting in --loop (sent outside any create). */
+	Q_NOTIFY,
 	Q__COUNT
 };
 

@@ -175,6 +175,7 @@ static void create_keyed(struct api_ctx *ctx, struct http_req *req, struct http_
 		} else if (strcmp(PQgetvalue(res, 0, 0), "created") == 0) {
 			PQclear(res);
 			ctx->idem = IDEM_CREATED;
+			ctx->created = 1;
 			answer_created(resp, location, body);
 			return;
 		}
@@ -211,6 +212,7 @@ static void create_unkeyed(struct api_ctx *ctx, struct http_req *req, struct htt
 		return;
 	}
 	PQclear(res);
+	ctx->created = 1;
 	answer_created(resp, location, body);
 }
 

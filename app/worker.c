@@ -26,6 +26,50 @@ static void on_stop(int sig)
 	worker_stop = 1;
 }
 
+/*
+ * Dispatchers in --loop wait for NOTIFY idemflow_outbox. A NOTIFY inside
+ * the create's own transaction would serialize every create on the
+ * database-wide notify lock, so the worker sends one afterwards, on its
+ * own, at most every NOTIFY_EVERY_MS: a dispatcher wakes within that much
+ * of a create, and the notify costs nothing per request under load.
+ */
+#define NOTIFY_EVERY_MS 100
+
+struct notifier {
+	int pending;
+	struct timespec last;
+};
+
+/* ms until a pending notify is due (0 = now), or -1 when none is pending. */
+static long notify_wait_ms(const struct notifier *n)
+{
+	struct timespec now;
+	long since;
+
+	if (!n->pending)
+		return -1;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	since = (now.tv_sec - n->last.tv_sec) * 1000 + (now.tv_nsec - n->last.tv_nsec) / 1000000;
+	return since >= NOTIFY_EVERY_MS ? 0 : NOTIFY_EVERY_MS - since;
+}
+
+static void notify_if_due(struct notifier *n, struct db *db)
+{
+	struct err e;
+	PGresult *res;
+
+	if (notify_wait_ms(n) != 0)
+		return;
+	res = db_run(db, Q_NOTIFY, 0, NULL, &e);
+	if (res == NULL) {
+		/* The dispatcher's poll is the fallback; try again later. */
+		log_debug("could not notify dispatchers", "error=\"%s\"", e.msg);
+	}
+	PQclear(res);
+	n->pending = 0;
+	clock_gettime(CLOCK_MONOTONIC, &n->last);
+}
+
 static double elapsed_ms(const struct timespec *t0)
 {
 	struct timespec t1;
@@ -93,6 +137,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	struct http_resp resp = {0};
 	FCGX_Request freq;
 	struct keystats ks;
+	struct notifier nt = {0};
 	struct err e;
 	struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
 	long served = 0;
@@ -155,14 +200,18 @@ int worker_run(const struct conf *c, int listen_fd)
 
 		/* Wait for a connection with the stop signals unblocked,
 		 * atomically; wake for a due key-stats flush when idle. */
-		long ks_wait = keystats_wait_ms(&ks);
+		long ks_wait = keystats_wait_ms(&ks), nt_wait = notify_wait_ms(&nt);
+		if (nt_wait >= 0 && (ks_wait < 0 || nt_wait < ks_wait))
+			ks_wait = nt_wait;
 		struct timespec ks_ts = {ks_wait / 1000, ks_wait % 1000 * 1000000};
 		int r = ppoll(&pfd, 1, ks_wait < 0 ? NULL : &ks_ts, &waitmask);
 		if (worker_stop)
 			break;
 		log_reopen_if_asked();
-		if (r == 0)
+		if (r == 0) {
 			flush_keystats(&ks, ctx.db, 0);
+			notify_if_due(&nt, ctx.db);
+		}
 		if (r <= 0)
 			continue;
 		/* The socket is non-blocking: when another worker won the
@@ -185,12 +234,18 @@ int worker_run(const struct conf *c, int listen_fd)
 		FCGX_Finish_r(&freq);
 		/* After the answer went out: the flush never delays a response. */
 		flush_keystats(&ks, ctx.db, 0);
+		nt.pending |= ctx.created;
+		notify_if_due(&nt, ctx.db);
 		if (c->max_requests > 0 && ++served >= c->max_requests) {
 			log_info("worker retiring after max_requests", "served=%ld", served);
 			break;
 		}
 	}
 	flush_keystats(&ks, ctx.db, 1);
+	if (nt.pending) {
+		nt.last.tv_sec = 0; /* due now */
+		notify_if_due(&nt, ctx.db);
+	}
 	log_info("worker stopped", NULL);
 	FCGX_Free(&freq, 0);
 out:

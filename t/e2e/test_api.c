@@ -872,3 +872,33 @@ Test(routing, healthz_answers_204_without_a_token_or_the_database)
 	tstack_expect_header(r, "Allow", "GET");
 	http_response_free(r);
 }
+
+Test(create, a_create_wakes_listening_dispatchers_after_it_commits)
+{
+	struct tstack_tenant t;
+	char key[128], kh[160];
+	struct http_response *r;
+	PGconn *c = tstack_db_connect();
+	PGnotify *n = NULL;
+	double deadline;
+
+	PQclear(PQexec(c, "LISTEN idemflow_outbox"));
+	tstack_tenant_create(&t, "notify");
+	tstack_key(key, sizeof(key), "notify");
+	const char *headers[] = {t.auth, JSON_CT, key_header(kh, sizeof(kh), key), NULL};
+	r = request("POST", COLLECTION, headers, MIN_BODY, strlen(MIN_BODY));
+	cr_assert_eq(r->status, 201);
+	http_response_free(r);
+	/* The worker notifies on its own after answering, within ~100 ms. */
+	deadline = tstack_now() + 3;
+	while (n == NULL && tstack_now() < deadline) {
+		PQconsumeInput(c);
+		n = PQnotifies(c);
+		if (n == NULL)
+			tstack_sleep_ms(20);
+	}
+	cr_assert_not_null(n, "no NOTIFY idemflow_outbox after a create");
+	cr_assert_str_eq(n->relname, "idemflow_outbox");
+	PQfreemem(n);
+	PQfinish(c);
+}
