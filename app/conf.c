@@ -42,7 +42,7 @@ static const struct conf_key conf_keys[] = {
 	{"listen", T_STR, OFF(listen), "/run/idemflow/idemflow.sock", 0, 0,
 	 "FastCGI socket: a unix socket path, or host:port"},
 	{"listen_mode", T_OCTAL, OFF(listen_mode), "0660", 0, 0777, "permissions of the unix socket"},
-	{"workers", T_INT, OFF(workers), "4", 1, 256, "number of pre-forked workers"},
+	{"workers", T_INT, OFF(workers), "8", 1, 256, "number of pre-forked workers"},
 	{"max_requests", T_INT, OFF(max_requests), "0", 0, INT_MAX,
 	 "requests a worker serves before it is replaced (0 = never)"},
 	{"pid_file", T_STR, OFF(pid_file), "", 0, 0, "file to write the supervisor's pid to"},

@@ -30,7 +30,7 @@ Test(conf, defaults_are_the_documented_ones)
 	struct conf *c = conf_new();
 
 	cr_assert_not_null(c);
-	cr_assert_eq(c->workers, 4);
+	cr_assert_eq(c->workers, 8);
 	cr_assert_eq(c->idempotency_key, IDEM_KEY_REQUIRED);
 	cr_assert_eq(c->idempotency_ttl, 24L * 3600 * 1000);
 	cr_assert_eq(c->idempotency_wait, 5000);
@@ -81,7 +81,7 @@ Test(conf, unknown_keys_and_out_of_range_values_are_errors)
 	cr_assert_eq(conf_set(c, "workers", "3x", "test", &e), -1);
 	cr_assert_eq(conf_set(c, "idempotency_key", "maybe", "test", &e), -1);
 	cr_assert_eq(conf_set(c, "log_level", "loud", "test", &e), -1);
-	cr_assert_eq(c->workers, 4, "a rejected value leaves the old one");
+	cr_assert_eq(c->workers, 8, "a rejected value leaves the old one");
 	conf_free(c);
 }
 
