@@ -8,7 +8,6 @@
  * the outbox rows and what the receiver got.
  */
 #include <criterion/criterion.h>
-#include <criterion/options.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +21,7 @@
 #include "db.h"
 #include "inbox.h"
 #include "receiver.h"
+#include "tstack.h"
 #include "whsig.h"
 
 #define SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -519,13 +519,5 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 /* One test at a time: each drains the shared outbox. */
 int main(int argc, char *argv[])
 {
-	struct criterion_test_set *tests = criterion_initialize();
-	int result = 0;
-
-	if (criterion_handle_args(argc, argv, true)) {
-		criterion_options.jobs = 1;
-		result = !criterion_run_all_tests(tests);
-	}
-	criterion_finalize(tests);
-	return result;
+	return tstack_run_sequentially(argc, argv);
 }

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <criterion/criterion.h>
-#include <criterion/options.h>
 #include <json-c/json.h>
 
 #include "http.h"
@@ -600,19 +599,6 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 
 /* --- Readiness ---------------------------------------------------------- */
 
-/* Run pg_ctl ACTION on the harness cluster, as its owner. */
-static void pg_ctl(const char *action)
-{
-	char cmd[2048];
-	int rc;
-
-	snprintf(cmd, sizeof(cmd),
-		 "cd / && %s '%s/pg_ctl' -D '%s' -l '%s' -m fast -w -t 60 %s >/dev/null 2>&1",
-		 geteuid() == 0 ? "runuser -u postgres --" : "", tstack_env("IDEMFLOW_PG_BINDIR"),
-		 tstack_env("IDEMFLOW_PG_DATA"), tstack_env("IDEMFLOW_PG_LOG"), action);
-	rc = system(cmd);
-	cr_assert_eq(rc, 0, "pg_ctl %s failed: %d", action, rc);
-}
 
 /* More requests than workers (3), so every worker answers. */
 #define EVERY_WORKER 6
@@ -692,7 +678,7 @@ Test(readyz, turns_503_while_postgresql_is_down_and_200_when_it_returns)
 
 	expect_ready_again(migrate_latest());
 
-	pg_ctl("stop");
+	tstack_pg_ctl("stop");
 	for (int i = 0; i < EVERY_WORKER; i++) {
 		r = get("/readyz");
 		expect_not_ready(r, "database unreachable");
@@ -704,7 +690,7 @@ Test(readyz, turns_503_while_postgresql_is_down_and_200_when_it_returns)
 	http_response_free(r);
 
 	/* Back: every worker reconnects by itself and is ready again. */
-	pg_ctl("start");
+	tstack_pg_ctl("start");
 	expect_ready_again(migrate_latest());
 }
 
@@ -813,13 +799,5 @@ Test(readyz, names_the_schema_version_when_the_build_is_newer_than_its_schema,
  * stops PostgreSQL under all of them. */
 int main(int argc, char *argv[])
 {
-	struct criterion_test_set *tests = criterion_initialize();
-	int result = 0;
-
-	if (criterion_handle_args(argc, argv, true)) {
-		criterion_options.jobs = 1;
-		result = !criterion_run_all_tests(tests);
-	}
-	criterion_finalize(tests);
-	return result;
+	return tstack_run_sequentially(argc, argv);
 }

@@ -21,19 +21,6 @@
 
 static const char BODY[] = "{\"type\":\"outage\",\"input\":{\"n\":1}}";
 
-/* Run pg_ctl ACTION on the harness cluster, as its owner. */
-static void pg_ctl(const char *action)
-{
-	char cmd[2048];
-	int rc;
-
-	snprintf(cmd, sizeof(cmd),
-		 "cd / && %s '%s/pg_ctl' -D '%s' -l '%s' -m fast -w -t 60 %s >/dev/null 2>&1",
-		 geteuid() == 0 ? "runuser -u postgres --" : "", tstack_env("IDEMFLOW_PG_BINDIR"),
-		 tstack_env("IDEMFLOW_PG_DATA"), tstack_env("IDEMFLOW_PG_LOG"), action);
-	rc = system(cmd);
-	cr_assert_eq(rc, 0, "pg_ctl %s failed: %d", action, rc);
-}
 
 static struct http_response *post(const struct tstack_tenant *t, const char *key)
 {
@@ -109,7 +96,7 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 
 	/* Scene 1: PostgreSQL is stopped. Every worker (3, so ask more
 	 * often than that) answers 503 with Retry-After; nothing hangs. */
-	pg_ctl("stop");
+	tstack_pg_ctl("stop");
 	tstack_key(key, sizeof(key), "during");
 	for (int i = 0; i < 6; i++) {
 		r = post(&t, key);
@@ -119,7 +106,7 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 
 	/* Scene 2: it is back. The same request, retried as a client would
 	 * on 503, succeeds within a few seconds and creates exactly once. */
-	pg_ctl("start");
+	tstack_pg_ctl("start");
 	double deadline = tstack_now() + 10;
 	int status = 0;
 	while (tstack_now() < deadline) {
@@ -136,7 +123,7 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 	/* Scene 3: a restart while the workers are idle. Each worker notices
 	 * its closed connection before its next statement and reconnects:
 	 * not one request fails. */
-	pg_ctl("restart");
+	tstack_pg_ctl("restart");
 	for (int i = 0; i < 6; i++) {
 		char k[128];
 		tstack_key(k, sizeof(k), "after-restart");

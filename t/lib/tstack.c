@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <criterion/criterion.h>
+#include <criterion/options.h>
 
 #define TSTACK_MAX_PARAMS 16
 
@@ -736,4 +737,30 @@ void tstack_expect_replay(const struct http_response *r,
 		     r->body, first->body);
 	cr_assert(memcmp(r->body, first->body, r->body_len) == 0,
 		  "replayed %.500s, first %.500s", r->body, first->body);
+}
+
+void tstack_pg_ctl(const char *action)
+{
+	char cmd[2048];
+	int rc;
+
+	snprintf(cmd, sizeof(cmd),
+		 "cd / && %s '%s/pg_ctl' -D '%s' -l '%s' -m fast -w -t 60 %s >/dev/null 2>&1",
+		 geteuid() == 0 ? "runuser -u postgres --" : "", tstack_env("IDEMFLOW_PG_BINDIR"),
+		 tstack_env("IDEMFLOW_PG_DATA"), tstack_env("IDEMFLOW_PG_LOG"), action);
+	rc = system(cmd);
+	cr_assert_eq(rc, 0, "pg_ctl %s failed: %d", action, rc);
+}
+
+int tstack_run_sequentially(int argc, char *argv[])
+{
+	struct criterion_test_set *tests = criterion_initialize();
+	int result = 0;
+
+	if (criterion_handle_args(argc, argv, true)) {
+		criterion_options.jobs = 1;
+		result = !criterion_run_all_tests(tests);
+	}
+	criterion_finalize(tests);
+	return result;
 }

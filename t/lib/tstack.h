@@ -100,6 +100,15 @@ int tstack_wait_workers(pid_t supervisor, size_t n, long timeout_ms);
  */
 pid_t tstack_blocked_worker(PGconn *holder, long timeout_ms);
 
+/* Run pg_ctl ACTION ("stop", "start", "restart") on the harness's
+ * PostgreSQL, as its owner; the test fails if pg_ctl does. */
+void tstack_pg_ctl(const char *action);
+
+/* The body of a main() that runs a binary's tests one at a time, for
+ * suites that share state no test may see changing under it (the whole
+ * outbox, a stopped database). Returns the process exit status. */
+int tstack_run_sequentially(int argc, char *argv[]);
+
 double tstack_now(void);
 void tstack_sleep_ms(long ms);
 
