@@ -64,33 +64,6 @@ static void own_stop(void)
 	own.pid = 0;
 }
 
-static int socket_accepts(const char *path)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	int ok;
-
-	if (fd < 0)
-		return 0;
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-	close(fd);
-	return ok;
-}
-
-static long pidfile_read(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	long pid = 0;
-
-	if (!f)
-		return 0;
-	if (fscanf(f, "%ld", &pid) != 1)
-		pid = 0;
-	fclose(f);
-	return pid;
-}
-
 /* A path in the harness's directory, unique to this test process. */
 static void stack_path(char *out, size_t size, const char *name)
 {
@@ -153,7 +126,7 @@ static void own_start(const char *const *overrides, long workers)
 	own.pid = spawn(argv, own.log);
 
 	deadline = tstack_now() + 10;
-	while (!socket_accepts(own.sock) || pidfile_read(own.pidfile) == 0) {
+	while (!tstack_socket_accepts(own.sock) || tstack_pidfile_read(own.pidfile) == 0) {
 		int status;
 
 		cr_assert(waitpid(own.pid, &status, WNOHANG) == 0,

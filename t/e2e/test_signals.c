@@ -256,34 +256,6 @@ static void own_stop(void)
 	own_pid = 0;
 }
 
-static int socket_accepts(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	int ok;
-
-	if (fd < 0)
-		return 0;
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-	close(fd);
-	return ok;
-}
-
-/* The pid in path, or 0 while the file is missing or not yet written. */
-static long pidfile_read(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	long pid = 0;
-
-	if (!f)
-		return 0;
-	if (fscanf(f, "%ld", &pid) != 1)
-		pid = 0;
-	fclose(f);
-	return pid;
-}
-
 static void own_start(const char *const *overrides)
 {
 	const char *fcgi = tstack_env("IDEMFLOW_FCGI");
@@ -335,7 +307,7 @@ static void own_start(const char *const *overrides)
 	/* Ready means listening and the pid file written, as for the
 	 * harness's own server; the two need not happen in that order. */
 	deadline = tstack_now() + 10;
-	while (!socket_accepts(own_sock) || pidfile_read(own_pidfile) == 0) {
+	while (!tstack_socket_accepts(own_sock) || tstack_pidfile_read(own_pidfile) == 0) {
 		int status;
 
 		cr_assert(waitpid(own_pid, &status, WNOHANG) == 0,
@@ -394,7 +366,7 @@ Test(signals, optional_mode_creates_anew_without_a_key_and_replays_with_one,
 	long written;
 
 	own_start(overrides);
-	written = pidfile_read(own_pidfile);
+	written = tstack_pidfile_read(own_pidfile);
 	cr_assert_eq(written, (long)own_pid, "pid file says %ld, pid is %ld",
 		     written, (long)own_pid);
 

@@ -100,6 +100,11 @@ int tstack_wait_workers(pid_t supervisor, size_t n, long timeout_ms);
  */
 pid_t tstack_blocked_worker(PGconn *holder, long timeout_ms);
 
+/* 1 when a unix socket at path accepts a connection. */
+int tstack_socket_accepts(const char *path);
+/* The pid in path, or 0 while the file is missing or not yet written. */
+long tstack_pidfile_read(const char *path);
+
 /* Run pg_ctl ACTION ("stop", "start", "restart") on the harness's
  * PostgreSQL, as its owner; the test fails if pg_ctl does. */
 void tstack_pg_ctl(const char *action);
