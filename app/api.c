@@ -13,12 +13,13 @@
 #include <strings.h>
 
 #include "fp.h"
+#include "jobs.h"
 #include "metrics.h"
 #include "migrate.h"
 #include "wf.h"
 
 void api_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
-		 const char *detail)
+                 const char *detail)
 {
 	resp->status = problem_def(kind)->status;
 	resp->content_type = "application/problem+json";
@@ -27,7 +28,7 @@ void api_problem(struct http_resp *resp, const struct http_req *req, enum proble
 }
 
 void api_db_error(struct api_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-		  const struct err *e)
+                  const struct err *e)
 {
 	ctx->err = *e;
 	if (e->code == ERR_DB_DOWN || e->code == ERR_SERIALIZE || e->code == ERR_LOCK_TIMEOUT) {
@@ -36,8 +37,8 @@ void api_db_error(struct api_ctx *ctx, struct http_resp *resp, const struct http
 		buf_reset(&resp->headers);
 		http_resp_header(resp, "Retry-After", ra);
 		api_problem(resp, req, P_UNAVAILABLE,
-			    "the database is unavailable; nothing was stored, retry the same "
-			    "request later");
+		            "the database is unavailable; nothing was stored, retry the same "
+		            "request later");
 		return;
 	}
 	api_problem(resp, req, P_INTERNAL, "the request failed; nothing was stored");
@@ -47,7 +48,7 @@ void api_db_error(struct api_ctx *ctx, struct http_resp *resp, const struct http
  * request's Idempotency-Key row into ctx->key_row). Returns 1 when
  * authenticated, 0 when resp now holds the answer (401 or 503). */
 static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
-			int want_key)
+                        int want_key)
 {
 	const char *h = req->authorization, *tok;
 	uint8_t hash[FP_LEN];
@@ -59,8 +60,8 @@ static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_r
 	if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0) {
 		http_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"idemflow\"");
 		api_problem(resp, req, P_UNAUTHORIZED,
-			    "send Authorization: Bearer <token> with a token issued by "
-			    "\"idemflow token create\"");
+		            "send Authorization: Bearer <token> with a token issued by "
+		            "\"idemflow token create\"");
 		return 0;
 	}
 	for (tok = h + 7; *tok == ' '; tok++)
@@ -88,7 +89,7 @@ static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_r
 	PQclear(res);
 	if (!ok) {
 		http_resp_header(resp, "WWW-Authenticate",
-				 "Bearer realm=\"idemflow\", error=\"invalid_token\"");
+		                 "Bearer realm=\"idemflow\", error=\"invalid_token\"");
 		api_problem(resp, req, P_UNAUTHORIZED, "the token is unknown or has been revoked");
 	}
 	return ok;
@@ -159,8 +160,8 @@ static void readyz(struct api_ctx *ctx, const struct http_req *req, struct http_
 	}
 	if (version >= 0 && version < latest)
 		snprintf(detail, sizeof(detail),
-			 "schema at version %d, expected %d: run \"idemflow migrate\"", version,
-			 latest);
+		         "schema at version %d, expected %d: run \"idemflow migrate\"", version,
+		         latest);
 	else if (e.code == ERR_DB_DOWN)
 		snprintf(detail, sizeof(detail), "database unreachable");
 	else
@@ -170,9 +171,87 @@ static void readyz(struct api_ctx *ctx, const struct http_req *req, struct http_
 	api_problem(resp, req, P_UNAVAILABLE, detail);
 }
 
+/* Split "seg/rest" into seg (copied into out) and rest ("" or after the
+ * slash). Returns 0, or -1 when seg is empty or does not fit. */
+static int split_segment(const char *path, char *out, size_t outlen, const char **rest)
+{
+	size_t n = strcspn(path, "/");
+
+	if (n == 0 || n >= outlen)
+		return -1;
+	memcpy(out, path, n);
+	out[n] = '\0';
+	*rest = path[n] == '/' ? path + n + 1 : path + n;
+	return 0;
+}
+
+/* A POST that changes state: authenticated with its key row at hand. */
+static int post_allowed(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	if (strcmp(req->method, "POST") != 0) {
+		not_allowed(resp, req, "POST");
+		return 0;
+	}
+	return authenticate(ctx, req, resp, 1);
+}
+
+/* /v1/workflows/{id}[/events|/transitions|/messages] */
+static void route_workflow(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                           const char *tail)
+{
+	char id[64];
+	const char *sub;
+
+	if (split_segment(tail, id, sizeof(id), &sub) < 0) {
+		api_problem(resp, req, P_NOT_FOUND, "no such resource");
+		return;
+	}
+	if (strcmp(sub, "") == 0 && tail[strlen(id)] == '\0') {
+		if (strcmp(req->method, "GET") != 0)
+			not_allowed(resp, req, "GET");
+		else if (authenticate(ctx, req, resp, 0))
+			wf_get(ctx, req, id, resp);
+	} else if (strcmp(sub, "events") == 0) {
+		if (strcmp(req->method, "GET") != 0)
+			not_allowed(resp, req, "GET");
+		else if (authenticate(ctx, req, resp, 0))
+			wf_events(ctx, req, id, resp);
+	} else if (strcmp(sub, "transitions") == 0) {
+		if (post_allowed(ctx, req, resp))
+			wf_transition(ctx, req, id, resp);
+	} else if (strcmp(sub, "messages") == 0) {
+		if (post_allowed(ctx, req, resp))
+			wf_message(ctx, req, id, resp);
+	} else {
+		api_problem(resp, req, P_NOT_FOUND, "no such resource");
+	}
+}
+
+/* /v1/jobs/activate, /v1/jobs/{key}/complete, /v1/jobs/{key}/fail */
+static void route_jobs(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                       const char *tail)
+{
+	char key[64];
+	const char *verb;
+
+	if (strcmp(tail, "activate") == 0) {
+		if (post_allowed(ctx, req, resp))
+			jobs_activate(ctx, req, resp);
+		return;
+	}
+	if (split_segment(tail, key, sizeof(key), &verb) < 0 ||
+	    (strcmp(verb, "complete") != 0 && strcmp(verb, "fail") != 0)) {
+		api_problem(resp, req, P_NOT_FOUND, "no such resource");
+		return;
+	}
+	if (post_allowed(ctx, req, resp))
+		jobs_finish(ctx, req, key, verb, resp);
+}
+
 void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	static const char wf_prefix[] = "/v1/workflows/";
+	static const char jobs_prefix[] = "/v1/jobs/";
 	const char *path = req->path;
 
 	ctx->tenant_id = 0;
@@ -205,18 +284,23 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 		return;
 	}
 	if (strcmp(path, "/v1/workflows") == 0) {
-		if (strcmp(req->method, "POST") != 0)
-			not_allowed(resp, req, "POST");
-		else if (authenticate(ctx, req, resp, 1))
-			wf_create(ctx, req, resp);
+		if (strcmp(req->method, "POST") == 0) {
+			if (authenticate(ctx, req, resp, 1))
+				wf_create(ctx, req, resp);
+		} else if (strcmp(req->method, "GET") == 0) {
+			if (authenticate(ctx, req, resp, 0))
+				wf_list(ctx, req, resp);
+		} else {
+			not_allowed(resp, req, "GET, POST");
+		}
 		return;
 	}
-	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0 &&
-	    path[sizeof(wf_prefix) - 1] != '\0' && strchr(path + sizeof(wf_prefix) - 1, '/') == NULL) {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else if (authenticate(ctx, req, resp, 0))
-			wf_get(ctx, req, path + sizeof(wf_prefix) - 1, resp);
+	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0) {
+		route_workflow(ctx, req, resp, path + sizeof(wf_prefix) - 1);
+		return;
+	}
+	if (strncmp(path, jobs_prefix, sizeof(jobs_prefix) - 1) == 0) {
+		route_jobs(ctx, req, resp, path + sizeof(jobs_prefix) - 1);
 		return;
 	}
 	api_problem(resp, req, P_NOT_FOUND, "no such resource");

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#define DB_RETRY_MS 100 /* pace of reconnect attempts while the database is down */
+#define DB_RETRY_MS        100 /* pace of reconnect attempts while the database is down */
 #define DB_CONNECT_TIMEOUT "3" /* seconds; a worker must not hang long on a dead host */
 
 struct db {
@@ -33,7 +33,8 @@ int db_classify(PGconn *conn, const PGresult *res, struct err *e)
 		msg = conn ? PQerrorMessage(conn) : "no connection";
 	/* The first line is enough for logs and error bodies. */
 	n = strcspn(msg, "\n");
-	snprintf(clean, sizeof(clean), "%.*s", (int)(n < sizeof(clean) ? n : sizeof(clean) - 1), msg);
+	snprintf(clean, sizeof(clean), "%.*s", (int)(n < sizeof(clean) ? n : sizeof(clean) - 1),
+	         msg);
 
 	if (state == NULL) {
 		/* libpq gives no SQLSTATE for client-side failures: a lost
@@ -41,12 +42,12 @@ int db_classify(PGconn *conn, const PGresult *res, struct err *e)
 		if (conn == NULL || PQstatus(conn) == CONNECTION_BAD)
 			code = ERR_DB_DOWN;
 	} else if (strncmp(state, "08", 2) == 0 || strcmp(state, "57P01") == 0 ||
-		   strcmp(state, "57P02") == 0 || strcmp(state, "57P03") == 0) {
+	           strcmp(state, "57P02") == 0 || strcmp(state, "57P03") == 0) {
 		code = ERR_DB_DOWN;
 	} else if (strcmp(state, "55P03") == 0) {
 		code = ERR_LOCK_TIMEOUT;
 	} else if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0 ||
-		   strcmp(state, "57014") == 0) {
+	           strcmp(state, "57014") == 0) {
 		code = ERR_SERIALIZE;
 	}
 	err_set(e, code, "%s", clean);
@@ -80,7 +81,7 @@ PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err 
 }
 
 PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *params,
-		  struct err *e)
+                  struct err *e)
 {
 	PGresult *res = PQexecParams(conn, sql, nparams, NULL, params, NULL, NULL, 0);
 	ExecStatusType st = PQresultStatus(res);
@@ -103,7 +104,7 @@ static void log_notice(void *arg, const char *message)
 
 	(void)arg;
 	snprintf(msg, sizeof(msg), "%.*s", (int)(len < sizeof(msg) ? len : sizeof(msg) - 1),
-		 message);
+	         message);
 	log_kv(line, sizeof(line), &n, "message", msg);
 	log_info("postgresql says", "%s", line);
 }
@@ -114,9 +115,10 @@ static int db_setup(struct db *db, struct err *e)
 	PGresult *res;
 
 	PQsetNoticeProcessor(db->conn, log_notice, NULL);
-	snprintf(sql, sizeof(sql),
-		 "SET TimeZone = 'UTC'; SET lock_timeout = '%ldms'; SET statement_timeout = '%ldms'",
-		 db->s.lock_timeout_ms, db->s.statement_timeout_ms);
+	snprintf(
+	    sql, sizeof(sql),
+	    "SET TimeZone = 'UTC'; SET lock_timeout = '%ldms'; SET statement_timeout = '%ldms'",
+	    db->s.lock_timeout_ms, db->s.statement_timeout_ms);
 	res = PQexec(db->conn, sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		db_classify(db->conn, res, e);
@@ -222,30 +224,35 @@ unsigned long db_reconnects(const struct db *db)
 	return db->reconnects;
 }
 
-PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
-		 struct err *e)
+/* Connect when the connection is down, at most every DB_RETRY_MS. */
+static int ensure_connected(struct db *db, struct err *e)
+{
+	struct timespec now;
+	long since_ms;
+
+	if (db->ready)
+		return 0;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	since_ms = (now.tv_sec - db->last_attempt.tv_sec) * 1000 +
+	           (now.tv_nsec - db->last_attempt.tv_nsec) / 1000000;
+	/* While PostgreSQL is down, a worker under load tries to connect at
+	 * most every DB_RETRY_MS, not on every request. */
+	if (db->last_attempt.tv_sec != 0 && since_ms < DB_RETRY_MS)
+		return err_set(e, ERR_DB_DOWN, "no connection to the database (retrying)");
+	db->last_attempt = now;
+	if (db_connect(db, e) < 0)
+		return -1;
+	db->last_attempt.tv_sec = 0;
+	return 0;
+}
+
+PGresult *db_run(struct db *db, int id, int nparams, const char *const *params, struct err *e)
 {
 	PGresult *res;
 	ExecStatusType st;
 
-	if (!db->ready) {
-		struct timespec now;
-		long since_ms;
-
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		since_ms = (now.tv_sec - db->last_attempt.tv_sec) * 1000 +
-			   (now.tv_nsec - db->last_attempt.tv_nsec) / 1000000;
-		/* While PostgreSQL is down, a worker under load tries to
-		 * connect at most every DB_RETRY_MS, not on every request. */
-		if (db->last_attempt.tv_sec != 0 && since_ms < DB_RETRY_MS) {
-			err_set(e, ERR_DB_DOWN, "no connection to the database (retrying)");
-			return NULL;
-		}
-		db->last_attempt = now;
-		if (db_connect(db, e) < 0)
-			return NULL;
-		db->last_attempt.tv_sec = 0;
-	}
+	if (ensure_connected(db, e) < 0)
+		return NULL;
 	res = PQexecPrepared(db->conn, db->s.stmts[id].name, nparams, params, NULL, NULL, 0);
 	st = PQresultStatus(res);
 	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK))
@@ -255,6 +262,100 @@ PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
 	if (PQstatus(db->conn) != CONNECTION_OK)
 		db->ready = 0; /* reconnect before the next statement */
 	return NULL;
+}
+
+/* Read what is left of a pipeline up to its sync point and leave
+ * pipeline mode. Returns -1 when the connection broke. */
+static int pipeline_finish(PGconn *conn)
+{
+	PGresult *r;
+
+	for (;;) {
+		r = PQgetResult(conn);
+		if (r == NULL) {
+			if (PQstatus(conn) != CONNECTION_OK)
+				return -1;
+			continue; /* the end of one statement's results */
+		}
+		ExecStatusType st = PQresultStatus(r);
+		PQclear(r);
+		if (st == PGRES_PIPELINE_SYNC)
+			break;
+	}
+	return PQexitPipelineMode(conn) ? 0 : -1;
+}
+
+int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **res, int *failed,
+                struct err *e)
+{
+	PGconn *conn;
+	int first_bad = -1, i;
+
+	for (i = 0; i < n; i++)
+		res[i] = NULL;
+	*failed = 0;
+	if (ensure_connected(db, e) < 0)
+		return -1;
+	conn = db->conn;
+	if (!PQenterPipelineMode(conn)) {
+		db_classify(conn, NULL, e);
+		return -1;
+	}
+	for (i = 0; i < n; i++)
+		if (!PQsendQueryPrepared(conn, db->s.stmts[calls[i].id].name, calls[i].nparams,
+		                         calls[i].params, NULL, NULL, 0))
+			break;
+	if (i < n || !PQpipelineSync(conn)) {
+		db_classify(conn, NULL, e);
+		goto broken;
+	}
+	for (i = 0; i < n; i++) {
+		PGresult *r = PQgetResult(conn);
+		ExecStatusType st = PQresultStatus(r);
+
+		if (r == NULL) {
+			db_classify(conn, NULL, e);
+			goto broken;
+		}
+		if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+			res[i] = r;
+		} else {
+			if (first_bad < 0 && st != PGRES_PIPELINE_ABORTED) {
+				first_bad = i;
+				db_classify(conn, r, e);
+			}
+			PQclear(r);
+		}
+		/* Each statement's results end with a NULL. */
+		r = PQgetResult(conn);
+		if (r != NULL) {
+			PQclear(r);
+			db_classify(conn, NULL, e);
+			goto broken;
+		}
+	}
+	if (pipeline_finish(conn) < 0) {
+		db_classify(conn, NULL, e);
+		goto broken;
+	}
+	if (first_bad < 0)
+		return 0;
+	*failed = first_bad;
+	if (PQtransactionStatus(conn) != PQTRANS_IDLE)
+		PQclear(PQexec(conn, "ROLLBACK"));
+	goto fail;
+broken:
+	if (first_bad < 0)
+		*failed = i < n ? i : n - 1;
+	else
+		*failed = first_bad;
+	db->ready = 0; /* reconnect before the next statement */
+fail:
+	for (i = 0; i < n; i++) {
+		PQclear(res[i]);
+		res[i] = NULL;
+	}
+	return -1;
 }
 
 PGconn *db_conn(struct db *db)

@@ -50,11 +50,31 @@ unsigned long db_reconnects(const struct db *db);
  * e filled and classified (see db_classify).
  */
 PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
-		 struct err *e) MUSTCHECK;
+                 struct err *e) MUSTCHECK;
+
+/* One statement of a pipeline: an index into the statement table and its
+ * text parameters (borrowed). */
+struct db_call {
+	int id;
+	int nparams;
+	const char *const *params;
+};
+
+/*
+ * Send n statements in one round trip (libpq pipeline mode) and collect
+ * their results into res[0..n-1] (caller PQclear()s each; NULL for those
+ * that did not run). Returns 0 when all succeeded. Otherwise -1 with e
+ * filled from the first failing statement, whose index goes to *failed;
+ * an open transaction is then rolled back, so the connection is ready for
+ * the next request. A transaction may span pipelines: BEGIN in one,
+ * COMMIT in the next.
+ */
+int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **res, int *failed,
+                struct err *e) MUSTCHECK;
 
 /* Run a one-off SQL text with parameters (admin tools; not prepared). */
 PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *params,
-		  struct err *e) MUSTCHECK;
+                  struct err *e) MUSTCHECK;
 
 /* Fill e from a failed result (res may be NULL) on conn. Returns -1. */
 int db_classify(PGconn *conn, const PGresult *res, struct err *e);

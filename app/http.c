@@ -24,6 +24,7 @@ void http_req_init(struct http_req *r, FCGX_Request *f)
 	r->fcgi = f;
 	r->method = "";
 	r->path = "";
+	r->query = "";
 	r->request_id = "";
 	r->remote_addr = "";
 	r->content_length = -1;
@@ -40,6 +41,8 @@ void http_req_init(struct http_req *r, FCGX_Request *f)
 			r->method = v;
 		} else if ((v = PARAM(env, "DOCUMENT_URI")) != NULL) {
 			r->path = v;
+		} else if ((v = PARAM(env, "QUERY_STRING")) != NULL) {
+			r->query = v;
 		} else if ((v = PARAM(env, "CONTENT_TYPE")) != NULL) {
 			r->content_type = *v ? v : NULL;
 		} else if ((v = PARAM(env, "CONTENT_LENGTH")) != NULL) {
@@ -68,13 +71,56 @@ enum http_body_result http_read_body(struct http_req *r, long max, struct buf *o
 		return HTTP_BODY_TOO_LARGE;
 	while ((long)out->len < want) {
 		long left = want - (long)out->len;
-		int n = FCGX_GetStr(chunk, left < (long)sizeof(chunk) ? (int)left : (int)sizeof(chunk),
-				    r->fcgi->in);
+		int n =
+		    FCGX_GetStr(chunk, left < (long)sizeof(chunk) ? (int)left : (int)sizeof(chunk),
+		                r->fcgi->in);
 		if (n <= 0)
 			return HTTP_BODY_SHORT;
 		buf_append(out, chunk, (size_t)n);
 	}
 	return out->oom ? HTTP_BODY_TOO_LARGE : HTTP_BODY_OK;
+}
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	c = tolower(c);
+	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+int http_query_param(const char *query, const char *name, char *out, size_t outlen)
+{
+	size_t nlen = strlen(name);
+	const char *p = query;
+
+	while (p != NULL && *p) {
+		if (strncmp(p, name, nlen) == 0 && p[nlen] == '=') {
+			size_t n = 0;
+			for (p += nlen + 1; *p && *p != '&'; p++) {
+				int c = (unsigned char)*p;
+				if (c == '+') {
+					c = ' ';
+				} else if (c == '%') {
+					int hi = hexval((unsigned char)p[1]);
+					int lo = hi < 0 ? -1 : hexval((unsigned char)p[2]);
+					if (lo < 0)
+						return -1;
+					c = hi * 16 + lo;
+					p += 2;
+				}
+				if (c == 0 || n + 1 >= outlen)
+					return -1;
+				out[n++] = (char)c;
+			}
+			out[n] = '\0';
+			return 1;
+		}
+		p = strchr(p, '&');
+		if (p != NULL)
+			p++;
+	}
+	return 0;
 }
 
 int http_is_json(const char *ct)
@@ -139,14 +185,16 @@ int http_send(FCGX_Request *f, const struct http_resp *resp)
 	int n;
 
 	n = snprintf(head, sizeof(head), "Status: %d %s\r\n", resp->status,
-		     http_reason(resp->status));
+	             http_reason(resp->status));
 	if (resp->content_type != NULL)
 		n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Type: %s\r\n",
-			      resp->content_type);
-	n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %zu\r\n", resp->body.len);
+		              resp->content_type);
+	n +=
+	    snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %zu\r\n", resp->body.len);
 	if (FCGX_PutStr(head, n, f->out) < 0)
 		return -1;
-	if (resp->headers.len && FCGX_PutStr(resp->headers.data, (int)resp->headers.len, f->out) < 0)
+	if (resp->headers.len &&
+	    FCGX_PutStr(resp->headers.data, (int)resp->headers.len, f->out) < 0)
 		return -1;
 	if (FCGX_PutStr("\r\n", 2, f->out) < 0)
 		return -1;

@@ -17,13 +17,14 @@ struct http_req {
 	FCGX_Request *fcgi;       /* borrowed */
 	const char *method;       /* REQUEST_METHOD */
 	const char *path;         /* DOCUMENT_URI: decoded, no query string */
+	const char *query;        /* QUERY_STRING, still encoded, or "" */
 	const char *content_type; /* NULL when absent */
 	const char *authorization;
-	const char *idem_key;     /* the first Idempotency-Key header, or NULL */
-	int idem_key_count;       /* how many Idempotency-Key headers came */
-	const char *request_id;   /* nginx $request_id, or "" */
-	const char *remote_addr;  /* REMOTE_ADDR: the client as nginx saw it, or "" */
-	long content_length;      /* -1 when absent or unparsable */
+	const char *idem_key;    /* the first Idempotency-Key header, or NULL */
+	int idem_key_count;      /* how many Idempotency-Key headers came */
+	const char *request_id;  /* nginx $request_id, or "" */
+	const char *remote_addr; /* REMOTE_ADDR: the client as nginx saw it, or "" */
+	long content_length;     /* -1 when absent or unparsable */
 };
 
 /* A response being built. Reused across requests: http_resp_reset(). */
@@ -41,6 +42,14 @@ enum http_body_result { HTTP_BODY_OK, HTTP_BODY_TOO_LARGE, HTTP_BODY_SHORT };
 
 /* Read the request body (up to max bytes) into out. */
 enum http_body_result http_read_body(struct http_req *r, long max, struct buf *out);
+
+/*
+ * Find name in an encoded query string ("a=1&b=x%20y") and decode its
+ * first value into out (NUL-terminated). Returns 1 when found, 0 when
+ * absent, -1 when the value is longer than outlen - 1 bytes or holds a
+ * bad %-escape or a NUL.
+ */
+int http_query_param(const char *query, const char *name, char *out, size_t outlen);
 
 /* 1 when the Content-Type is application/json (parameters allowed). */
 int http_is_json(const char *content_type);

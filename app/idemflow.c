@@ -24,34 +24,37 @@
 
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"Usage: idemflow [--config FILE] [--db CONNINFO] COMMAND [ARGS]\n"
-		"\n"
-		"Commands:\n"
-		"  migrate                        apply the SQL migrations (safe to repeat)\n"
-		"  tenant create NAME             create a tenant\n"
-		"  tenant list                    list tenants (id, name, created, key TTL)\n"
-		"  tenant set-ttl NAME DURATION|default\n"
-		"                                 how long the tenant's idempotency keys are\n"
-		"                                 remembered (default: idempotency_ttl)\n"
-		"  token create --tenant NAME     issue a bearer token; prints it once\n"
-		"  token revoke TOKEN | --id N    revoke a token\n"
-		"  token list [--tenant NAME]     list tokens (ids, tenants, states; never the "
-		"tokens)\n"
-		"  outbox list [--pending|--dead|--published] [--limit N]\n"
-		"                                 list outbox events (default: undelivered)\n"
-		"  outbox show ID                 one event in full (numeric id or event id)\n"
-		"  outbox requeue ID | --dead     revive a dead or pending event: attempts\n"
-		"                                 start again from zero, due now\n"
-		"  prune [--outbox-retention D] [--prune-batch N]\n"
-		"                                 delete expired idempotency keys and delivered\n"
-		"                                 events older than outbox_retention (for cron)\n"
-		"  debug idempotency-check --tenant NAME [--hours H] [--limit N] [--json]\n"
-		"                                 keys first seen in the last H hours (24) with\n"
-		"                                 their replays and conflicts, most replayed first\n"
-		"\n"
-		"The database is --db, else $DATABASE_URL, else the config file's db, else\n"
-		"libpq's PG* variables.\n\n");
+	fprintf(
+	    out,
+	    "Usage: idemflow [--config FILE] [--db CONNINFO] COMMAND [ARGS]\n"
+	    "\n"
+	    "Commands:\n"
+	    "  migrate                        apply the SQL migrations (safe to repeat)\n"
+	    "  tenant create NAME             create a tenant\n"
+	    "  tenant list                    list tenants (id, name, created, key TTL)\n"
+	    "  tenant set-ttl NAME DURATION|default\n"
+	    "                                 how long the tenant's idempotency keys are\n"
+	    "                                 remembered (default: idempotency_ttl)\n"
+	    "  token create --tenant NAME     issue a bearer token; prints it once\n"
+	    "  token revoke TOKEN | --id N    revoke a token\n"
+	    "  token list [--tenant NAME]     list tokens (ids, tenants, states; never the "
+	    "tokens)\n"
+	    "  outbox list [--pending|--dead|--published] [--limit N]\n"
+	    "                                 list outbox events (default: undelivered)\n"
+	    "  outbox show ID                 one event in full (numeric id or event id)\n"
+	    "  outbox requeue ID | --dead     revive a dead or pending event: attempts\n"
+	    "                                 start again from zero, due now\n"
+	    "  prune [--outbox-retention D] [--prune-batch N]\n"
+	    "                                 delete expired idempotency keys and delivered\n"
+	    "                                 events older than outbox_retention (for cron)\n"
+	    "  reap [--prune-batch N]        make jobs whose lease ran out activatable again\n"
+	    "                                 (for cron; activation also takes them lazily)\n"
+	    "  debug idempotency-check --tenant NAME [--hours H] [--limit N] [--json]\n"
+	    "                                 keys first seen in the last H hours (24) with\n"
+	    "                                 their replays and conflicts, most replayed first\n"
+	    "\n"
+	    "The database is --db, else $DATABASE_URL, else the config file's db, else\n"
+	    "libpq's PG* variables.\n\n");
 	conf_usage(out);
 }
 
@@ -111,9 +114,9 @@ static int tenant_set_ttl(PGconn *conn, const char *name, const char *value)
 	}
 	const char *p[2] = {name, dflt ? NULL : ms};
 	res = db_exec(conn,
-		      "UPDATE tenants SET idempotency_ttl = $2::bigint * interval '1 millisecond'"
-		      " WHERE name = $1 RETURNING id",
-		      2, p, &e);
+	              "UPDATE tenants SET idempotency_ttl = $2::bigint * interval '1 millisecond'"
+	              " WHERE name = $1 RETURNING id",
+	              2, p, &e);
 	if (res == NULL)
 		return fail(db_exit(&e), &e);
 	if (PQntuples(res) == 0) {
@@ -137,15 +140,16 @@ static int cmd_tenant(PGconn *conn, int argc, char **argv)
 	if (argc == 2 && strcmp(argv[0], "create") == 0) {
 		const char *p[1] = {argv[1]};
 		res = db_exec(conn,
-			      "INSERT INTO tenants (name) VALUES ($1)"
-			      " ON CONFLICT (name) DO NOTHING RETURNING id",
-			      1, p, &e);
+		              "INSERT INTO tenants (name) VALUES ($1)"
+		              " ON CONFLICT (name) DO NOTHING RETURNING id",
+		              1, p, &e);
 		if (res == NULL) {
 			if (strcmp(e.sqlstate, "23514") == 0) {
-				fprintf(stderr,
-					"idemflow: invalid tenant name \"%s\": use 1-63 letters, "
-					"digits, '.', '_' or '-', starting with a letter or digit\n",
-					argv[1]);
+				fprintf(
+				    stderr,
+				    "idemflow: invalid tenant name \"%s\": use 1-63 letters, "
+				    "digits, '.', '_' or '-', starting with a letter or digit\n",
+				    argv[1]);
 				return EX_DATAERR;
 			}
 			return fail(db_exit(&e), &e);
@@ -160,10 +164,11 @@ static int cmd_tenant(PGconn *conn, int argc, char **argv)
 		return EX_OK;
 	}
 	if (argc == 1 && strcmp(argv[0], "list") == 0) {
-		res = db_exec(conn,
-			      "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')"
-			      "  FROM tenants ORDER BY id",
-			      0, NULL, &e);
+		res = db_exec(
+		    conn,
+		    "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')"
+		    "  FROM tenants ORDER BY id",
+		    0, NULL, &e);
 		if (res == NULL)
 			return fail(db_exit(&e), &e);
 		for (int i = 0; i < PQntuples(res); i++)
@@ -195,9 +200,9 @@ static int cmd_token(PGconn *conn, int argc, char **argv)
 		fp_hex(hex + 2, hash, FP_LEN);
 		const char *p[2] = {hex, argv[2]};
 		res = db_exec(conn,
-			      "INSERT INTO api_tokens (token_hash, tenant_id)"
-			      " SELECT $1, id FROM tenants WHERE name = $2 RETURNING id",
-			      2, p, &e);
+		              "INSERT INTO api_tokens (token_hash, tenant_id)"
+		              " SELECT $1, id FROM tenants WHERE name = $2 RETURNING id",
+		              2, p, &e);
 		if (res == NULL)
 			return fail(db_exit(&e), &e);
 		if (PQntuples(res) == 0) {
@@ -206,7 +211,7 @@ static int cmd_token(PGconn *conn, int argc, char **argv)
 			return EX_DATAERR;
 		}
 		fprintf(stderr, "idemflow: token id %s for tenant %s (shown once; keep it safe)\n",
-			PQgetvalue(res, 0, 0), argv[2]);
+		        PQgetvalue(res, 0, 0), argv[2]);
 		printf("%s\n", token);
 		PQclear(res);
 		return EX_OK;
@@ -250,12 +255,13 @@ static int cmd_token(PGconn *conn, int argc, char **argv)
 			usage(stderr);
 			return EX_USAGE;
 		}
-		res = db_exec(conn,
-			      "SELECT t.id, n.name, t.created_at,"
-			      "       CASE WHEN t.revoked_at IS NULL THEN 'active' ELSE 'revoked' END"
-			      "  FROM api_tokens t JOIN tenants n ON n.id = t.tenant_id"
-			      " WHERE $1::text IS NULL OR n.name = $1 ORDER BY t.id",
-			      1, p, &e);
+		res =
+		    db_exec(conn,
+		            "SELECT t.id, n.name, t.created_at,"
+		            "       CASE WHEN t.revoked_at IS NULL THEN 'active' ELSE 'revoked' END"
+		            "  FROM api_tokens t JOIN tenants n ON n.id = t.tenant_id"
+		            " WHERE $1::text IS NULL OR n.name = $1 ORDER BY t.id",
+		            1, p, &e);
 		if (res == NULL)
 			return fail(db_exit(&e), &e);
 		for (int i = 0; i < PQntuples(res); i++)
@@ -295,14 +301,14 @@ static int cmd_outbox(PGconn *conn, int argc, char **argv)
 		}
 		char sql[768];
 		snprintf(sql, sizeof(sql),
-			 "SELECT id, event_id, type,"
-			 "       CASE WHEN published_at IS NOT NULL THEN 'published'"
-			 "            WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'pending' END,"
-			 "       attempts, to_char(next_attempt_at AT TIME ZONE 'UTC',"
-			 "                         'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
-			 "       coalesce(left(last_error, 80), '')"
-			 "  FROM outbox WHERE %s ORDER BY id LIMIT $1::bigint",
-			 filter);
+		         "SELECT id, event_id, type,"
+		         "       CASE WHEN published_at IS NOT NULL THEN 'published'"
+		         "            WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'pending' END,"
+		         "       attempts, to_char(next_attempt_at AT TIME ZONE 'UTC',"
+		         "                         'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+		         "       coalesce(left(last_error, 80), '')"
+		         "  FROM outbox WHERE %s ORDER BY id LIMIT $1::bigint",
+		         filter);
 		const char *p[1] = {limit};
 		res = db_exec(conn, sql, 1, p, &e);
 		if (res == NULL) {
@@ -323,13 +329,13 @@ static int cmd_outbox(PGconn *conn, int argc, char **argv)
 	if (argc == 2 && strcmp(argv[0], "show") == 0) {
 		const char *p[1] = {argv[1]};
 		res = db_exec(conn,
-			      "SELECT id, event_id, type, workflow_id, seq, tenant_id,"
-			      "       CASE WHEN published_at IS NOT NULL THEN 'published'"
-			      "            WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'pending' END,"
-			      "       attempts, created_at, next_attempt_at, published_at, dead_at,"
-			      "       lease_owner, lease_until, last_error, payload"
-			      "  FROM outbox WHERE " OUTBOX_WHERE,
-			      1, p, &e);
+		              "SELECT id, event_id, type, workflow_id, seq, tenant_id,"
+		              "       CASE WHEN published_at IS NOT NULL THEN 'published'"
+		              "            WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'pending' END,"
+		              "       attempts, created_at, next_attempt_at, published_at, dead_at,"
+		              "       lease_owner, lease_until, last_error, payload"
+		              "  FROM outbox WHERE " OUTBOX_WHERE,
+		              1, p, &e);
 		if (res == NULL)
 			return fail(db_exit(&e), &e);
 		if (PQntuples(res) == 0) {
@@ -348,18 +354,18 @@ static int cmd_outbox(PGconn *conn, int argc, char **argv)
 		const char *p[1] = {argv[1]};
 		if (strcmp(argv[1], "--dead") == 0)
 			res = db_exec(conn,
-				      "UPDATE outbox SET dead_at = NULL, attempts = 0,"
-				      "       next_attempt_at = now(), lease_owner = NULL,"
-				      "       lease_until = NULL"
-				      " WHERE dead_at IS NOT NULL",
-				      0, NULL, &e);
+			              "UPDATE outbox SET dead_at = NULL, attempts = 0,"
+			              "       next_attempt_at = now(), lease_owner = NULL,"
+			              "       lease_until = NULL"
+			              " WHERE dead_at IS NOT NULL",
+			              0, NULL, &e);
 		else
 			res = db_exec(conn,
-				      "UPDATE outbox SET dead_at = NULL, attempts = 0,"
-				      "       next_attempt_at = now(), lease_owner = NULL,"
-				      "       lease_until = NULL"
-				      " WHERE " OUTBOX_WHERE " AND published_at IS NULL",
-				      1, p, &e);
+			              "UPDATE outbox SET dead_at = NULL, attempts = 0,"
+			              "       next_attempt_at = now(), lease_owner = NULL,"
+			              "       lease_until = NULL"
+			              " WHERE " OUTBOX_WHERE " AND published_at IS NULL",
+			              1, p, &e);
 		if (res == NULL)
 			return fail(db_exit(&e), &e);
 		if (strcmp(argv[1], "--dead") != 0 && strcmp(PQcmdTuples(res), "0") == 0) {
@@ -419,7 +425,7 @@ struct prune_totals {
 
 /* Run one prune statement until a batch comes back short. */
 static int prune_loop(PGconn *conn, const char *sql, const char *cutoff, int batch, long *rows,
-		      long *extra, int *statements, struct err *e)
+                      long *extra, int *statements, struct err *e)
 {
 	char lim[16];
 	const char *p[2] = {cutoff, lim};
@@ -439,6 +445,49 @@ static int prune_loop(PGconn *conn, const char *sql, const char *cutoff, int bat
 		if (n < batch)
 			return 0;
 	}
+}
+
+/*
+ * reap: expired job leases back to activatable, prune_batch jobs per
+ * statement (each its own transaction, rows taken with SKIP LOCKED so a
+ * concurrent activation is never waited on), until a batch comes back
+ * short.
+ */
+static int cmd_reap(PGconn *conn, struct conf *c, int argc, char **argv)
+{
+	char batch[24];
+	long total = 0, n;
+	struct err e;
+
+	for (int i = 0; i < argc; i++) {
+		const char *val = NULL;
+		if (strncmp(argv[i], "--prune-batch=", 14) == 0)
+			val = argv[i] + 14;
+		else if (strcmp(argv[i], "--prune-batch") == 0 && i + 1 < argc)
+			val = argv[++i];
+		if (val == NULL) {
+			usage(stderr);
+			return EX_USAGE;
+		}
+		if (conf_set(c, "prune_batch", val, "--prune-batch", &e) < 0) {
+			fprintf(stderr, "idemflow: %s\n", e.msg);
+			return EX_USAGE;
+		}
+	}
+	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
+	const char *p[1] = {batch};
+	do {
+		PGresult *res = db_exec(conn, "SELECT idemflow_reap($1)", 1, p, &e);
+		if (res == NULL) {
+			printf("reap: jobs=%ld\n", total);
+			return fail(db_exit(&e), &e);
+		}
+		n = atol(PQgetvalue(res, 0, 0));
+		PQclear(res);
+		total += n;
+	} while (n >= c->prune_batch);
+	printf("reap: jobs=%ld\n", total);
+	return EX_OK;
 }
 
 static int cmd_prune(PGconn *conn, struct conf *c, int argc, char **argv)
@@ -475,7 +524,8 @@ static int cmd_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	snprintf(ms, sizeof(ms), "%ld", c->outbox_retention);
 	const char *p[1] = {ms};
-	res = db_exec(conn, "SELECT now(), now() - $1::bigint * interval '1 millisecond'", 1, p, &e);
+	res =
+	    db_exec(conn, "SELECT now(), now() - $1::bigint * interval '1 millisecond'", 1, p, &e);
 	if (res == NULL)
 		return fail(db_exit(&e), &e);
 	snprintf(key_cutoff, sizeof(key_cutoff), "%s", PQgetvalue(res, 0, 0));
@@ -483,9 +533,9 @@ static int cmd_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	PQclear(res);
 
 	if (prune_loop(conn, PRUNE_KEYS, key_cutoff, c->prune_batch, &t.keys, &t.key_stats,
-		       &t.statements, &e) < 0 ||
+	               &t.statements, &e) < 0 ||
 	    prune_loop(conn, PRUNE_EVENTS, event_cutoff, c->prune_batch, &t.events, &t.key_stats,
-		       &t.statements, &e) < 0)
+	               &t.statements, &e) < 0)
 		rc = db_exit(&e);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* What was removed is reported even when a later batch failed:
@@ -504,10 +554,11 @@ static int cmd_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 #define CHECK_FROM                                                                                 \
 	"  FROM idempotency_keys k"                                                                \
 	"  LEFT JOIN idempotency_key_stats s ON s.tenant_id = k.tenant_id AND s.key = k.key"       \
-	" WHERE k.tenant_id = $1::bigint AND k.created_at >= now() - $2::float8 * interval '1 hour'"
+	" WHERE k.tenant_id = $1::bigint AND k.created_at >= now() - $2::float8 * interval '1 "    \
+	"hour'"
 
 static void print_check_json(const char *tenant, double hours, const PGresult *rows,
-			     const PGresult *sum)
+                             const PGresult *sum)
 {
 	struct json_object *doc = json_object_new_object(), *keys = json_object_new_array();
 	struct json_object *summary = json_object_new_object();
@@ -524,17 +575,17 @@ static void print_check_json(const char *tenant, double hours, const PGresult *r
 		json_object_object_add(k, "method", json_object_new_string(PQgetvalue(rows, i, 1)));
 		json_object_object_add(k, "route", json_object_new_string(PQgetvalue(rows, i, 2)));
 		json_object_object_add(k, "first_seen",
-				       json_object_new_string(PQgetvalue(rows, i, 3)));
+		                       json_object_new_string(PQgetvalue(rows, i, 3)));
 		json_object_object_add(k, "replays",
-				       json_object_new_int64(atoll(PQgetvalue(rows, i, 4))));
+		                       json_object_new_int64(atoll(PQgetvalue(rows, i, 4))));
 		json_object_object_add(k, "conflicts",
-				       json_object_new_int64(atoll(PQgetvalue(rows, i, 5))));
+		                       json_object_new_int64(atoll(PQgetvalue(rows, i, 5))));
 		json_object_object_add(k, "in_flight",
-				       json_object_new_int64(atoll(PQgetvalue(rows, i, 6))));
+		                       json_object_new_int64(atoll(PQgetvalue(rows, i, 6))));
 		json_object_object_add(k, "last_seen",
-				       PQgetisnull(rows, i, 7)
-					   ? NULL
-					   : json_object_new_string(PQgetvalue(rows, i, 7)));
+		                       PQgetisnull(rows, i, 7)
+		                           ? NULL
+		                           : json_object_new_string(PQgetvalue(rows, i, 7)));
 		json_object_array_add(keys, k);
 	}
 	json_object_object_add(doc, "keys", keys);
@@ -542,15 +593,16 @@ static void print_check_json(const char *tenant, double hours, const PGresult *r
 	json_object_object_add(summary, "listed", json_object_new_int(PQntuples(rows)));
 	json_object_object_add(summary, "replays", json_object_new_int64(replays));
 	json_object_object_add(summary, "conflicts",
-			       json_object_new_int64(atoll(PQgetvalue(sum, 0, 2))));
+	                       json_object_new_int64(atoll(PQgetvalue(sum, 0, 2))));
 	json_object_object_add(summary, "in_flight",
-			       json_object_new_int64(atoll(PQgetvalue(sum, 0, 3))));
+	                       json_object_new_int64(atoll(PQgetvalue(sum, 0, 3))));
 	/* Three decimals, written as such (not as the nearest double's digits). */
 	snprintf(ratio, sizeof(ratio), "%.3f", nkeys > 0 ? (double)replays / (double)nkeys : 0.0);
-	json_object_object_add(summary, "replay_ratio", json_object_new_double_s(atof(ratio), ratio));
+	json_object_object_add(summary, "replay_ratio",
+	                       json_object_new_double_s(atof(ratio), ratio));
 	json_object_object_add(doc, "summary", summary);
-	printf("%s\n", json_object_to_json_string_ext(
-			       doc, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+	printf("%s\n", json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PLAIN |
+	                                                       JSON_C_TO_STRING_NOSLASHESCAPE));
 	json_object_put(doc);
 }
 
@@ -560,9 +612,9 @@ static void print_check_text(const PGresult *rows, const PGresult *sum)
 
 	printf("key\troute\tfirst_seen\treplays\tconflicts\tin_flight\n");
 	for (int i = 0; i < PQntuples(rows); i++)
-		printf("%s\t%s %s\t%s\t%s\t%s\t%s\n", PQgetvalue(rows, i, 0), PQgetvalue(rows, i, 1),
-		       PQgetvalue(rows, i, 2), PQgetvalue(rows, i, 3), PQgetvalue(rows, i, 4),
-		       PQgetvalue(rows, i, 5), PQgetvalue(rows, i, 6));
+		printf("%s\t%s %s\t%s\t%s\t%s\t%s\n", PQgetvalue(rows, i, 0),
+		       PQgetvalue(rows, i, 1), PQgetvalue(rows, i, 2), PQgetvalue(rows, i, 3),
+		       PQgetvalue(rows, i, 4), PQgetvalue(rows, i, 5), PQgetvalue(rows, i, 6));
 	printf("summary: keys=%ld listed=%d replays=%ld conflicts=%s in_flight=%s "
 	       "replay_ratio=%.3f since=%s\n",
 	       nkeys, PQntuples(rows), replays, PQgetvalue(sum, 0, 2), PQgetvalue(sum, 0, 3),
@@ -599,13 +651,13 @@ static int cmd_debug(PGconn *conn, int argc, char **argv)
 	h = strtod(hours, &end);
 	if (end == hours || *end != '\0' || !(h > 0 && h <= 24 * 366)) {
 		fprintf(stderr, "idemflow: invalid --hours \"%s\": expected a number of hours\n",
-			hours);
+		        hours);
 		return EX_USAGE;
 	}
 	lim = strtol(limit, &end, 10);
 	if (end == limit || *end != '\0' || lim < 1 || lim > 1000000) {
 		fprintf(stderr, "idemflow: invalid --limit \"%s\": expected a positive integer\n",
-			limit);
+		        limit);
 		return EX_USAGE;
 	}
 
@@ -629,20 +681,25 @@ static int cmd_debug(PGconn *conn, int argc, char **argv)
 	if (res == NULL)
 		return fail(db_exit(&e), &e);
 	PQclear(res);
-	rows = db_exec(conn,
-		       "SELECT k.key, k.method, k.path, " TS_SECONDS("k.created_at") ","
-		       "       coalesce(s.replays, 0) AS replays, coalesce(s.conflicts, 0) AS conflicts,"
-		       "       coalesce(s.in_flight, 0) AS in_flight, " TS_SECONDS("s.last_seen")
-			   CHECK_FROM " ORDER BY replays DESC, conflicts DESC, in_flight DESC,"
-				      "          k.created_at, k.key"
-				      " LIMIT $3::bigint",
-		       3, p, &e);
+	rows =
+	    db_exec(conn,
+	            "SELECT k.key, k.method, k.path, " TS_SECONDS(
+	                "k.created_at") ","
+	                                "       coalesce(s.replays, 0) AS replays, "
+	                                "coalesce(s.conflicts, 0) AS conflicts,"
+	                                "       coalesce(s.in_flight, 0) AS in_flight, " TS_SECONDS(
+	                                    "s.last_seen") CHECK_FROM
+	            " ORDER BY replays DESC, conflicts DESC, in_flight DESC,"
+	            "          k.created_at, k.key"
+	            " LIMIT $3::bigint",
+	            3, p, &e);
 	if (rows != NULL)
 		sum = db_exec(conn,
-			      "SELECT count(*), coalesce(sum(s.replays), 0),"
-			      "       coalesce(sum(s.conflicts), 0), coalesce(sum(s.in_flight), 0),"
-			      "       " TS_SECONDS("now() - $2::float8 * interval '1 hour'") CHECK_FROM,
-			      2, p, &e);
+		              "SELECT count(*), coalesce(sum(s.replays), 0),"
+		              "       coalesce(sum(s.conflicts), 0), coalesce(sum(s.in_flight), 0),"
+		              "       " TS_SECONDS("now() - $2::float8 * interval '1 hour'")
+		                  CHECK_FROM,
+		              2, p, &e);
 	PQclear(PQexec(conn, "COMMIT"));
 	if (rows == NULL || sum == NULL) {
 		rc = fail(db_exit(&e), &e);
@@ -692,7 +749,7 @@ int main(int argc, char **argv)
 	const char *cmd = argv[next];
 	if (strcmp(cmd, "migrate") != 0 && strcmp(cmd, "tenant") != 0 &&
 	    strcmp(cmd, "token") != 0 && strcmp(cmd, "outbox") != 0 && strcmp(cmd, "prune") != 0 &&
-	    strcmp(cmd, "debug") != 0) {
+	    strcmp(cmd, "reap") != 0 && strcmp(cmd, "debug") != 0) {
 		fprintf(stderr, "idemflow: unknown command \"%s\"\n", cmd);
 		usage(stderr);
 		conf_free(c);
@@ -712,6 +769,8 @@ int main(int argc, char **argv)
 		rc = cmd_token(conn, argc - next - 1, argv + next + 1);
 	else if (strcmp(cmd, "prune") == 0)
 		rc = cmd_prune(conn, c, argc - next - 1, argv + next + 1);
+	else if (strcmp(cmd, "reap") == 0)
+		rc = cmd_reap(conn, c, argc - next - 1, argv + next + 1);
 	else if (strcmp(cmd, "debug") == 0)
 		rc = cmd_debug(conn, argc - next - 1, argv + next + 1);
 	else

@@ -26,6 +26,13 @@ enum problem_kind {
 	P_UNAVAILABLE,
 	P_INTERNAL,
 	P_FORBIDDEN,
+	P_INVALID_REQUEST,
+	P_LEASE_EXPIRED,
+	P_NOT_LEASE_HOLDER,
+	P_JOB_NOT_ACTIVE,
+	P_STATE_CONFLICT,
+	P_INVALID_TRANSITION,
+	P_MESSAGE_REUSED,
 	P__COUNT
 };
 
@@ -38,13 +45,17 @@ struct problem_def {
 /* The fixed status, slug and title of a kind. Borrowed, static. */
 const struct problem_def *problem_def(enum problem_kind kind);
 
+/* The kind whose slug is slug (as the database functions name them), or
+ * P_INTERNAL when there is none. */
+enum problem_kind problem_by_slug(const char *slug);
+
 /*
  * Append the problem+json body to out. detail, instance and request_id may
  * be NULL (then omitted). ext_name/ext_value add one extension member with
  * a string value (e.g. "idempotency_key"), or are NULL.
  */
 void problem_write(struct buf *out, enum problem_kind kind, const char *detail,
-		   const char *instance, const char *request_id, const char *ext_name,
-		   const char *ext_value);
+                   const char *instance, const char *request_id, const char *ext_name,
+                   const char *ext_value);
 
 #endif

@@ -50,7 +50,8 @@ enum query_id {
 	/* $1 tenant_id, $2 key: removes the row (and its counts) only if it
 	 * has expired */
 	Q_KEY_DELETE_EXPIRED,
-	/* $1 tenant_id, $2 id -> (id, type, state, input, created_at) */
+	/* $1 tenant_id, $2 id -> one workflow row (WF_COLUMNS in queries.c):
+	 * (id, type, state, input, created_at, business_key, steps, step) */
 	Q_WF_GET,
 	/* Q_CREATE_KEYED that fails with division by zero after its rows
 	 * are written, so the transaction rolls back (--enable-test-hooks
@@ -68,6 +69,44 @@ enum query_id {
 	Q_METRICS_OUTBOX,
 	/* Wake dispatchers waiting in --loop (sent outside any create). */
 	Q_NOTIFY,
+	/* Transaction control, for commands that span two pipelines. */
+	Q_BEGIN,
+	Q_COMMIT,
+	Q_ROLLBACK,
+	/*
+	 * Claim a key for a command inside the command's transaction:
+	 * $1 tenant_id, $2 key, $3 method, $4 path, $5 fingerprint, $6 key
+	 * ttl (interval) -> one row when this request owns the key, none when
+	 * it was taken. The row stays invisible until Q_KEY_STORE and COMMIT.
+	 */
+	Q_KEY_CLAIM,
+	/* $1 tenant_id, $2 key, $3 status, $4 headers, $5 body */
+	Q_KEY_STORE,
+	/* The commands (sql/005_runs.sql); each returns rows whose first
+	 * two columns are (problem slug or NULL, detail). */
+	/* $1 tenant, $2 id, $3 type, $4 input, $5 created_at, $6 steps,
+	 * $7 business_key, $8 workflow.created payload -> idemflow_wf_row */
+	Q_WF_CREATE_RUN,
+	/* $1 tenant, $2 id, $3 to, $4 from (or NULL) -> idemflow_wf_row */
+	Q_WF_TRANSITION,
+	/* $1 tenant, $2 id, $3 message_id, $4 name, $5 payload
+	 * -> (problem, detail, outcome, step) */
+	Q_WF_MESSAGE,
+	/* $1 tenant, $2 job_type, $3 worker, $4 max_jobs, $5 lease (interval)
+	 * -> idemflow_job_row per job */
+	Q_JOBS_ACTIVATE,
+	/* $1 tenant, $2 workflow id, $3 step, $4 worker, $5 output */
+	Q_JOB_COMPLETE,
+	/* $1 tenant, $2 workflow id, $3 step, $4 worker, $5 error, $6 retry
+	 * after (interval) */
+	Q_JOB_FAIL,
+	/* $1 tenant, $2 workflow id, $3 after seq, $4 limit -> (seq, payload)
+	 * rows, one row of NULLs when there are none, no row when the
+	 * workflow does not exist */
+	Q_WF_EVENTS,
+	/* $1 tenant, $2 state or NULL, $3 type or NULL, $4 after id or NULL,
+	 * $5 limit -> workflow rows (as Q_WF_GET) in id order */
+	Q_WF_LIST,
 	Q__COUNT
 };
 

@@ -1,0 +1,365 @@
+/* cmd.c - commands run once per Idempotency-Key (see cmd.h). */
+#include "cmd.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "canon.h"
+#include "fp.h"
+
+void cmd_key_problem(struct api_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                     enum problem_kind kind)
+{
+	char detail[400];
+
+	if (kind == P_KEY_IN_FLIGHT) {
+		char ra[24];
+		ctx->idem = IDEM_IN_FLIGHT;
+		snprintf(detail, sizeof(detail),
+		         "a request with Idempotency-Key \"%s\" is still being processed; retry "
+		         "later",
+		         req->idem_key);
+		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+		http_resp_header(resp, "Retry-After", ra);
+	} else {
+		ctx->idem = IDEM_CONFLICT;
+		snprintf(detail, sizeof(detail),
+		         "Idempotency-Key \"%s\" was already used for a different request; use a "
+		         "new key for a new request",
+		         req->idem_key);
+	}
+	resp->status = problem_def(kind)->status;
+	resp->content_type = "application/problem+json";
+	buf_reset(&resp->body);
+	problem_write(&resp->body, kind, detail, req->path, req->request_id, "idempotency_key",
+	              req->idem_key);
+}
+
+/* res: (outcome, fingerprint, status, headers, body, expired). */
+void cmd_answer_existing(struct api_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                         const PGresult *res, const char fp_text[IDEM_FP_TEXT])
+{
+	if (idem_compare(PQgetvalue(res, 0, 1), fp_text) == IDEM_CONFLICT) {
+		cmd_key_problem(ctx, resp, req, P_KEY_REUSED);
+		return;
+	}
+	ctx->idem = IDEM_REPLAYED;
+	resp->status = atoi(PQgetvalue(res, 0, 2));
+	/* Every answer of the API with a status of 400 or more is a
+	 * problem: the type need not be stored. */
+	resp->content_type = resp->status >= 400 ? "application/problem+json" : "application/json";
+	buf_puts(&resp->headers, PQgetvalue(res, 0, 3));
+	http_resp_header(resp, "Idempotent-Replayed", "true");
+	buf_append(&resp->body, PQgetvalue(res, 0, 4), (size_t)PQgetlength(res, 0, 4));
+}
+
+struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                                  int key_required)
+{
+	const struct conf *c = ctx->conf;
+	struct json_object *root;
+	char detail[128];
+	struct err e;
+
+	if (!http_is_json(req->content_type)) {
+		api_problem(resp, req, P_UNSUPPORTED_MEDIA_TYPE,
+		            "send the body as Content-Type: application/json");
+		return NULL;
+	}
+	if (req->idem_key_count > 1) {
+		api_problem(resp, req, P_INVALID_KEY, "send exactly one Idempotency-Key header");
+		return NULL;
+	}
+	if (req->idem_key == NULL && key_required) {
+		api_problem(resp, req, P_MISSING_KEY,
+		            "this request needs an Idempotency-Key header: a unique value per "
+		            "logical request, such as a UUID, reused on every retry");
+		return NULL;
+	}
+	if (req->idem_key != NULL && !idem_key_valid(req->idem_key)) {
+		api_problem(resp, req, P_INVALID_KEY,
+		            "an Idempotency-Key is 1 to 255 printable ASCII characters, without "
+		            "spaces");
+		return NULL;
+	}
+	buf_reset(&ctx->body);
+	switch (http_read_body(req, c->max_body, &ctx->body)) {
+	case HTTP_BODY_OK: break;
+	case HTTP_BODY_TOO_LARGE:
+		snprintf(detail, sizeof(detail), "the body may be at most %ld bytes", c->max_body);
+		api_problem(resp, req, P_BODY_TOO_LARGE, detail);
+		return NULL;
+	case HTTP_BODY_SHORT:
+		api_problem(resp, req, P_BAD_BODY, "the body ended before its Content-Length");
+		return NULL;
+	}
+	root =
+	    canon_parse(ctx->body.data ? ctx->body.data : "", ctx->body.len, (int)c->max_depth, &e);
+	if (root == NULL) {
+		api_problem(resp, req, P_INVALID_JSON, e.msg);
+		return NULL;
+	}
+	if (!json_object_is_type(root, json_type_object)) {
+		json_object_put(root);
+		api_problem(resp, req, P_INVALID_JSON, "the body must be a JSON object");
+		return NULL;
+	}
+	return root;
+}
+
+int cmd_fingerprint(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                    struct json_object *root, char fp_text[IDEM_FP_TEXT])
+{
+	uint8_t fp[FP_LEN];
+	struct err e;
+
+	buf_reset(&ctx->scratch);
+	if (canon_write(&ctx->scratch, root, &e) < 0) {
+		api_problem(resp, req, P_INVALID_JSON, e.msg);
+		return -1;
+	}
+	if (ctx->scratch.oom) {
+		api_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
+		return -1;
+	}
+	fp_request(fp, req->method, req->path, ctx->scratch.data, ctx->scratch.len);
+	idem_fp_text(fp_text, fp);
+	return 0;
+}
+
+/* The command's answer from its result: a problem row or the render. */
+static int answer(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                  const PGresult *res, const struct cmd *c, struct err *e)
+{
+	if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0)) {
+		api_problem(resp, req, problem_by_slug(PQgetvalue(res, 0, 0)),
+		            PQgetvalue(res, 0, 1));
+		return 0;
+	}
+	if (c->render(ctx, req, resp, res, c, e) < 0)
+		return -1;
+	if (resp->body.oom || resp->headers.oom)
+		return err_set(e, ERR_INTERNAL, "out of memory");
+	ctx->created = 1; /* may have written events: wake the dispatchers */
+	return 0;
+}
+
+static void clear_results(PGresult **r, int n)
+{
+	for (int i = 0; i < n; i++) {
+		PQclear(r[i]);
+		r[i] = NULL;
+	}
+}
+
+static void fail(struct api_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                 const struct err *e)
+{
+	buf_reset(&resp->headers);
+	api_db_error(ctx, resp, req, e);
+}
+
+/* The command's statement alone, in its own transaction. */
+static void run_unkeyed(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                        const struct cmd *c)
+{
+	struct err e;
+	PGresult *res = db_run(ctx->db, c->stmt, c->nparams, c->params, &e);
+
+	if (res == NULL || answer(ctx, req, resp, res, c, &e) < 0)
+		fail(ctx, resp, req, &e);
+	PQclear(res);
+}
+
+/* Store the answer in resp on the claimed key and commit. */
+static int store_and_commit(struct api_ctx *ctx, const struct http_req *req,
+                            const struct http_resp *resp, const char *tenant, struct err *e)
+{
+	char status[8];
+	const char *sp[5] = {tenant, req->idem_key, status,
+	                     resp->headers.data ? resp->headers.data : "",
+	                     resp->body.data ? resp->body.data : ""};
+	const struct db_call calls[2] = {{Q_KEY_STORE, 5, sp}, {Q_COMMIT, 0, NULL}};
+	PGresult *r[2];
+	int failed;
+
+	snprintf(status, sizeof(status), "%d", resp->status);
+	if (db_pipeline(ctx->db, 2, calls, r, &failed, e) < 0)
+		return -1;
+	clear_results(r, 2);
+	return 0;
+}
+
+static void rollback(struct api_ctx *ctx)
+{
+	struct err ignored;
+
+	PQclear(db_run(ctx->db, Q_ROLLBACK, 0, NULL, &ignored));
+}
+
+void cmd_run(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp, const struct cmd *c)
+{
+	char tenant[24], ttl[40];
+	struct err e;
+
+	if (ctx->key_row != NULL && strcmp(PQgetvalue(ctx->key_row, 0, 5), "t") != 0) {
+		cmd_answer_existing(ctx, resp, req, ctx->key_row, c->fp_text);
+		return;
+	}
+	if (req->idem_key == NULL) {
+		run_unkeyed(ctx, req, resp, c);
+		return;
+	}
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(ttl, sizeof(ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
+	const char *kp[6] = {tenant, req->idem_key, req->method, req->path, c->fp_text, ttl};
+	const struct db_call calls[3] = {
+	    {Q_BEGIN, 0, NULL}, {Q_KEY_CLAIM, 6, kp}, {c->stmt, c->nparams, c->params}};
+
+	/* Three rounds, as for a create: an expired key is deleted and
+	 * claimed again; a row that vanished meanwhile was pruned. */
+	for (int round = 0; round < 3; round++) {
+		PGresult *r[3], *res;
+		int failed;
+
+		if (db_pipeline(ctx->db, 3, calls, r, &failed, &e) < 0) {
+			if (failed == 1 && e.code == ERR_LOCK_TIMEOUT)
+				cmd_key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
+			else
+				fail(ctx, resp, req, &e);
+			return;
+		}
+		if (PQntuples(r[1]) == 1) {
+			int rc = answer(ctx, req, resp, r[2], c, &e);
+			clear_results(r, 3);
+			if (rc < 0) {
+				rollback(ctx);
+				fail(ctx, resp, req, &e);
+				return;
+			}
+			if (store_and_commit(ctx, req, resp, tenant, &e) < 0) {
+				ctx->created = 0;
+				fail(ctx, resp, req, &e);
+				return;
+			}
+			ctx->idem = IDEM_CREATED;
+			return;
+		}
+		/* Taken: undo this run and answer as the key's owner did. */
+		clear_results(r, 3);
+		rollback(ctx);
+		res = db_run(ctx->db, Q_KEY_GET, 2, kp, &e);
+		if (res == NULL) {
+			fail(ctx, resp, req, &e);
+			return;
+		}
+		if (PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 5), "t") != 0) {
+			cmd_answer_existing(ctx, resp, req, res, c->fp_text);
+			PQclear(res);
+			return;
+		}
+		PQclear(res);
+		res = db_run(ctx->db, Q_KEY_DELETE_EXPIRED, 2, kp, &e);
+		if (res == NULL) {
+			fail(ctx, resp, req, &e);
+			return;
+		}
+		PQclear(res);
+	}
+	err_set(&e, ERR_INTERNAL, "idempotency key row kept changing; giving up");
+	fail(ctx, resp, req, &e);
+}
+
+int cmd_members(struct json_object *root, const char *const *names, char *detail, size_t dlen)
+{
+	json_object_object_foreach(root, name, val)
+	{
+		const char *const *n;
+		(void)val;
+		for (n = names; *n != NULL && strcmp(*n, name) != 0; n++)
+			;
+		if (*n == NULL) {
+			size_t off = (size_t)snprintf(detail, dlen,
+			                              "unknown member \"%.64s\": expected", name);
+			for (n = names; *n != NULL && off < dlen; n++)
+				off += (size_t)snprintf(detail + off, dlen - off, "%s %s",
+				                        n == names ? "" : ",", *n);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int cmd_text(struct json_object *root, const char *name, int required, size_t max, const char **out,
+             char *detail, size_t dlen)
+{
+	struct json_object *v;
+	const char *s;
+	size_t len;
+
+	*out = NULL;
+	if (!json_object_object_get_ex(root, name, &v) || v == NULL) {
+		if (!required)
+			return 0;
+		snprintf(detail, dlen, "\"%s\" is required", name);
+		return -1;
+	}
+	if (!json_object_is_type(v, json_type_string)) {
+		snprintf(detail, dlen, "\"%s\" must be a string", name);
+		return -1;
+	}
+	s = json_object_get_string(v);
+	len = (size_t)json_object_get_string_len(v);
+	if (len == 0 || len > max) {
+		snprintf(detail, dlen, "\"%s\" must be 1 to %zu bytes long", name, max);
+		return -1;
+	}
+	for (size_t i = 0; i < len; i++) {
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) {
+			snprintf(detail, dlen, "\"%s\" may not contain control characters", name);
+			return -1;
+		}
+	}
+	*out = s;
+	return 0;
+}
+
+int cmd_int(struct json_object *root, const char *name, long min, long max, long def, long *out,
+            char *detail, size_t dlen)
+{
+	struct json_object *v;
+	int64_t n;
+
+	*out = def;
+	if (!json_object_object_get_ex(root, name, &v) || v == NULL)
+		return 0;
+	if (!json_object_is_type(v, json_type_int))
+		goto bad;
+	errno = 0;
+	n = json_object_get_int64(v);
+	if (errno != 0 || n < min || n > max)
+		goto bad;
+	*out = (long)n;
+	return 0;
+bad:
+	snprintf(detail, dlen, "\"%s\" must be an integer from %ld to %ld", name, min, max);
+	return -1;
+}
+
+int cmd_object(struct json_object *root, const char *name, struct json_object **out, char *detail,
+               size_t dlen)
+{
+	struct json_object *v;
+
+	*out = NULL;
+	if (!json_object_object_get_ex(root, name, &v) || v == NULL)
+		return 0;
+	if (!json_object_is_type(v, json_type_object)) {
+		snprintf(detail, dlen, "\"%s\" must be a JSON object", name);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}

@@ -1,0 +1,1001 @@
+/*
+ * End-to-end tests of workflows that run: steps executed by external
+ * workers under leases, compare-and-set completions and transitions,
+ * business keys, deduplicated messages and the event history, through
+ * nginx and the worker pool against the real database.
+ *
+ * Every test works in a tenant of its own, so job types, business keys and
+ * message ids never meet another test's.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "http.h"
+#include "tstack.h"
+
+#define JSON_CT "Content-Type: application/json"
+
+TestSuite(steps, .timeout = 90);
+TestSuite(lease, .timeout = 60);
+TestSuite(retries, .timeout = 60);
+TestSuite(messages, .timeout = 60);
+TestSuite(business_key, .timeout = 60);
+TestSuite(transitions, .timeout = 90);
+TestSuite(reap, .timeout = 60);
+TestSuite(history, .timeout = 60);
+TestSuite(bad_input, .timeout = 60);
+TestSuite(keyed_commands, .timeout = 60);
+
+/* --- Helpers ----------------------------------------------------------- */
+
+/* POST path as t with body and, unless key is NULL, an Idempotency-Key.
+ * Safe on any thread (no assertions). */
+static struct http_response *post_raw(const struct tstack_tenant *t, const char *path,
+				      const char *key, const char *body)
+{
+	char kh[300];
+	const char *h[] = {t->auth, JSON_CT, NULL, NULL};
+
+	if (key != NULL) {
+		snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
+		h[2] = kh;
+	}
+	return http_request("POST", path, h, body, strlen(body));
+}
+
+static struct http_response *post(const struct tstack_tenant *t, const char *path,
+				  const char *key, const char *body)
+{
+	struct http_response *r = post_raw(t, path, key, body);
+
+	cr_assert_not_null(r, "POST %s: %s", path, http_error());
+	return r;
+}
+
+static struct http_response *get(const struct tstack_tenant *t, const char *path)
+{
+	const char *h[] = {t->auth, NULL};
+	struct http_response *r = http_request("GET", path, h, NULL, 0);
+
+	cr_assert_not_null(r, "GET %s: %s", path, http_error());
+	return r;
+}
+
+static void expect_status(const struct http_response *r, int status)
+{
+	cr_assert_eq(r->status, status, "status %d, want %d; body: %.600s", r->status, status,
+		     r->body);
+}
+
+/* Create a workflow from body (a fresh key); returns its id (malloc'ed). */
+static char *create(const struct tstack_tenant *t, const char *body)
+{
+	char key[96];
+	struct http_response *r;
+	char *id;
+
+	tstack_key(key, sizeof(key), "wf");
+	r = post(t, "/v1/workflows", key, body);
+	expect_status(r, 201);
+	id = tstack_json(r->body, "{id}");
+	http_response_free(r);
+	return id;
+}
+
+/* POST /v1/jobs/activate for one job of type; returns the response. */
+static struct http_response *activate(const struct tstack_tenant *t, const char *type,
+				      const char *worker, int max, int lease)
+{
+	char body[256];
+
+	snprintf(body, sizeof(body),
+		 "{\"job_type\":\"%s\",\"worker\":\"%s\",\"max_jobs\":%d,\"lease_seconds\":%d}",
+		 type, worker, max, lease);
+	return post(t, "/v1/jobs/activate", NULL, body);
+}
+
+/* Activate and expect exactly one job, of workflow wf (when not NULL). */
+static void activate_one(const struct tstack_tenant *t, const char *type, const char *worker,
+			 int lease, const char *wf)
+{
+	struct http_response *r = activate(t, type, worker, 1, lease);
+	char *n, *got;
+
+	expect_status(r, 200);
+	n = tstack_text("SELECT jsonb_array_length($1::jsonb -> 'jobs')::text", r->body);
+	cr_assert_str_eq(n, "1", "activation: %s", r->body);
+	if (wf != NULL) {
+		got = tstack_json(r->body, "{jobs,0,workflow_id}");
+		cr_assert_str_eq(got, wf);
+		free(got);
+	}
+	free(n);
+	http_response_free(r);
+}
+
+static struct http_response *finish(const struct tstack_tenant *t, const char *wf, int step,
+				    const char *verb, const char *key, const char *body)
+{
+	char path[160];
+
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s%d/%s", wf, step, verb);
+	return post(t, path, key, body);
+}
+
+static struct http_response *complete(const struct tstack_tenant *t, const char *wf, int step,
+				      const char *worker)
+{
+	char body[160];
+
+	snprintf(body, sizeof(body), "{\"worker\":\"%s\",\"output\":{\"by\":\"%s\"}}", worker,
+		 worker);
+	return finish(t, wf, step, "complete", NULL, body);
+}
+
+static long events(const struct tstack_tenant *t, const char *wf, const char *type)
+{
+	return tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1 AND workflow_id = $2"
+			    " AND type = $3",
+			    t->id_text, wf, type);
+}
+
+static char *wf_state(const char *wf)
+{
+	return tstack_text("SELECT state FROM workflows WHERE id = $1", wf);
+}
+
+static void expect_state(const char *wf, const char *want)
+{
+	char *s = wf_state(wf);
+
+	cr_assert_str_eq(s, want, "workflow %s", wf);
+	free(s);
+}
+
+/* Everything a tenant has written, as one string, to prove that a refused
+ * request changed nothing. */
+static char *tenant_snapshot(const struct tstack_tenant *t)
+{
+	return tstack_text(
+	    "SELECT (SELECT count(*) FROM workflows WHERE tenant_id = $1) || '/' ||"
+	    "       (SELECT coalesce(string_agg(state || last_seq, ',' ORDER BY id), '')"
+	    "          FROM workflows WHERE tenant_id = $1) || '/' ||"
+	    "       (SELECT count(*) FROM outbox WHERE tenant_id = $1) || '/' ||"
+	    "       (SELECT coalesce(string_agg(state || coalesce(worker, '-') || activations"
+	    "                                   || retries, ',' ORDER BY workflow_id, step), '')"
+	    "          FROM jobs WHERE tenant_id = $1) || '/' ||"
+	    "       (SELECT count(*) FROM messages WHERE tenant_id = $1) || '/' ||"
+	    "       (SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1)",
+	    t->id_text);
+}
+
+/* --- Steps ------------------------------------------------------------- */
+
+#define STEP_WORKFLOWS 4
+#define STEP_TYPES 3
+
+/*
+ * A worker process: activates jobs of the three types in turn, logs
+ * "<key>\n" to fd for every job it executes, completes it. Runs until
+ * killed. No assertions: it is a child.
+ */
+static void worker_loop(const struct tstack_tenant *t, const char *name, int fd)
+{
+	static const char *const types[STEP_TYPES] = {"reserve", "charge", "ship"};
+
+	for (;;) {
+		for (int i = 0; i < STEP_TYPES; i++) {
+			char body[200], key[128], path[200];
+			struct http_response *r;
+			const char *k;
+
+			snprintf(body, sizeof(body),
+				 "{\"job_type\":\"%s\",\"worker\":\"%s\",\"lease_seconds\":30}",
+				 types[i], name);
+			r = post_raw(t, "/v1/jobs/activate", NULL, body);
+			k = r != NULL ? strstr(r->body, "\"key\":\"") : NULL;
+			if (k == NULL) {
+				http_response_free(r);
+				continue;
+			}
+			k += 7;
+			snprintf(key, sizeof(key), "%.*s", (int)strcspn(k, "\""), k);
+			http_response_free(r);
+			char line[160];
+			int n = snprintf(line, sizeof(line), "%s\n", key);
+			if (write(fd, line, (size_t)n) != n)
+				_exit(3);
+			snprintf(path, sizeof(path), "/v1/jobs/%s/complete", key);
+			snprintf(body, sizeof(body), "{\"worker\":\"%s\",\"output\":{}}", name);
+			http_response_free(post_raw(t, path, NULL, body));
+		}
+	}
+}
+
+Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
+{
+	struct tstack_tenant t;
+	char *ids[STEP_WORKFLOWS];
+	pid_t kids[2];
+	int fds[2];
+	double deadline;
+
+	tstack_tenant_create(&t, "steps");
+	for (int i = 0; i < STEP_WORKFLOWS; i++)
+		ids[i] = create(&t, "{\"type\":\"order\",\"input\":{\"n\":1},\"steps\":["
+				    "{\"name\":\"reserve-stock\",\"job_type\":\"reserve\"},"
+				    "{\"name\":\"charge-card\",\"job_type\":\"charge\",\"retries\":3},"
+				    "{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
+	cr_assert_eq(pipe(fds), 0);
+	for (int w = 0; w < 2; w++) {
+		kids[w] = fork();
+		cr_assert_neq(kids[w], -1);
+		if (kids[w] == 0) {
+			close(fds[0]);
+			worker_loop(&t, w == 0 ? "w-1" : "w-2", fds[1]);
+			_exit(0);
+		}
+	}
+	close(fds[1]);
+	deadline = tstack_now() + 60;
+	while (tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1"
+			    " AND state = 'completed'",
+			    t.id_text) < STEP_WORKFLOWS &&
+	       tstack_now() < deadline)
+		tstack_sleep_ms(100);
+	for (int w = 0; w < 2; w++) {
+		kill(kids[w], SIGKILL);
+		waitpid(kids[w], NULL, 0);
+	}
+
+	/* The executions the workers logged: each job exactly once. */
+	char log[16384];
+	size_t len = 0;
+	ssize_t n;
+	while (len < sizeof(log) - 1 && (n = read(fds[0], log + len, sizeof(log) - 1 - len)) > 0)
+		len += (size_t)n;
+	log[len] = '\0';
+	close(fds[0]);
+	for (int i = 0; i < STEP_WORKFLOWS; i++) {
+		expect_state(ids[i], "completed");
+		for (int s = 1; s <= STEP_TYPES; s++) {
+			char key[128];
+			int seen = 0;
+			snprintf(key, sizeof(key), "%s.s%d\n", ids[i], s);
+			for (const char *p = log; (p = strstr(p, key)) != NULL; p += strlen(key))
+				seen++;
+			cr_assert_eq(seen, 1, "job %.*s executed %d times", (int)strlen(key) - 1,
+				     key, seen);
+		}
+		cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
+					  " AND state = 'completed' AND activations = 1",
+					  ids[i]),
+			     STEP_TYPES);
+		cr_assert_eq(events(&t, ids[i], "workflow.created"), 1);
+		cr_assert_eq(events(&t, ids[i], "workflow.started"), 1);
+		cr_assert_eq(events(&t, ids[i], "job.completed"), STEP_TYPES);
+		cr_assert_eq(events(&t, ids[i], "workflow.completed"), 1);
+		cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE workflow_id = $1",
+					  ids[i]),
+			     STEP_TYPES + 3);
+		free(ids[i]);
+	}
+}
+
+/* --- Leases ------------------------------------------------------------ */
+
+Test(lease, a_completion_after_the_lease_ran_out_is_refused_and_another_workers_wins)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char *wf, *before, *after;
+
+	tstack_tenant_create(&t, "lease");
+	wf = create(&t, "{\"type\":\"l\",\"steps\":[{\"name\":\"a\",\"job_type\":\"slow\"},"
+			"{\"name\":\"b\",\"job_type\":\"next\"}]}");
+	activate_one(&t, "slow", "sleepy", 1, wf);
+	tstack_sleep_ms(1300); /* past the 1 s lease */
+
+	/* Nobody took it yet: the late worker is told its lease ran out. */
+	char path[160];
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", wf);
+	before = tenant_snapshot(&t);
+	r = complete(&t, wf, 1, "sleepy");
+	tstack_expect_problem(r, 409, "/problems/lease-expired", path);
+	http_response_free(r);
+	after = tenant_snapshot(&t);
+	cr_assert_str_eq(after, before, "a refused completion changed something");
+	free(after);
+
+	/* Another worker gets the job again, with the same key. */
+	activate_one(&t, "slow", "fresh", 30, wf);
+	r = complete(&t, wf, 1, "sleepy");
+	tstack_expect_problem(r, 409, "/problems/not-lease-holder", path);
+	http_response_free(r);
+	r = complete(&t, wf, 1, "fresh");
+	expect_status(r, 200);
+	cr_assert_str_eq(tstack_json(r->body, "{worker}"), "fresh");
+	cr_assert_str_eq(tstack_json(r->body, "{activations}"), "2");
+	http_response_free(r);
+
+	/* The second step is activatable once, the first completed once. */
+	cr_assert_eq(events(&t, wf, "job.completed"), 1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 2"
+				  " AND state = 'activatable'",
+				  wf),
+		     1);
+	free(before);
+	free(wf);
+}
+
+Test(lease, a_repeated_completion_by_the_same_worker_replays_and_a_different_output_is_refused)
+{
+	struct tstack_tenant t;
+	struct http_response *a, *b, *c;
+	char *wf;
+
+	tstack_tenant_create(&t, "repeat");
+	wf = create(&t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"x\"},"
+			"{\"name\":\"b\",\"job_type\":\"y\"}]}");
+	activate_one(&t, "x", "w", 30, wf);
+	a = finish(&t, wf, 1, "complete", NULL, "{\"worker\":\"w\",\"output\":{\"v\":1}}");
+	b = finish(&t, wf, 1, "complete", NULL, "{\"output\":{\"v\":1},\"worker\":\"w\"}");
+	c = finish(&t, wf, 1, "complete", NULL, "{\"worker\":\"w\",\"output\":{\"v\":2}}");
+	expect_status(a, 200);
+	expect_status(b, 200);
+	cr_assert_str_eq(b->body, a->body, "the repeat did not replay the result");
+	char path[160];
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", wf);
+	tstack_expect_problem(c, 409, "/problems/job-not-active", path);
+	cr_assert_eq(events(&t, wf, "job.completed"), 1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1", wf), 2);
+	http_response_free(a);
+	http_response_free(b);
+	http_response_free(c);
+	free(wf);
+}
+
+/* --- Retries ----------------------------------------------------------- */
+
+Test(retries, exhausted_retries_fail_the_workflow)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char *wf, *v;
+
+	tstack_tenant_create(&t, "retries");
+	wf = create(&t, "{\"type\":\"p\",\"steps\":[{\"name\":\"charge\",\"job_type\":\"pay\","
+			"\"retries\":1},{\"name\":\"after\",\"job_type\":\"never\"}]}");
+
+	activate_one(&t, "pay", "w", 30, wf);
+	r = finish(&t, wf, 1, "fail", NULL,
+		   "{\"worker\":\"w\",\"error\":\"card declined\",\"retry_after_seconds\":2}");
+	expect_status(r, 200);
+	v = tstack_json(r->body, "{state}");
+	cr_assert_str_eq(v, "activatable");
+	free(v);
+	v = tstack_json(r->body, "{retries_left}");
+	cr_assert_str_eq(v, "0");
+	free(v);
+	http_response_free(r);
+	expect_state(wf, "running");
+
+	/* Not before retry_after_seconds. */
+	r = activate(&t, "pay", "w", 1, 30);
+	cr_assert_str_eq(r->body, "{\"jobs\":[]}");
+	http_response_free(r);
+	tstack_sleep_ms(2200);
+	activate_one(&t, "pay", "w", 30, wf);
+
+	r = finish(&t, wf, 1, "fail", NULL, "{\"worker\":\"w\",\"error\":\"declined again\"}");
+	expect_status(r, 200);
+	v = tstack_json(r->body, "{state}");
+	cr_assert_str_eq(v, "failed");
+	free(v);
+	http_response_free(r);
+
+	expect_state(wf, "failed");
+	cr_assert_eq(events(&t, wf, "job.failed"), 2);
+	cr_assert_eq(events(&t, wf, "workflow.failed"), 1);
+	cr_assert_eq(events(&t, wf, "job.completed"), 0);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1", wf), 1,
+		     "a step after the failed one began");
+	free(wf);
+}
+
+/* --- Messages ---------------------------------------------------------- */
+
+struct sender {
+	const struct tstack_tenant *t;
+	const char *path;
+	const char *key; /* or NULL */
+	const char *body;
+	pthread_barrier_t *start;
+	struct http_response *resp;
+};
+
+static void *sender_run(void *arg)
+{
+	struct sender *s = arg;
+
+	if (s->start != NULL)
+		pthread_barrier_wait(s->start);
+	s->resp = post_raw(s->t, s->path, s->key, s->body);
+	return NULL;
+}
+
+Test(messages, a_message_delivered_five_times_three_concurrently_completes_the_step_once)
+{
+	struct tstack_tenant t;
+	struct sender s[5];
+	pthread_t th[3];
+	pthread_barrier_t start;
+	char path[128], *wf;
+	const char *body =
+	    "{\"message_id\":\"pay-77\",\"name\":\"payment.succeeded\",\"payload\":{\"amount\":5}}";
+	int fresh = 0, dups = 0;
+
+	tstack_tenant_create(&t, "msg");
+	wf = create(&t, "{\"type\":\"m\",\"steps\":[{\"name\":\"await-payment\","
+			"\"wait_for\":\"payment.succeeded\"},{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
+	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
+	cr_assert_eq(pthread_barrier_init(&start, NULL, 3), 0);
+	for (int i = 0; i < 5; i++)
+		s[i] = (struct sender){&t, path, NULL, body, i < 3 ? &start : NULL, NULL};
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(pthread_create(&th[i], NULL, sender_run, &s[i]), 0);
+	for (int i = 0; i < 3; i++)
+		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&start);
+	sender_run(&s[3]);
+	sender_run(&s[4]);
+
+	for (int i = 0; i < 5; i++) {
+		cr_assert_not_null(s[i].resp, "delivery %d: %s", i, http_error());
+		expect_status(s[i].resp, 200);
+		char *d = tstack_json(s[i].resp->body, "{duplicate}");
+		if (strcmp(d, "false") == 0)
+			fresh++;
+		else
+			dups++;
+		free(d);
+		http_response_free(s[i].resp);
+	}
+	cr_assert_eq(fresh, 1);
+	cr_assert_eq(dups, 4);
+	cr_assert_eq(events(&t, wf, "job.completed"), 1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1", t.id_text),
+		     1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 2"
+				  " AND state = 'activatable'",
+				  wf),
+		     1);
+	free(wf);
+}
+
+Test(messages, a_message_no_step_waits_for_is_recorded_with_202_and_taken_by_a_later_wait)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char path[128], *wf;
+
+	tstack_tenant_create(&t, "early");
+	wf = create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"work\",\"job_type\":\"w\"},"
+			"{\"name\":\"await\",\"wait_for\":\"done\"}]}");
+	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
+	r = post(&t, path, NULL, "{\"message_id\":\"early-1\",\"name\":\"done\"}");
+	expect_status(r, 202);
+	cr_assert_str_eq(r->body,
+			 "{\"message_id\":\"early-1\",\"duplicate\":false,\"correlated\":false}");
+	http_response_free(r);
+	expect_state(wf, "pending");
+
+	activate_one(&t, "w", "w", 30, wf);
+	r = complete(&t, wf, 1, "w");
+	expect_status(r, 200);
+	http_response_free(r);
+	/* The wait step took the recorded message at once. */
+	expect_state(wf, "completed");
+	cr_assert_eq(events(&t, wf, "job.completed"), 2);
+	free(wf);
+}
+
+Test(messages, a_message_id_reused_for_a_different_message_is_a_conflict)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char path[128], *wf, *before, *after;
+
+	tstack_tenant_create(&t, "msgreuse");
+	wf = create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"await\",\"wait_for\":\"a\"},"
+			"{\"name\":\"w\",\"job_type\":\"w\"}]}");
+	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
+	r = post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":1}}");
+	expect_status(r, 200);
+	http_response_free(r);
+	before = tenant_snapshot(&t);
+	r = post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":2}}");
+	tstack_expect_problem(r, 409, "/problems/message-id-reused", path);
+	http_response_free(r);
+	after = tenant_snapshot(&t);
+	cr_assert_str_eq(after, before);
+	free(before);
+	free(after);
+	free(wf);
+}
+
+/* --- Business keys ----------------------------------------------------- */
+
+#define BK_RACERS 20
+
+Test(business_key, twenty_concurrent_creates_with_one_business_key_make_one_active_workflow)
+{
+	struct tstack_tenant t;
+	struct sender s[BK_RACERS];
+	pthread_t th[BK_RACERS];
+	pthread_barrier_t start;
+	char keys[BK_RACERS][96], *first = NULL;
+	int created = 0, existing = 0;
+	const char *body = "{\"type\":\"order\",\"business_key\":\"O-123\",\"steps\":["
+			   "{\"name\":\"a\",\"job_type\":\"bk\"}]}";
+
+	tstack_tenant_create(&t, "bk");
+	cr_assert_eq(pthread_barrier_init(&start, NULL, BK_RACERS), 0);
+	for (int i = 0; i < BK_RACERS; i++) {
+		tstack_key(keys[i], sizeof(keys[i]), "bk");
+		s[i] = (struct sender){&t, "/v1/workflows", keys[i], body, &start, NULL};
+	}
+	for (int i = 0; i < BK_RACERS; i++)
+		cr_assert_eq(pthread_create(&th[i], NULL, sender_run, &s[i]), 0);
+	for (int i = 0; i < BK_RACERS; i++)
+		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&start);
+	for (int i = 0; i < BK_RACERS; i++) {
+		struct http_response *r = s[i].resp;
+		char *id, *ex;
+		cr_assert_not_null(r, "request %d: %s", i, http_error());
+		cr_assert(r->status == 201 || r->status == 200, "status %d: %.400s", r->status,
+			  r->body);
+		id = tstack_json(r->body, "{id}");
+		ex = tstack_json(r->body, "{existing}");
+		if (r->status == 201) {
+			created++;
+			cr_assert_null(ex);
+		} else {
+			existing++;
+			cr_assert_str_eq(ex, "true");
+		}
+		if (first == NULL)
+			first = strdup(id);
+		cr_assert_str_eq(id, first, "two workflows for one business key");
+		free(id);
+		free(ex);
+		http_response_free(r);
+	}
+	cr_assert_eq(created, 1);
+	cr_assert_eq(existing, BK_RACERS - 1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1", t.id_text),
+		     1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1",
+				  t.id_text),
+		     BK_RACERS);
+
+	/* Once it has ended, the business key may start a new workflow. */
+	char path[128];
+	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", first);
+	struct http_response *r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
+	expect_status(r, 200);
+	http_response_free(r);
+	char *again = create(&t, body);
+	cr_assert_str_neq(again, first);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1"
+				  " AND state IN ('pending', 'running')",
+				  t.id_text),
+		     1);
+	free(again);
+	free(first);
+}
+
+/* --- Transitions ------------------------------------------------------- */
+
+Test(transitions, cancel_is_a_compare_and_set_and_repeating_it_is_a_no_op)
+{
+	struct tstack_tenant t;
+	struct http_response *r, *again;
+	char path[128], *wf, *before, *after;
+
+	tstack_tenant_create(&t, "cas");
+	wf = create(&t, "{\"type\":\"c\",\"steps\":[{\"name\":\"a\",\"job_type\":\"cas\"}]}");
+	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
+
+	before = tenant_snapshot(&t);
+	r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"running\"}");
+	tstack_expect_problem(r, 409, "/problems/state-conflict", path);
+	http_response_free(r);
+	r = post(&t, path, NULL, "{\"to\":\"completed\",\"from\":\"pending\"}");
+	tstack_expect_problem(r, 422, "/problems/invalid-transition", path);
+	http_response_free(r);
+	after = tenant_snapshot(&t);
+	cr_assert_str_eq(after, before);
+	free(after);
+
+	r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
+	expect_status(r, 200);
+	again = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
+	expect_status(again, 200);
+	cr_assert_str_eq(again->body, r->body, "the repeat is not the same answer");
+	expect_state(wf, "cancelled");
+	cr_assert_eq(events(&t, wf, "workflow.cancelled"), 1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
+				  " AND state = 'cancelled'",
+				  wf),
+		     1);
+	http_response_free(r);
+	http_response_free(again);
+
+	/* Ended: cancelling from cancelled is the no-op, from anything
+	 * else the conflict. */
+	r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"running\"}");
+	expect_status(r, 200);
+	http_response_free(r);
+	cr_assert_eq(events(&t, wf, "workflow.cancelled"), 1);
+	free(before);
+	free(wf);
+}
+
+struct racer2 {
+	const struct tstack_tenant *t;
+	char path[160];
+	const char *body;
+	pthread_barrier_t *start;
+	struct http_response *resp;
+};
+
+static void *racer2_run(void *arg)
+{
+	struct racer2 *r = arg;
+
+	pthread_barrier_wait(r->start);
+	r->resp = post_raw(r->t, r->path, NULL, r->body);
+	return NULL;
+}
+
+#define CANCEL_ROUNDS 8
+
+Test(transitions, cancel_racing_a_completion_leaves_a_consistent_state_and_its_events)
+{
+	struct tstack_tenant t;
+	int completed_first = 0, cancelled_first = 0;
+
+	tstack_tenant_create(&t, "race");
+	for (int i = 0; i < CANCEL_ROUNDS; i++) {
+		char *wf = create(&t, "{\"type\":\"cr\",\"steps\":[{\"name\":\"a\",\"job_type\":"
+				      "\"cr\"},{\"name\":\"b\",\"job_type\":\"cr2\"}]}");
+		struct racer2 c = {&t, "", "{\"worker\":\"w\",\"output\":{}}", NULL, NULL};
+		struct racer2 x = {&t, "", "{\"to\":\"cancelled\",\"from\":\"running\"}", NULL,
+				   NULL};
+		pthread_barrier_t start;
+		pthread_t a, b;
+
+		activate_one(&t, "cr", "w", 30, wf);
+		snprintf(c.path, sizeof(c.path), "/v1/jobs/%s.s1/complete", wf);
+		snprintf(x.path, sizeof(x.path), "/v1/workflows/%s/transitions", wf);
+		cr_assert_eq(pthread_barrier_init(&start, NULL, 2), 0);
+		c.start = x.start = &start;
+		pthread_create(&a, NULL, racer2_run, &c);
+		pthread_create(&b, NULL, racer2_run, &x);
+		pthread_join(a, NULL);
+		pthread_join(b, NULL);
+		pthread_barrier_destroy(&start);
+		cr_assert_not_null(c.resp);
+		cr_assert_not_null(x.resp);
+
+		/* The cancel always wins in the end: it needs state running,
+		 * which the completion keeps. */
+		expect_status(x.resp, 200);
+		expect_state(wf, "cancelled");
+		cr_assert_eq(events(&t, wf, "workflow.cancelled"), 1);
+		cr_assert_eq(events(&t, wf, "workflow.completed"), 0);
+		if (c.resp->status == 200) {
+			/* Completion first: step 2 began and was cancelled. */
+			completed_first++;
+			cr_assert_eq(events(&t, wf, "job.completed"), 1);
+			cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
+						  " AND step = 2 AND state = 'cancelled'",
+						  wf),
+				     1);
+			cr_assert_eq(tstack_count("SELECT max(seq) FROM outbox WHERE workflow_id = $1",
+						  wf),
+				     4);
+		} else {
+			cancelled_first++;
+			tstack_expect_problem(c.resp, 409, "/problems/job-not-active", c.path);
+			cr_assert_eq(events(&t, wf, "job.completed"), 0);
+			cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1",
+						  wf),
+				     1);
+			cr_assert_eq(tstack_count("SELECT max(seq) FROM outbox WHERE workflow_id = $1",
+						  wf),
+				     3);
+		}
+		http_response_free(c.resp);
+		http_response_free(x.resp);
+		free(wf);
+	}
+	cr_log_info("completion first %d, cancel first %d", completed_first, cancelled_first);
+}
+
+/* --- Reaper ------------------------------------------------------------ */
+
+Test(reap, idemflow_reap_makes_expired_jobs_activatable_again)
+{
+	struct tstack_tenant t;
+	char out[256], *wf;
+
+	tstack_tenant_create(&t, "reap");
+	wf = create(&t, "{\"type\":\"rp\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rp\"}]}");
+	activate_one(&t, "rp", "gone", 1, wf);
+	tstack_sleep_ms(1300);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "reap", NULL), 0, "reap: %s",
+		     tstack_cli_stderr());
+	tstack_expect_match(out, "^reap: jobs=[1-9][0-9]*$", "reap output");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
+				  " AND state = 'activatable'",
+				  wf),
+		     1);
+	/* The dead worker's completion is refused; a new one gets it. */
+	char path[160];
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", wf);
+	struct http_response *r = complete(&t, wf, 1, "gone");
+	tstack_expect_problem(r, 409, "/problems/lease-expired", path);
+	http_response_free(r);
+	activate_one(&t, "rp", "alive", 30, wf);
+	r = complete(&t, wf, 1, "alive");
+	expect_status(r, 200);
+	http_response_free(r);
+	expect_state(wf, "completed");
+	free(wf);
+}
+
+/* --- History and lists ------------------------------------------------- */
+
+Test(history, events_come_in_order_with_cursor_pages)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char path[200], *wf, *cursor, *v;
+
+	tstack_tenant_create(&t, "hist");
+	wf = create(&t, "{\"type\":\"h\",\"steps\":[{\"name\":\"a\",\"job_type\":\"h\"}]}");
+	activate_one(&t, "h", "w", 30, wf);
+	r = complete(&t, wf, 1, "w");
+	http_response_free(r);
+
+	/* created, started, job.completed, workflow.completed: 2 + 2. */
+	snprintf(path, sizeof(path), "/v1/workflows/%s/events?limit=2", wf);
+	r = get(&t, path);
+	expect_status(r, 200);
+	v = tstack_text("SELECT string_agg(e ->> 'type', ',') FROM"
+			" jsonb_array_elements($1::jsonb -> 'events') e",
+			r->body);
+	cr_assert_str_eq(v, "workflow.created,workflow.started");
+	free(v);
+	cursor = tstack_json(r->body, "{next_cursor}");
+	cr_assert_str_eq(cursor, "2");
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/events?limit=2&after=%s", wf, cursor);
+	r = get(&t, path);
+	v = tstack_text("SELECT string_agg((e ->> 'seq') || (e ->> 'id'), ',') FROM"
+			" jsonb_array_elements($1::jsonb -> 'events') e",
+			r->body);
+	char want[200];
+	snprintf(want, sizeof(want), "3%s.3,4%s.4", wf, wf);
+	cr_assert_str_eq(v, want);
+	free(v);
+	v = tstack_json_type(r->body, "{next_cursor}");
+	cr_assert_str_eq(v, "null");
+	free(v);
+	http_response_free(r);
+	free(cursor);
+	free(wf);
+}
+
+Test(history, workflows_are_listed_by_keyset_pages_with_filters)
+{
+	struct tstack_tenant t;
+	char *ids[5], path[200], *cursor = NULL;
+	int seen = 0;
+
+	tstack_tenant_create(&t, "list");
+	for (int i = 0; i < 5; i++)
+		ids[i] = create(&t, "{\"type\":\"listed\",\"steps\":[{\"name\":\"a\","
+				    "\"job_type\":\"l\"}]}");
+	free(create(&t, "{\"type\":\"other\"}"));
+	for (int page = 0; page < 3; page++) {
+		struct http_response *r;
+		if (cursor == NULL)
+			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=2");
+		else
+			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=2&after=%s",
+				 cursor);
+		r = get(&t, path);
+		expect_status(r, 200);
+		long n = tstack_count("SELECT jsonb_array_length($1::jsonb -> 'workflows')", r->body);
+		cr_assert_eq(n, page < 2 ? 2 : 1);
+		for (int k = 0; k < n; k++) {
+			char p2[64];
+			snprintf(p2, sizeof(p2), "{workflows,%d,id}", k);
+			char *id = tstack_json(r->body, p2);
+			cr_assert_str_eq(id, ids[seen], "page %d item %d", page, k);
+			seen++;
+			free(id);
+		}
+		free(cursor);
+		cursor = tstack_json(r->body, "{next_cursor}");
+		http_response_free(r);
+	}
+	cr_assert_null(cursor);
+	cr_assert_eq(seen, 5);
+
+	struct http_response *r = get(&t, "/v1/workflows?state=cancelled");
+	cr_assert_str_eq(r->body, "{\"workflows\":[],\"next_cursor\":null}");
+	http_response_free(r);
+	r = get(&t, "/v1/workflows?state=sleeping");
+	tstack_expect_problem(r, 422, "/problems/invalid-request", "/v1/workflows");
+	http_response_free(r);
+	for (int i = 0; i < 5; i++)
+		free(ids[i]);
+}
+
+/* --- Bad input ---------------------------------------------------------- */
+
+Test(bad_input, every_malformed_command_gets_a_precise_problem_and_changes_nothing)
+{
+	static const struct {
+		const char *path; /* %s: the workflow id */
+		const char *body;
+		int status;
+		const char *type;
+	} cases[] = {
+	    {"/v1/jobs/%s.s9/complete", "{\"worker\":\"w\"}", 404, "/problems/not-found"},
+	    {"/v1/jobs/nonsense/complete", "{\"worker\":\"w\"}", 404, "/problems/not-found"},
+	    {"/v1/jobs/%s.s1/complete", "{\"worker\":\"intruder\"}", 409,
+	     "/problems/not-lease-holder"},
+	    {"/v1/jobs/%s.s1/complete", "{\"output\":{}}", 422, "/problems/invalid-request"},
+	    {"/v1/jobs/%s.s1/complete", "{\"worker\":\"w\",\"output\":[1]}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/jobs/%s.s1/fail", "{\"worker\":\"w\",\"retry_after_seconds\":-1}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"lease_seconds\":-5}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/jobs/activate",
+	     "{\"job_type\":\"b\",\"worker\":\"w\",\"lease_seconds\":99999999999999}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"max_jobs\":0}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/jobs/activate", "{\"worker\":\"w\"}", 422, "/problems/invalid-request"},
+	    {"/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"extra\":1}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/jobs/activate", "{\"job_type\":", 400, "/problems/invalid-json"},
+	    {"/v1/workflows/%s/transitions", "{\"to\":\"sleeping\"}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/workflows/%s/transitions", "{\"to\":\"cancelled\",\"from\":\"nowhere\"}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/workflows/%s/transitions", "{\"to\":\"running\",\"from\":\"running\"}", 200,
+	     NULL},
+	    {"/v1/workflows/%s/messages", "{\"name\":\"x\"}", 422, "/problems/invalid-request"},
+	    {"/v1/workflows/%s/messages", "{\"message_id\":\"m\",\"name\":\"x\",\"payload\":3}",
+	     422, "/problems/invalid-request"},
+	    {"/v1/workflows/%s/messages", "{\"message_id\":\"\",\"name\":\"x\"}", 422,
+	     "/problems/invalid-request"},
+	    {"/v1/workflows/01a00000-0000-7000-8000-000000000000/messages",
+	     "{\"message_id\":\"m\",\"name\":\"x\"}", 404, "/problems/not-found"},
+	};
+	struct tstack_tenant t;
+	char *wf, *before, *after, steps[4096];
+	size_t off;
+
+	tstack_tenant_create(&t, "bad");
+	wf = create(&t, "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\"}]}");
+	activate_one(&t, "b", "w", 60, wf);
+	before = tenant_snapshot(&t);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char path[200];
+		struct http_response *r;
+		const char *pct = strstr(cases[i].path, "%s");
+		if (pct != NULL)
+			snprintf(path, sizeof(path), "%.*s%s%s", (int)(pct - cases[i].path),
+				 cases[i].path, wf, pct + 2);
+		else
+			snprintf(path, sizeof(path), "%s", cases[i].path);
+		r = post(&t, path, NULL, cases[i].body);
+		if (cases[i].type != NULL)
+			tstack_expect_problem(r, cases[i].status, cases[i].type, path);
+		else
+			expect_status(r, cases[i].status);
+		http_response_free(r);
+	}
+
+	/* Workflows: too many steps, a step with both kinds, duplicate
+	 * names. */
+	off = (size_t)snprintf(steps, sizeof(steps), "{\"type\":\"b\",\"steps\":[");
+	for (int i = 0; i < 33; i++)
+		off += (size_t)snprintf(steps + off, sizeof(steps) - off,
+					"%s{\"name\":\"s%d\",\"job_type\":\"b\"}", i ? "," : "", i);
+	snprintf(steps + off, sizeof(steps) - off, "]}");
+	const char *bad_workflows[] = {
+	    steps,
+	    "{\"type\":\"b\",\"steps\":[]}",
+	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\",\"wait_for\":\"m\"}]}",
+	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\"},"
+	    "{\"name\":\"a\",\"job_type\":\"c\"}]}",
+	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"wait_for\":\"m\",\"retries\":2}]}",
+	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\",\"retries\":-1}]}",
+	    "{\"type\":\"b\",\"business_key\":\"\"}",
+	    "{\"type\":\"b\",\"business_key\":7}",
+	};
+	for (size_t i = 0; i < sizeof(bad_workflows) / sizeof(bad_workflows[0]); i++) {
+		char key[96];
+		struct http_response *r;
+		tstack_key(key, sizeof(key), "bad");
+		r = post(&t, "/v1/workflows", key, bad_workflows[i]);
+		tstack_expect_problem(r, 422, "/problems/invalid-workflow", "/v1/workflows");
+		http_response_free(r);
+	}
+	after = tenant_snapshot(&t);
+	cr_assert_str_eq(after, before, "a refused request changed something");
+	free(before);
+	free(after);
+	free(wf);
+}
+
+/* --- Keyed commands ----------------------------------------------------- */
+
+Test(keyed_commands, a_keyed_activation_replays_the_same_jobs_and_a_changed_body_conflicts)
+{
+	struct tstack_tenant t;
+	struct http_response *a, *b, *c;
+	char key[96], *wf;
+
+	tstack_tenant_create(&t, "keyact");
+	wf = create(&t, "{\"type\":\"k\",\"steps\":[{\"name\":\"a\",\"job_type\":\"k\"}]}");
+	free(create(&t, "{\"type\":\"k\",\"steps\":[{\"name\":\"a\",\"job_type\":\"k\"}]}"));
+	tstack_key(key, sizeof(key), "act");
+	a = post(&t, "/v1/jobs/activate", key, "{\"job_type\":\"k\",\"worker\":\"w\"}");
+	b = post(&t, "/v1/jobs/activate", key, "{\"worker\":\"w\",\"job_type\":\"k\"}");
+	c = post(&t, "/v1/jobs/activate", key, "{\"job_type\":\"k\",\"worker\":\"w2\"}");
+	expect_status(a, 200);
+	expect_status(b, 200);
+	cr_assert_str_eq(b->body, a->body);
+	tstack_expect_header(b, "Idempotent-Replayed", "true");
+	tstack_expect_problem(c, 409, "/problems/idempotency-key-reused", "/v1/jobs/activate");
+	/* One activation in all: the second workflow's job is still free. */
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1"
+				  " AND state = 'active'",
+				  t.id_text),
+		     1);
+	http_response_free(a);
+	http_response_free(b);
+	http_response_free(c);
+
+	/* A refused completion is stored under its key and replayed. */
+	tstack_key(key, sizeof(key), "refused");
+	a = finish(&t, wf, 1, "complete", key, "{\"worker\":\"nobody\"}");
+	b = finish(&t, wf, 1, "complete", key, "{\"worker\":\"nobody\"}");
+	cr_assert_eq(a->status, 409);
+	cr_assert_eq(b->status, 409);
+	tstack_expect_header(b, "Content-Type", "application/problem+json");
+	tstack_expect_header(b, "Idempotent-Replayed", "true");
+	cr_assert_str_eq(b->body, a->body);
+	http_response_free(a);
+	http_response_free(b);
+	free(wf);
+}
