@@ -114,7 +114,7 @@ fi
 cron=$inst_sysconfdir/cron.d/idemflow
 expect_line "$cron" "* * * * *  idemflow  $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
 expect_line "$cron" "17 * * * * idemflow  $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
-expect_line "$cron" "#*/5 * * * * idemflow  $inst_bindir/idemflow --config $conf reap"
+expect_line "$cron" "* * * * *  idemflow  $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
 grep -q 'kill-who=main --signal=USR1 idemflow-fcgi.service' "$DEST$inst_sysconfdir/logrotate.d/idemflow" ||
 	fail "logrotate does not send USR1 to idemflow-fcgi"
 if left=$(grep -rl '@[a-z]*dir@' "$DEST"); then
