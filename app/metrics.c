@@ -22,29 +22,35 @@
 
 /* The statuses the server answers with (http_reason's list); anything else
  * is counted under status="other" so the label stays bounded. */
-static const int statuses[] = {200, 201, 204, 400, 401, 403, 404, 405,
-			       409, 413, 415, 422, 500, 503};
+static const int statuses[] = {200, 201, 204, 400, 401, 403, 404,
+                               405, 409, 413, 415, 422, 500, 503};
 #define NSTATUS (sizeof(statuses) / sizeof(statuses[0]))
 
 /* Upper bounds of the duration buckets, in seconds: from a replay served
  * in a millisecond to a create that waited out idempotency_wait. */
 static const double bucket_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-				   0.25,  0.5,    1,     2.5,  5,     10};
+                                   0.25,  0.5,    1,     2.5,  5,     10};
 static const char *const bucket_le_text[] = {"0.001", "0.0025", "0.005", "0.01", "0.025",
-					     "0.05",  "0.1",    "0.25",  "0.5",  "1",
-					     "2.5",   "5",      "10"};
+                                             "0.05",  "0.1",    "0.25",  "0.5",  "1",
+                                             "2.5",   "5",      "10"};
 #define NBUCKETS (sizeof(bucket_le) / sizeof(bucket_le[0]))
 
 static const struct {
 	const char *name;
 	int keyed; /* takes an Idempotency-Key: has idempotency series */
 } routes[MR__COUNT] = {
-	[MR_WORKFLOWS] = {"/v1/workflows", 1},
-	[MR_WORKFLOW] = {"/v1/workflows/{id}", 0},
-	[MR_HEALTHZ] = {"/healthz", 0},
-	[MR_READYZ] = {"/readyz", 0},
-	[MR_METRICS] = {"/metrics", 0},
-	[MR_OTHER] = {"other", 0},
+    [MR_WORKFLOWS] = {"/v1/workflows", 1},
+    [MR_WORKFLOW] = {"/v1/workflows/{id}", 0},
+    [MR_HEALTHZ] = {"/healthz", 0},
+    [MR_READYZ] = {"/readyz", 0},
+    [MR_METRICS] = {"/metrics", 0},
+    [MR_WF_EVENTS] = {"/v1/workflows/{id}/events", 0},
+    [MR_WF_TRANSITIONS] = {"/v1/workflows/{id}/transitions", 1},
+    [MR_WF_MESSAGES] = {"/v1/workflows/{id}/messages", 1},
+    [MR_JOBS_ACTIVATE] = {"/v1/jobs/activate", 1},
+    [MR_JOB_COMPLETE] = {"/v1/jobs/{key}/complete", 1},
+    [MR_JOB_FAIL] = {"/v1/jobs/{key}/fail", 1},
+    [MR_OTHER] = {"other", 0},
 };
 
 struct route_ctr {
@@ -71,7 +77,7 @@ struct totals {
 	unsigned long long buckets[MR__COUNT][NBUCKETS + 1];
 	unsigned long long duration_us[MR__COUNT];
 	unsigned long long created[MR__COUNT], replays[MR__COUNT], mismatch[MR__COUNT],
-		in_flight[MR__COUNT];
+	    in_flight[MR__COUNT];
 	unsigned long long db_reconnects;
 	long long workers;
 	unsigned long long worker_restarts;
@@ -81,17 +87,40 @@ static struct shm *metrics_shm;
 static int metrics_slot;
 static unsigned long metrics_seen_reconnects;
 
+/* The route of "<prefix>{id}" or "<prefix>{id}/<sub>" for a sub in subs
+ * (NULL-terminated, "" for no sub), or MR_OTHER. */
+static enum metrics_route id_route(const char *tail, const char *const *subs,
+                                   const enum metrics_route *routes_of)
+{
+	const char *slash = strchr(tail, '/');
+
+	if (tail == slash || *tail == '\0')
+		return MR_OTHER;
+	for (int i = 0; subs[i] != NULL; i++) {
+		if (subs[i][0] == '\0' ? slash == NULL
+		                       : (slash != NULL && strcmp(slash + 1, subs[i]) == 0))
+			return routes_of[i];
+	}
+	return MR_OTHER;
+}
+
 enum metrics_route metrics_route_of(const char *path)
 {
-	static const char wf_prefix[] = "/v1/workflows/";
-	const char *id;
+	static const char wf_prefix[] = "/v1/workflows/", jobs_prefix[] = "/v1/jobs/";
+	static const char *const wf_subs[] = {"", "events", "transitions", "messages", NULL};
+	static const enum metrics_route wf_routes[] = {MR_WORKFLOW, MR_WF_EVENTS, MR_WF_TRANSITIONS,
+	                                               MR_WF_MESSAGES};
+	static const char *const job_subs[] = {"complete", "fail", NULL};
+	static const enum metrics_route job_routes[] = {MR_JOB_COMPLETE, MR_JOB_FAIL};
 
 	if (strcmp(path, "/v1/workflows") == 0)
 		return MR_WORKFLOWS;
-	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0) {
-		id = path + sizeof(wf_prefix) - 1;
-		return *id != '\0' && strchr(id, '/') == NULL ? MR_WORKFLOW : MR_OTHER;
-	}
+	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0)
+		return id_route(path + sizeof(wf_prefix) - 1, wf_subs, wf_routes);
+	if (strcmp(path, "/v1/jobs/activate") == 0)
+		return MR_JOBS_ACTIVATE;
+	if (strncmp(path, jobs_prefix, sizeof(jobs_prefix) - 1) == 0)
+		return id_route(path + sizeof(jobs_prefix) - 1, job_subs, job_routes);
 	if (strcmp(path, "/healthz") == 0)
 		return MR_HEALTHZ;
 	if (strcmp(path, "/readyz") == 0)
@@ -114,10 +143,10 @@ int metrics_init(struct err *e)
 		return 0;
 	/* Anonymous memory is zeroed: every counter starts at 0. */
 	p = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-		 0);
+	         0);
 	if (p == MAP_FAILED)
 		return err_set(e, ERR_INTERNAL, "could not map %zu bytes for the metrics: %s",
-			       sizeof(struct shm), strerror(errno));
+		               sizeof(struct shm), strerror(errno));
 	metrics_shm = p;
 	return 0;
 }
@@ -154,7 +183,7 @@ static void add(atomic_ullong *c, unsigned long long n)
 }
 
 void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
-		     unsigned long reconnects)
+                     unsigned long reconnects)
 {
 	struct slot *s;
 	struct route_ctr *r;
@@ -234,12 +263,15 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 			if (t.requests[r][k] == 0)
 				continue;
 			if (k < NSTATUS)
-				buf_printf(out, "idemflow_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
-					   routes[r].name, statuses[k], t.requests[r][k]);
+				buf_printf(
+				    out,
+				    "idemflow_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+				    routes[r].name, statuses[k], t.requests[r][k]);
 			else
-				buf_printf(out,
-					   "idemflow_requests_total{route=\"%s\",status=\"other\"} %llu\n",
-					   routes[r].name, t.requests[r][k]);
+				buf_printf(
+				    out,
+				    "idemflow_requests_total{route=\"%s\",status=\"other\"} %llu\n",
+				    routes[r].name, t.requests[r][k]);
 		}
 	}
 
@@ -249,21 +281,23 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 		unsigned long long cum = 0;
 		for (size_t k = 0; k < NBUCKETS; k++) {
 			cum += t.buckets[r][k];
-			buf_printf(out,
-				   "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"%s\"} "
-				   "%llu\n",
-				   routes[r].name, bucket_le_text[k], cum);
+			buf_printf(
+			    out,
+			    "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"%s\"} "
+			    "%llu\n",
+			    routes[r].name, bucket_le_text[k], cum);
 		}
 		/* The count is the +Inf bucket by construction, so the two can
 		 * never disagree even while workers are counting. */
 		cum += t.buckets[r][NBUCKETS];
-		buf_printf(out,
-			   "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n",
-			   routes[r].name, cum);
+		buf_printf(
+		    out,
+		    "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n",
+		    routes[r].name, cum);
 		buf_printf(out, "idemflow_request_duration_seconds_sum{route=\"%s\"} %llu.%06llu\n",
-			   routes[r].name, t.duration_us[r] / 1000000, t.duration_us[r] % 1000000);
+		           routes[r].name, t.duration_us[r] / 1000000, t.duration_us[r] % 1000000);
 		buf_printf(out, "idemflow_request_duration_seconds_count{route=\"%s\"} %llu\n",
-			   routes[r].name, cum);
+		           routes[r].name, cum);
 	}
 
 	help(out, "idemflow_idempotency_created_total", "counter",
@@ -271,13 +305,13 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	for (int r = 0; r < MR__COUNT; r++)
 		if (routes[r].keyed)
 			buf_printf(out, "idemflow_idempotency_created_total{route=\"%s\"} %llu\n",
-				   routes[r].name, t.created[r]);
+			           routes[r].name, t.created[r]);
 	help(out, "idemflow_idempotency_replays_total", "counter",
 	     "Keyed requests answered with the stored response of an earlier one.");
 	for (int r = 0; r < MR__COUNT; r++)
 		if (routes[r].keyed)
 			buf_printf(out, "idemflow_idempotency_replays_total{route=\"%s\"} %llu\n",
-				   routes[r].name, t.replays[r]);
+			           routes[r].name, t.replays[r]);
 	help(out, "idemflow_idempotency_conflicts_total", "counter",
 	     "Keyed requests refused with 409: the key was used for a different request "
 	     "(mismatch) or its first request was still running (in_flight).");
@@ -285,13 +319,14 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 		if (!routes[r].keyed)
 			continue;
 		buf_printf(out,
-			   "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"mismatch\"} "
-			   "%llu\n",
-			   routes[r].name, t.mismatch[r]);
-		buf_printf(out,
-			   "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"in_flight\"} "
-			   "%llu\n",
-			   routes[r].name, t.in_flight[r]);
+		           "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"mismatch\"} "
+		           "%llu\n",
+		           routes[r].name, t.mismatch[r]);
+		buf_printf(
+		    out,
+		    "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"in_flight\"} "
+		    "%llu\n",
+		    routes[r].name, t.in_flight[r]);
 	}
 
 	help(out, "idemflow_db_reconnects_total", "counter",
@@ -388,7 +423,7 @@ int metrics_allow_match(const char *allow, const char *addr, struct err *e)
 			break;
 		if (n >= sizeof(item))
 			return err_set(e, ERR_CONFIG, "metrics_allow: \"%.*s\" is not an address",
-				       (int)n, p);
+			               (int)n, p);
 		memcpy(item, p, n);
 		item[n] = '\0';
 		p += n;
@@ -397,15 +432,17 @@ int metrics_allow_match(const char *allow, const char *addr, struct err *e)
 			*slash = '\0';
 		if (addr_parse(item, &net) < 0)
 			return err_set(e, ERR_CONFIG,
-				       "metrics_allow: \"%s\" is not an IPv4 or IPv6 address", item);
+			               "metrics_allow: \"%s\" is not an IPv4 or IPv6 address",
+			               item);
 		if (slash != NULL) {
 			char *end;
 			long bits = strtol(slash + 1, &end, 10);
 			int max = net.family == AF_INET ? 32 : 128;
 			if (end == slash + 1 || *end != '\0' || bits < 0 || bits > max)
-				return err_set(e, ERR_CONFIG,
-					       "metrics_allow: bad prefix length \"/%s\" for %s (0 to %d)",
-					       slash + 1, item, max);
+				return err_set(
+				    e, ERR_CONFIG,
+				    "metrics_allow: bad prefix length \"/%s\" for %s (0 to %d)",
+				    slash + 1, item, max);
 			net.bits = (int)bits;
 		}
 		/* Keep parsing after a match: a bad entry is an error wherever it is. */
@@ -450,8 +487,8 @@ void metrics_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp 
 	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
 	    !metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
 		api_problem(resp, req, P_FORBIDDEN,
-			    "/metrics is open to the addresses in metrics_allow, or with the "
-			    "metrics_token");
+		            "/metrics is open to the addresses in metrics_allow, or with the "
+		            "metrics_token");
 		return;
 	}
 	if (strcmp(req->method, "GET") != 0) {

@@ -31,12 +31,18 @@ struct http_resp;
 
 /* The route label: a template, never the raw path. */
 enum metrics_route {
-	MR_WORKFLOWS, /* /v1/workflows */
-	MR_WORKFLOW,  /* /v1/workflows/{id} */
-	MR_HEALTHZ,   /* /healthz */
-	MR_READYZ,    /* /readyz */
-	MR_METRICS,   /* /metrics */
-	MR_OTHER,     /* anything else (404s) */
+	MR_WORKFLOWS,      /* /v1/workflows */
+	MR_WORKFLOW,       /* /v1/workflows/{id} */
+	MR_HEALTHZ,        /* /healthz */
+	MR_READYZ,         /* /readyz */
+	MR_METRICS,        /* /metrics */
+	MR_WF_EVENTS,      /* /v1/workflows/{id}/events */
+	MR_WF_TRANSITIONS, /* /v1/workflows/{id}/transitions */
+	MR_WF_MESSAGES,    /* /v1/workflows/{id}/messages */
+	MR_JOBS_ACTIVATE,  /* /v1/jobs/activate */
+	MR_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
+	MR_JOB_FAIL,       /* /v1/jobs/{key}/fail */
+	MR_OTHER,          /* anything else (404s) */
 	MR__COUNT
 };
 
@@ -62,7 +68,7 @@ void metrics_worker_restarted(void);
  * worker's db_reconnects() so far; only its growth is added.
  */
 void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
-		     unsigned long reconnects);
+                     unsigned long reconnects);
 
 /* Outbox gauges read from the database at scrape time. */
 struct metrics_outbox {

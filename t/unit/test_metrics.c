@@ -22,6 +22,26 @@ Test(metrics, routes_are_templates_so_the_label_stays_bounded)
 	cr_assert_str_eq(metrics_route_name(metrics_route_of("")), "other");
 }
 
+Test(metrics, the_routes_of_running_workflows_are_templates_too)
+{
+	static const char *const cases[][2] = {
+	    {"/v1/workflows/0190-abc/events", "/v1/workflows/{id}/events"},
+	    {"/v1/workflows/0190-abc/transitions", "/v1/workflows/{id}/transitions"},
+	    {"/v1/workflows/0190-abc/messages", "/v1/workflows/{id}/messages"},
+	    {"/v1/workflows/0190-abc/messages/x", "other"},
+	    {"/v1/workflows//events", "other"},
+	    {"/v1/jobs/activate", "/v1/jobs/activate"},
+	    {"/v1/jobs/0190-abc.s1/complete", "/v1/jobs/{key}/complete"},
+	    {"/v1/jobs/0190-abc.s1/fail", "/v1/jobs/{key}/fail"},
+	    {"/v1/jobs/0190-abc.s1", "other"},
+	    {"/v1/jobs/", "other"},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		cr_assert_str_eq(metrics_route_name(metrics_route_of(cases[i][0])), cases[i][1],
+				 "%s", cases[i][0]);
+}
+
 Test(metrics, allowlist_matches_addresses_networks_and_mapped_ipv4)
 {
 	const char *list = "127.0.0.1, ::1,10.1.0.0/16,fd00::/8";
