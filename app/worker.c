@@ -2,7 +2,7 @@
 #include "worker.h"
 
 #include <errno.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -139,12 +139,12 @@ int worker_run(const struct conf *c, int listen_fd)
 	struct keystats ks;
 	struct notifier nt = {0};
 	struct err e;
-	struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd};
 	long served = 0;
-	int rc = 0;
+	int rc = 0, ep = -1;
 
 	log_set_component("worker");
-	/* No SA_RESTART: a stop must interrupt ppoll(). */
+	/* No SA_RESTART: a stop must interrupt epoll_pwait(). */
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_stop;
 	sigemptyset(&sa.sa_mask);
@@ -192,6 +192,15 @@ int worker_run(const struct conf *c, int listen_fd)
 		rc = 1;
 		goto out;
 	}
+	/* One epoll set per worker, the listening socket in it with
+	 * EPOLLEXCLUSIVE: a new connection wakes one idle worker (or a few),
+	 * not the whole pool, which would all race for one accept(). */
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev) < 0) {
+		log_error("could not watch the listening socket", "error=\"%s\"", strerror(errno));
+		rc = 1;
+		goto out;
+	}
 	log_info("worker started", NULL);
 
 	while (!worker_stop) {
@@ -203,8 +212,8 @@ int worker_run(const struct conf *c, int listen_fd)
 		long ks_wait = keystats_wait_ms(&ks), nt_wait = notify_wait_ms(&nt);
 		if (nt_wait >= 0 && (ks_wait < 0 || nt_wait < ks_wait))
 			ks_wait = nt_wait;
-		struct timespec ks_ts = {ks_wait / 1000, ks_wait % 1000 * 1000000};
-		int r = ppoll(&pfd, 1, ks_wait < 0 ? NULL : &ks_ts, &waitmask);
+		struct epoll_event ready;
+		int r = epoll_pwait(ep, &ready, 1, ks_wait < 0 ? -1 : (int)ks_wait, &waitmask);
 		if (worker_stop)
 			break;
 		log_reopen_if_asked();
@@ -249,6 +258,8 @@ int worker_run(const struct conf *c, int listen_fd)
 	log_info("worker stopped", NULL);
 	FCGX_Free(&freq, 0);
 out:
+	if (ep >= 0)
+		close(ep);
 	keystats_free(&ks);
 	http_resp_free(&resp);
 	PQclear(ctx.key_row);
