@@ -999,3 +999,71 @@ Test(keyed_commands, a_keyed_activation_replays_the_same_jobs_and_a_changed_body
 	http_response_free(b);
 	free(wf);
 }
+
+/* --- Tenant isolation ---------------------------------------------------- */
+
+TestSuite(isolation, .timeout = 60);
+
+Test(isolation, no_route_of_a_running_workflow_reaches_another_tenants_rows)
+{
+	struct tstack_tenant a, b;
+	struct http_response *r;
+	char path[200], *wf, *before, *after, *n;
+	const char *body = "{\"type\":\"iso\",\"business_key\":\"B-1\",\"steps\":["
+			   "{\"name\":\"w\",\"job_type\":\"iso\"},{\"name\":\"m\",\"wait_for\":\"go\"}]}";
+
+	tstack_tenant_create(&a, "iso-a");
+	tstack_tenant_create(&b, "iso-b");
+	wf = create(&a, body);
+	activate_one(&a, "iso", "wa", 60, wf);
+	before = tenant_snapshot(&a);
+
+	/* B sees nothing of A's: every route answers as for a missing id. */
+	snprintf(path, sizeof(path), "/v1/workflows/%s/events", wf);
+	r = get(&b, path);
+	tstack_expect_problem(r, 404, "/problems/not-found", path);
+	http_response_free(r);
+	r = get(&b, "/v1/workflows?type=iso");
+	cr_assert_str_eq(r->body, "{\"workflows\":[],\"next_cursor\":null}");
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
+	r = post(&b, path, NULL, "{\"to\":\"cancelled\"}");
+	tstack_expect_problem(r, 404, "/problems/not-found", path);
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
+	r = post(&b, path, NULL, "{\"message_id\":\"x\",\"name\":\"go\"}");
+	tstack_expect_problem(r, 404, "/problems/not-found", path);
+	http_response_free(r);
+	r = activate(&b, "iso", "wb", 10, 60);
+	cr_assert_str_eq(r->body, "{\"jobs\":[]}");
+	http_response_free(r);
+	for (int i = 0; i < 2; i++) {
+		const char *verb = i == 0 ? "complete" : "fail";
+		snprintf(path, sizeof(path), "/v1/jobs/%s.s1/%s", wf, verb);
+		r = finish(&b, wf, 1, verb, NULL, "{\"worker\":\"wa\"}");
+		tstack_expect_problem(r, 404, "/problems/not-found", path);
+		http_response_free(r);
+	}
+	after = tenant_snapshot(&a);
+	cr_assert_str_eq(after, before, "another tenant changed A's rows");
+	free(after);
+
+	/* The same business key, message id and command key in B are B's own. */
+	char *wfb = create(&b, body);
+	cr_assert_str_neq(wfb, wf);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wfb);
+	r = post(&b, path, "shared-key", "{\"message_id\":\"shared\",\"name\":\"go\"}");
+	expect_status(r, 202);
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
+	r = post(&a, path, "shared-key", "{\"message_id\":\"shared\",\"name\":\"go\"}");
+	expect_status(r, 202);
+	n = tstack_json(r->body, "{duplicate}");
+	cr_assert_str_eq(n, "false");
+	free(n);
+	cr_assert_null(http_header(r, "Idempotent-Replayed"));
+	http_response_free(r);
+	free(before);
+	free(wfb);
+	free(wf);
+}
