@@ -1067,3 +1067,59 @@ Test(isolation, no_route_of_a_running_workflow_reaches_another_tenants_rows)
 	free(wfb);
 	free(wf);
 }
+
+#define ACTIVATORS 10
+
+Test(lease, concurrent_activations_never_hand_out_one_job_twice)
+{
+	struct tstack_tenant t;
+	struct sender s[ACTIVATORS];
+	pthread_t th[ACTIVATORS];
+	pthread_barrier_t start;
+	char bodies[ACTIVATORS][128];
+	long handed = 0;
+
+	tstack_tenant_create(&t, "activators");
+	for (int i = 0; i < 20; i++)
+		free(create(&t, "{\"type\":\"ca\",\"steps\":[{\"name\":\"a\",\"job_type\":\"ca\"}]}"));
+	cr_assert_eq(pthread_barrier_init(&start, NULL, ACTIVATORS), 0);
+	for (int i = 0; i < ACTIVATORS; i++) {
+		snprintf(bodies[i], sizeof(bodies[i]),
+			 "{\"job_type\":\"ca\",\"worker\":\"a%d\",\"max_jobs\":3}", i);
+		s[i] = (struct sender){&t, "/v1/jobs/activate", NULL, bodies[i], &start, NULL};
+		cr_assert_eq(pthread_create(&th[i], NULL, sender_run, &s[i]), 0);
+	}
+	for (int i = 0; i < ACTIVATORS; i++)
+		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&start);
+
+	/* Every key handed out once, to the worker the table names. */
+	PGconn *db = tstack_db();
+	for (int i = 0; i < ACTIVATORS; i++) {
+		cr_assert_not_null(s[i].resp);
+		expect_status(s[i].resp, 200);
+		const char *p[2] = {s[i].resp->body, NULL};
+		PGresult *res = PQexecParams(
+		    db,
+		    "SELECT j ->> 'key', j ->> 'worker' FROM jsonb_array_elements($1::jsonb -> 'jobs') j",
+		    1, NULL, p, NULL, NULL, 0);
+		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK);
+		for (int k = 0; k < PQntuples(res); k++) {
+			char wf[37];
+			snprintf(wf, sizeof(wf), "%.36s", PQgetvalue(res, k, 0));
+			cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
+						  " AND worker = $2 AND activations = 1",
+						  wf, PQgetvalue(res, k, 1)),
+				     1, "job %s is not %s's alone", PQgetvalue(res, k, 0),
+				     PQgetvalue(res, k, 1));
+			handed++;
+		}
+		PQclear(res);
+		http_response_free(s[i].resp);
+	}
+	cr_assert_eq(handed, tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1"
+					  " AND state = 'active'",
+					  t.id_text));
+	cr_assert_eq(handed, 20, "SKIP LOCKED left jobs behind while %ld were asked for",
+		     (long)ACTIVATORS * 3);
+}
