@@ -7,11 +7,40 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* json-c accepts single-quoted object keys even in strict mode; JSON does
- * not. Returns the offset of the first quote outside a string, or -1. */
-static long stray_single_quote(const char *text, size_t len)
+/* The largest magnitudes json-c reads exactly, as digits: int64_t below
+ * zero, uint64_t above. */
+static const char int_min_digits[] = "9223372036854775808";
+static const char int_max_digits[] = "18446744073709551615";
+
+/* 1 when the integer of n digits (no sign, no leading zero) is beyond the
+ * limit of its sign. */
+static int int_out_of_range(const char *digits, size_t n, int negative)
 {
-	int in_string = 0;
+	const char *lim = negative ? int_min_digits : int_max_digits;
+	size_t ln = negative ? sizeof(int_min_digits) - 1 : sizeof(int_max_digits) - 1;
+
+	return n > ln || (n == ln && memcmp(digits, lim, n) > 0);
+}
+
+/*
+ * What json-c lets through but JSON or this service does not, found in one
+ * pass over text that json-c has already accepted, so the grammar is known
+ * to be right. Returns how many integers are beyond 64 bits (see below),
+ * or -1 with e filled (ERR_INPUT, the byte offset of the first offence).
+ *  - A single quote outside a string: json-c takes 'a' as a key even in
+ *    strict mode.
+ *  - NaN and Infinity, which json-c reads even in strict mode, and a
+ *    leading zero after a minus sign (-01), which it reads as -1.
+ * Integers outside -2^63 .. 2^64-1 are not errors, but json-c saturates
+ * them to the bound: a 30-digit number became 18446744073709551615, and two
+ * different numbers one request. They are doubles instead, as every number
+ * is in RFC 8785: when wide is not NULL, the text is copied into it with
+ * ".0" after each of them, for json-c to read again.
+ */
+static int lex_check(const char *text, size_t len, struct buf *wide, struct err *e)
+{
+	int in_string = 0, nwide = 0;
+	size_t copied = 0; /* text before this offset is in wide */
 
 	for (size_t i = 0; i < len; i++) {
 		char c = text[i];
@@ -23,13 +52,49 @@ static long stray_single_quote(const char *text, size_t len)
 		} else if (c == '"') {
 			in_string = 1;
 		} else if (c == '\'') {
-			return (long)i;
+			return err_set(e, ERR_INPUT,
+			               "the body is not valid JSON: single quote at byte %zu", i);
+		} else if (c == 'N' || c == 'I' ||
+		           ((c == '-' || c == '+') && i + 1 < len &&
+		            (text[i + 1] == 'N' || text[i + 1] == 'I'))) {
+			return err_set(e, ERR_INPUT,
+			               "the body is not valid JSON: NaN or Infinity at byte %zu",
+			               i);
+		} else if (c == '-' || (c >= '0' && c <= '9')) {
+			size_t d = i + (c == '-'), end = d;
+			if (d + 1 < len && text[d] == '0' && text[d + 1] >= '0' &&
+			    text[d + 1] <= '9')
+				return err_set(
+				    e, ERR_INPUT,
+				    "the body is not valid JSON: leading zero at byte %zu", d);
+			while (end < len && text[end] >= '0' && text[end] <= '9')
+				end++;
+			i = end;
+			if (i < len && (text[i] == '.' || text[i] == 'e' || text[i] == 'E')) {
+				/* Already a double: skip the rest of it. */
+				while (i < len && text[i] != '\0' &&
+				       strchr("0123456789.eE+-", text[i]) != NULL)
+					i++;
+			} else if (int_out_of_range(text + d, end - d, c == '-')) {
+				nwide++;
+				if (wide != NULL) {
+					buf_append(wide, text + copied, end - copied);
+					buf_puts(wide, ".0");
+					copied = end;
+				}
+			}
+			i--; /* the loop steps onto the byte after the number */
 		}
 	}
-	return -1;
+	if (wide != NULL)
+		buf_append(wide, text + copied, len - copied);
+	return nwide;
 }
 
-struct json_object *canon_parse(const char *text, size_t len, int max_depth, struct err *e)
+/* json-c's part of canon_parse: the grammar, the depth, UTF-8, and nothing
+ * but whitespace after the value. NULL with e filled on failure, and for a
+ * JSON null document. */
+static struct json_object *parse_json(const char *text, size_t len, int max_depth, struct err *e)
 {
 	struct json_tokener *tok = json_tokener_new_ex(max_depth);
 	struct json_object *v = NULL;
@@ -65,11 +130,6 @@ struct json_object *canon_parse(const char *text, size_t len, int max_depth, str
 			json_tokener_get_parse_end(tok));
 		goto fail;
 	}
-	long q = stray_single_quote(text, len);
-	if (q >= 0) {
-		err_set(e, ERR_INPUT, "the body is not valid JSON: single quote at byte %ld", q);
-		goto fail;
-	}
 	for (end = consumed ? consumed : json_tokener_get_parse_end(tok); end < len; end++) {
 		char c = text[end];
 		if (c != ' ' && c != '\t' && c != '\r' && c != '\n') {
@@ -86,6 +146,37 @@ fail:
 	v = NULL;
 out:
 	json_tokener_free(tok);
+	return v;
+}
+
+struct json_object *canon_parse(const char *text, size_t len, int max_depth, struct err *e)
+{
+	struct json_object *v = parse_json(text, len, max_depth, e);
+	struct buf wide = BUF_INIT;
+	int nwide;
+
+	if (v == NULL)
+		return NULL;
+	nwide = lex_check(text, len, NULL, e);
+	if (nwide < 0)
+		goto fail;
+	if (nwide > 0) {
+		/* Rare: read it again with those integers as doubles. */
+		json_object_put(v);
+		lex_check(text, len, &wide, e);
+		if (wide.oom) {
+			err_set(e, ERR_INTERNAL, "out of memory");
+			v = NULL;
+			goto out;
+		}
+		v = parse_json(wide.data, wide.len, max_depth, e);
+	}
+	goto out;
+fail:
+	json_object_put(v);
+	v = NULL;
+out:
+	buf_free(&wide);
 	return v;
 }
 
@@ -174,9 +265,12 @@ int canon_write(struct buf *out, struct json_object *v, struct err *e)
 	}
 	case json_type_double: {
 		double d = json_object_get_double(v);
-		/* json-c reads NaN and Infinity; JSON has no such numbers. */
+		/* NaN and Infinity are refused by lex_check: what is left is
+		 * a number too large for a double (1e400), read as infinity. */
 		if (!isfinite(d))
-			return err_set(e, ERR_INPUT, "the body is not valid JSON: NaN or Infinity");
+			return err_set(e, ERR_INPUT,
+			               "a number is out of range: numbers with a fraction or an "
+			               "exponent must fit in a double (up to about 1.8e308)");
 		write_double(out, d);
 		return 0;
 	}

@@ -108,3 +108,80 @@ Test(canon, strings_are_escaped_minimally)
 	cr_assert_str_eq(b.data, "\"a\\\"\\\\\\b\\f\\n\\r\\t\\u0001/\xe2\x82\xac\"");
 	buf_free(&b);
 }
+
+/* json-c saturates integers it cannot hold, which stored a different
+ * number and made two numbers one fingerprint. Integers within 64 bits are
+ * exact; beyond, they are doubles, as every number is in RFC 8785. */
+Test(canon, integers_beyond_64_bits_are_doubles_not_saturated)
+{
+	static const struct pair cases[] = {
+	    {"-9223372036854775808", "-9223372036854775808"},
+	    {"18446744073709551615", "18446744073709551615"},
+	    {"-9223372036854775809", "-9223372036854775808"},
+	    {"18446744073709551616", "18446744073709551616"},
+	    {"18446744073709551617", "18446744073709551616"},
+	    {"18446744073709551616.0", "18446744073709551616"},
+	    {"100000000000000000000", "100000000000000000000"},
+	    {"123456789012345678901234567890", "1.2345678901234568e+29"},
+	    {"{\"a\":[1,-99999999999999999999,2]}", "{\"a\":[1,-100000000000000000000,2]}"},
+	    {"[-0,0]", "[0,0]"},
+	    {"1e-400", "0"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char msg[256] = "";
+		const char *got = canon_of(cases[i].in, msg, sizeof(msg));
+
+		cr_assert_not_null(got, "%s rejected: %s", cases[i].in, msg);
+		cr_assert_str_eq(got, cases[i].want, "canonical form of %s", cases[i].in);
+	}
+}
+
+/* The canonical form must read back as itself: GET parses what POST stored. */
+Test(canon, the_canonical_form_of_a_large_number_reads_back_as_itself)
+{
+	static const char *cases[] = {"1e20", "1e300", "18446744073709551616.5", "-1e25"};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char once[128], msg[256] = "";
+		const char *got = canon_of(cases[i], msg, sizeof(msg));
+
+		cr_assert_not_null(got, "%s: %s", cases[i], msg);
+		snprintf(once, sizeof(once), "%s", got);
+		got = canon_of(once, msg, sizeof(msg));
+		cr_assert_not_null(got, "%s, canonical %s: %s", cases[i], once, msg);
+		cr_assert_str_eq(got, once);
+	}
+}
+
+Test(canon, a_300_digit_integer_is_a_double_and_one_beyond_1e308_is_refused)
+{
+	char big[420];
+	char msg[256] = "";
+	const char *got;
+
+	memset(big, '9', 300);
+	big[300] = '\0';
+	got = canon_of(big, msg, sizeof(msg));
+	cr_assert_not_null(got, "%s", msg);
+	cr_assert_str_eq(got, "1e+300");
+	memset(big, '9', 400);
+	big[400] = '\0';
+	cr_assert_null(canon_of(big, msg, sizeof(msg)));
+	cr_assert(strstr(msg, "must fit in a double") != NULL, "%s", msg);
+	cr_assert_null(canon_of("[1e400]", msg, sizeof(msg)));
+	cr_assert(strstr(msg, "must fit in a double") != NULL, "%s", msg);
+	cr_assert_null(canon_of("-1e400", msg, sizeof(msg)));
+	cr_assert(strstr(msg, "must fit in a double") != NULL, "%s", msg);
+}
+
+Test(canon, nan_infinity_and_leading_zeros_are_refused)
+{
+	static const char *cases[] = {
+	    "NaN", "[Infinity]", "{\"a\":-Infinity}", "[-01]", "-00", "[1,-0123]",
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(cases[i], msg, sizeof(msg)), "accepted: %s", cases[i]);
+		cr_assert(strstr(msg, "not valid JSON") != NULL, "%s: %s", cases[i], msg);
+	}
+}
