@@ -23,12 +23,46 @@ static int int_out_of_range(const char *digits, size_t n, int negative)
 }
 
 /*
+ * Length of the UTF-8 sequence at s (RFC 3629: shortest form only, no
+ * UTF-16 surrogates, nothing above U+10FFFF), or 0 when it is not one.
+ * json-c's own check lets overlong forms and encoded surrogates through,
+ * and PostgreSQL then refused the row: a 500 for a client's mistake.
+ */
+static size_t utf8_len(const unsigned char *s, size_t left)
+{
+	uint32_t cp, min;
+	size_t n;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2, cp = s[0] & 0x1fu, min = 0x80;
+	else if ((s[0] & 0xf0) == 0xe0)
+		n = 3, cp = s[0] & 0x0fu, min = 0x800;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4, cp = s[0] & 0x07u, min = 0x10000;
+	else
+		return 0;
+	if (left < n)
+		return 0;
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3fu);
+	}
+	if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return n;
+}
+
+/*
  * What json-c lets through but JSON or this service does not, found in one
  * pass over text that json-c has already accepted, so the grammar is known
  * to be right. Returns how many integers are beyond 64 bits (see below),
  * or -1 with e filled (ERR_INPUT, the byte offset of the first offence).
  *  - A single quote outside a string: json-c takes 'a' as a key even in
  *    strict mode.
+ *  - Bytes that are not UTF-8 (utf8_len).
  *  - NaN and Infinity, which json-c reads even in strict mode, and a
  *    leading zero after a minus sign (-01), which it reads as -1.
  * Integers outside -2^63 .. 2^64-1 are not errors, but json-c saturates
@@ -45,10 +79,24 @@ static int lex_check(const char *text, size_t len, struct buf *wide, struct err 
 	for (size_t i = 0; i < len; i++) {
 		char c = text[i];
 		if (in_string) {
+			size_t n;
 			if (c == '\\')
 				i++;
 			else if (c == '"')
 				in_string = 0;
+			else if ((unsigned char)c >= 0x80) {
+				n = utf8_len((const unsigned char *)text + i, len - i);
+				if (n == 0)
+					return err_set(
+					    e, ERR_INPUT,
+					    "the body is not valid JSON: invalid UTF-8 at byte "
+					    "%zu",
+					    i);
+				i += n - 1;
+			}
+		} else if ((unsigned char)c >= 0x80) {
+			return err_set(e, ERR_INPUT,
+			               "the body is not valid JSON: invalid UTF-8 at byte %zu", i);
 		} else if (c == '"') {
 			in_string = 1;
 		} else if (c == '\'') {

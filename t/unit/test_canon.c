@@ -185,3 +185,39 @@ Test(canon, nan_infinity_and_leading_zeros_are_refused)
 		cr_assert(strstr(msg, "not valid JSON") != NULL, "%s: %s", cases[i], msg);
 	}
 }
+
+/* json-c's UTF-8 check lets these through; PostgreSQL refuses them, which
+ * made a client's mistake a 500. */
+Test(canon, overlong_forms_surrogates_and_code_points_above_10ffff_are_refused)
+{
+	static const char *bad[] = {
+	    "\"\xc0\xaf\"",         /* overlong '/' */
+	    "\"\xe0\x80\xaf\"",     /* overlong '/', three bytes */
+	    "\"\xf0\x80\x80\xaf\"", /* overlong '/', four bytes */
+	    "\"\xed\xa0\x80\"",     /* U+D800, a surrogate, encoded */
+	    "\"\xed\xbf\xbf\"",     /* U+DFFF */
+	    "\"\xf4\x90\x80\x80\"", /* U+110000 */
+	    "\"\xf5\x80\x80\x80\"", /* no such lead byte */
+	    "{\"\xc1\xbf\":1}",     /* in a key */
+	    "\"a\xe2\x82\"",        /* cut short */
+	};
+	static const struct pair good[] = {
+	    {"\"\xe2\x82\xac\"", "\"\xe2\x82\xac\""},
+	    {"\"\xf0\x9f\x98\x80\"", "\"\xf0\x9f\x98\x80\""},
+	    {"\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\"", "\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\""},
+	    {"\"\xed\x9f\xbf\xee\x80\x80\"", "\"\xed\x9f\xbf\xee\x80\x80\""},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(bad[i], msg, sizeof(msg)), "accepted case %zu", i);
+		cr_assert(strstr(msg, "not valid JSON") != NULL, "case %zu: %s", i, msg);
+	}
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		char msg[256] = "";
+		const char *got = canon_of(good[i].in, msg, sizeof(msg));
+
+		cr_assert_not_null(got, "case %zu rejected: %s", i, msg);
+		cr_assert_str_eq(got, good[i].want);
+	}
+}
