@@ -55,6 +55,65 @@ static size_t utf8_len(const unsigned char *s, size_t left)
 	return n;
 }
 
+static int hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* The code unit of the \uXXXX escape at s (6 bytes available), or -1. */
+static long escape_unit(const char *s)
+{
+	long v = 0;
+
+	if (s[0] != '\\' || s[1] != 'u')
+		return -1;
+	for (int k = 2; k < 6; k++) {
+		int d = hex_digit(s[k]);
+		if (d < 0)
+			return -1;
+		v = v * 16 + d;
+	}
+	return v;
+}
+
+/*
+ * The \u escape at s (left bytes, at byte offset at of the body): returns
+ * its length, 6, or 12 for a surrogate pair, or 0 with e filled.
+ *  - \u0000: PostgreSQL cannot store it, and json-c cuts an object key at
+ *    it, silently: {"a\u0000b":1} was stored as {"a":1}.
+ *  - A lone surrogate: json-c replaces it with U+FFFD, so "\ud800" and
+ *    "\ufffd" were one request. RFC 8785 requires I-JSON (RFC 7493), which
+ *    has no such strings.
+ */
+static size_t escape_check(const char *s, size_t left, size_t at, struct err *e)
+{
+	long u = left >= 6 ? escape_unit(s) : -1, low;
+
+	if (u < 0) {
+		err_set(e, ERR_INPUT, "the body is not valid JSON: bad escape at byte %zu", at);
+		return 0;
+	}
+	if (u == 0) {
+		err_set(e, ERR_INPUT, "strings may not contain U+0000 (byte %zu)", at);
+		return 0;
+	}
+	if (u < 0xd800 || u > 0xdfff)
+		return 6;
+	low = u <= 0xdbff && left >= 12 ? escape_unit(s + 6) : -1;
+	if (low >= 0xdc00 && low <= 0xdfff)
+		return 12;
+	err_set(e, ERR_INPUT,
+	        "the body is not valid JSON: unpaired UTF-16 surrogate \\u%04lx at byte %zu", u,
+	        at);
+	return 0;
+}
+
 /*
  * What json-c lets through but JSON or this service does not, found in one
  * pass over text that json-c has already accepted, so the grammar is known
@@ -63,6 +122,8 @@ static size_t utf8_len(const unsigned char *s, size_t left)
  *  - A single quote outside a string: json-c takes 'a' as a key even in
  *    strict mode.
  *  - Bytes that are not UTF-8 (utf8_len).
+ *  - A control character inside a string that is not escaped.
+ *  - \u0000 and lone surrogates (escape_check).
  *  - NaN and Infinity, which json-c reads even in strict mode, and a
  *    leading zero after a minus sign (-01), which it reads as -1.
  * Integers outside -2^63 .. 2^64-1 are not errors, but json-c saturates
@@ -80,8 +141,19 @@ static int lex_check(const char *text, size_t len, struct buf *wide, struct err 
 		char c = text[i];
 		if (in_string) {
 			size_t n;
-			if (c == '\\')
+			if (c == '\\' && i + 1 < len && text[i + 1] == 'u') {
+				n = escape_check(text + i, len - i, i, e);
+				if (n == 0)
+					return -1;
+				i += n - 1;
+			} else if (c == '\\')
 				i++;
+			else if ((unsigned char)c < 0x20)
+				return err_set(
+				    e, ERR_INPUT,
+				    "the body is not valid JSON: control character U+%04X "
+				    "at byte %zu must be escaped",
+				    (unsigned)c, i);
 			else if (c == '"')
 				in_string = 0;
 			else if ((unsigned char)c >= 0x80) {

@@ -17,7 +17,8 @@
  * Where JSON allows a choice this code fixes one:
  *  - duplicate object keys: the last one wins (json-c's rule), in the parsed
  *    value and therefore in the fingerprint and in what is stored;
- *  - U+0000 in a string is rejected: PostgreSQL cannot store it.
+ *  - U+0000 in a string or a key is rejected: PostgreSQL cannot store it;
+ *    so are lone UTF-16 surrogates (\ud800), which have no UTF-8 form.
  */
 #ifndef IDF_CANON_H
 #define IDF_CANON_H

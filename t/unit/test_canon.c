@@ -221,3 +221,43 @@ Test(canon, overlong_forms_surrogates_and_code_points_above_10ffff_are_refused)
 		cr_assert_str_eq(got, good[i].want);
 	}
 }
+
+/* json-c cut a key at \u0000 ({"a\u0000b":1} became {"a":1}) and turned a
+ * lone surrogate into U+FFFD: both changed what the client sent. */
+Test(canon, nul_escapes_lone_surrogates_and_raw_controls_are_refused)
+{
+	static const struct {
+		const char *in;
+		const char *msg;
+	} bad[] = {
+	    {"{\"a\\u0000b\":1}", "U+0000"},
+	    {"{\"a\":{\"\\u0000\":1}}", "U+0000"},
+	    {"[\"x\\u0000\"]", "U+0000"},
+	    {"\"\\ud800\"", "unpaired UTF-16 surrogate \\ud800"},
+	    {"\"\\ud800x\"", "unpaired"},
+	    {"\"\\ud800\\u0041\"", "unpaired"},
+	    {"\"\\udc00\"", "unpaired UTF-16 surrogate \\udc00"},
+	    {"{\"\\udfff\":1}", "unpaired"},
+	    {"\"a\x01\"", "control character U+0001"},
+	    {"\"a\tb\"", "control character U+0009"},
+	    {"{\"k\nk\":1}", "control character U+000A"},
+	};
+	static const struct pair good[] = {
+	    {"\"\\ud83d\\ude00\"", "\"\xf0\x9f\x98\x80\""},
+	    {"\"\\uD83D\\uDE00\\u0001\"", "\"\xf0\x9f\x98\x80\\u0001\""},
+	    {"{\"\\u0061\":\"\\\\u0000\"}", "{\"a\":\"\\\\u0000\"}"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(bad[i].in, msg, sizeof(msg)), "accepted: %s", bad[i].in);
+		cr_assert(strstr(msg, bad[i].msg) != NULL, "%s: %s", bad[i].in, msg);
+	}
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		char msg[256] = "";
+		const char *got = canon_of(good[i].in, msg, sizeof(msg));
+
+		cr_assert_not_null(got, "%s rejected: %s", good[i].in, msg);
+		cr_assert_str_eq(got, good[i].want);
+	}
+}
