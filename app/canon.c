@@ -244,10 +244,12 @@ static struct json_object *parse_json(const char *text, size_t len, int max_dept
 		goto fail;
 	}
 	if (jerr != json_tokener_success) {
+		/* After the second call the offset is into the NUL chunk: the
+		 * body ended early, at its last byte. */
 		err_set(e, ERR_INPUT, "the body is not valid JSON: %s at byte %zu",
-			jerr == json_tokener_error_depth ? "nesting is too deep"
-							 : json_tokener_error_desc(jerr),
-			json_tokener_get_parse_end(tok));
+		        jerr == json_tokener_error_depth ? "nesting is too deep"
+		                                         : json_tokener_error_desc(jerr),
+		        consumed ? consumed : json_tokener_get_parse_end(tok));
 		goto fail;
 	}
 	for (end = consumed ? consumed : json_tokener_get_parse_end(tok); end < len; end++) {

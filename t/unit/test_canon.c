@@ -261,3 +261,13 @@ Test(canon, nul_escapes_lone_surrogates_and_raw_controls_are_refused)
 		cr_assert_str_eq(got, good[i].want);
 	}
 }
+
+Test(canon, a_body_cut_short_names_its_end_as_the_error_offset)
+{
+	char msg[256] = "";
+
+	cr_assert_null(canon_of("{\"type\":\"x\",\"input", msg, sizeof(msg)));
+	cr_assert_str_eq(msg, "the body is not valid JSON: unexpected end of data at byte 18");
+	cr_assert_null(canon_of("[1,2", msg, sizeof(msg)));
+	cr_assert_str_eq(msg, "the body is not valid JSON: unexpected end of data at byte 4");
+}
