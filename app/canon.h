@@ -10,10 +10,15 @@
  *  - integers that fit 64 bits written in decimal; other numbers written as
  *    the shortest text that reads back as the same IEEE 754 double, integral
  *    doubles below 1e21 without a fraction or exponent.
+ * Numbers: an integer from -2^63 to 2^64-1 is exact; anything else (a
+ * fraction, an exponent, or an integer beyond 64 bits) is a double, rounded
+ * to the nearest one, so two texts that round alike are one request; a
+ * number beyond the range of a double (1e400) is refused.
  * Where JSON allows a choice this code fixes one:
  *  - duplicate object keys: the last one wins (json-c's rule), in the parsed
  *    value and therefore in the fingerprint and in what is stored;
- *  - U+0000 in a string is rejected: PostgreSQL cannot store it.
+ *  - U+0000 in a string or a key is rejected: PostgreSQL cannot store it;
+ *    so are lone UTF-16 surrogates (\ud800), which have no UTF-8 form.
  */
 #ifndef IDF_CANON_H
 #define IDF_CANON_H
@@ -35,7 +40,8 @@ struct json_object *canon_parse(const char *text, size_t len, int max_depth, str
     MUSTCHECK;
 
 /* Append the canonical form of v to out. Returns 0, or -1 with e filled when
- * v holds something that has no canonical form (U+0000 in a string). */
+ * v holds something that has no canonical form (U+0000 in a string, a
+ * number too large for a double). */
 int canon_write(struct buf *out, struct json_object *v, struct err *e) MUSTCHECK;
 
 /* Append s (n bytes, valid UTF-8) as a JSON string literal with quotes. */

@@ -64,6 +64,8 @@ done
 for f in "$top_srcdir"/sql/[0-9]*.sql; do
 	expect_file "$inst_pkgdatadir/sql/${f##*/}" 644
 done
+# The least-privilege roles, to run with psql.
+expect_file "$inst_pkgdatadir/sql/roles.sql" 644
 expect_file "$inst_sysconfdir/idemflow/idemflow.conf.example" 644
 expect_file "$inst_sysconfdir/idemflow/idemflow.conf" 644
 expect_file "$inst_sysconfdir/nginx/sites-available/idemflow" 644
@@ -91,7 +93,8 @@ want=$(
 		"$inst_sysusersdir/idemflow.conf" \
 		"$inst_pkgdatadir/prometheus/idemflow-rules.yml" \
 		"$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" \
-		"$inst_docdir/README.md" "$inst_docdir/ChangeLog"
+		"$inst_docdir/README.md" "$inst_docdir/ChangeLog" \
+		"$inst_pkgdatadir/sql/roles.sql"
 	for f in "$top_srcdir"/sql/[0-9]*.sql; do echo "$inst_pkgdatadir/sql/${f##*/}"; done
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
 	[[ $inst_unitdir == no ]] || echo "$inst_unitdir/idemflow-fcgi.service"

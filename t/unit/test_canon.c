@@ -108,3 +108,166 @@ Test(canon, strings_are_escaped_minimally)
 	cr_assert_str_eq(b.data, "\"a\\\"\\\\\\b\\f\\n\\r\\t\\u0001/\xe2\x82\xac\"");
 	buf_free(&b);
 }
+
+/* json-c saturates integers it cannot hold, which stored a different
+ * number and made two numbers one fingerprint. Integers within 64 bits are
+ * exact; beyond, they are doubles, as every number is in RFC 8785. */
+Test(canon, integers_beyond_64_bits_are_doubles_not_saturated)
+{
+	static const struct pair cases[] = {
+	    {"-9223372036854775808", "-9223372036854775808"},
+	    {"18446744073709551615", "18446744073709551615"},
+	    {"-9223372036854775809", "-9223372036854775808"},
+	    {"18446744073709551616", "18446744073709551616"},
+	    {"18446744073709551617", "18446744073709551616"},
+	    {"18446744073709551616.0", "18446744073709551616"},
+	    {"100000000000000000000", "100000000000000000000"},
+	    {"123456789012345678901234567890", "1.2345678901234568e+29"},
+	    {"{\"a\":[1,-99999999999999999999,2]}", "{\"a\":[1,-100000000000000000000,2]}"},
+	    {"[-0,0]", "[0,0]"},
+	    {"1e-400", "0"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char msg[256] = "";
+		const char *got = canon_of(cases[i].in, msg, sizeof(msg));
+
+		cr_assert_not_null(got, "%s rejected: %s", cases[i].in, msg);
+		cr_assert_str_eq(got, cases[i].want, "canonical form of %s", cases[i].in);
+	}
+}
+
+/* The canonical form must read back as itself: GET parses what POST stored. */
+Test(canon, the_canonical_form_of_a_large_number_reads_back_as_itself)
+{
+	static const char *cases[] = {"1e20", "1e300", "18446744073709551616.5", "-1e25"};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char once[128], msg[256] = "";
+		const char *got = canon_of(cases[i], msg, sizeof(msg));
+
+		cr_assert_not_null(got, "%s: %s", cases[i], msg);
+		snprintf(once, sizeof(once), "%s", got);
+		got = canon_of(once, msg, sizeof(msg));
+		cr_assert_not_null(got, "%s, canonical %s: %s", cases[i], once, msg);
+		cr_assert_str_eq(got, once);
+	}
+}
+
+Test(canon, a_300_digit_integer_is_a_double_and_one_beyond_1e308_is_refused)
+{
+	char big[420];
+	char msg[256] = "";
+	const char *got;
+
+	memset(big, '9', 300);
+	big[300] = '\0';
+	got = canon_of(big, msg, sizeof(msg));
+	cr_assert_not_null(got, "%s", msg);
+	cr_assert_str_eq(got, "1e+300");
+	memset(big, '9', 400);
+	big[400] = '\0';
+	cr_assert_null(canon_of(big, msg, sizeof(msg)));
+	cr_assert(strstr(msg, "must fit in a double") != NULL, "%s", msg);
+	cr_assert_null(canon_of("[1e400]", msg, sizeof(msg)));
+	cr_assert(strstr(msg, "must fit in a double") != NULL, "%s", msg);
+	cr_assert_null(canon_of("-1e400", msg, sizeof(msg)));
+	cr_assert(strstr(msg, "must fit in a double") != NULL, "%s", msg);
+}
+
+Test(canon, nan_infinity_and_leading_zeros_are_refused)
+{
+	static const char *cases[] = {
+	    "NaN", "[Infinity]", "{\"a\":-Infinity}", "[-01]", "-00", "[1,-0123]",
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(cases[i], msg, sizeof(msg)), "accepted: %s", cases[i]);
+		cr_assert(strstr(msg, "not valid JSON") != NULL, "%s: %s", cases[i], msg);
+	}
+}
+
+/* json-c's UTF-8 check lets these through; PostgreSQL refuses them, which
+ * made a client's mistake a 500. */
+Test(canon, overlong_forms_surrogates_and_code_points_above_10ffff_are_refused)
+{
+	static const char *bad[] = {
+	    "\"\xc0\xaf\"",         /* overlong '/' */
+	    "\"\xe0\x80\xaf\"",     /* overlong '/', three bytes */
+	    "\"\xf0\x80\x80\xaf\"", /* overlong '/', four bytes */
+	    "\"\xed\xa0\x80\"",     /* U+D800, a surrogate, encoded */
+	    "\"\xed\xbf\xbf\"",     /* U+DFFF */
+	    "\"\xf4\x90\x80\x80\"", /* U+110000 */
+	    "\"\xf5\x80\x80\x80\"", /* no such lead byte */
+	    "{\"\xc1\xbf\":1}",     /* in a key */
+	    "\"a\xe2\x82\"",        /* cut short */
+	};
+	static const struct pair good[] = {
+	    {"\"\xe2\x82\xac\"", "\"\xe2\x82\xac\""},
+	    {"\"\xf0\x9f\x98\x80\"", "\"\xf0\x9f\x98\x80\""},
+	    {"\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\"", "\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\""},
+	    {"\"\xed\x9f\xbf\xee\x80\x80\"", "\"\xed\x9f\xbf\xee\x80\x80\""},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(bad[i], msg, sizeof(msg)), "accepted case %zu", i);
+		cr_assert(strstr(msg, "not valid JSON") != NULL, "case %zu: %s", i, msg);
+	}
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		char msg[256] = "";
+		const char *got = canon_of(good[i].in, msg, sizeof(msg));
+
+		cr_assert_not_null(got, "case %zu rejected: %s", i, msg);
+		cr_assert_str_eq(got, good[i].want);
+	}
+}
+
+/* json-c cut a key at \u0000 ({"a\u0000b":1} became {"a":1}) and turned a
+ * lone surrogate into U+FFFD: both changed what the client sent. */
+Test(canon, nul_escapes_lone_surrogates_and_raw_controls_are_refused)
+{
+	static const struct {
+		const char *in;
+		const char *msg;
+	} bad[] = {
+	    {"{\"a\\u0000b\":1}", "U+0000"},
+	    {"{\"a\":{\"\\u0000\":1}}", "U+0000"},
+	    {"[\"x\\u0000\"]", "U+0000"},
+	    {"\"\\ud800\"", "unpaired UTF-16 surrogate \\ud800"},
+	    {"\"\\ud800x\"", "unpaired"},
+	    {"\"\\ud800\\u0041\"", "unpaired"},
+	    {"\"\\udc00\"", "unpaired UTF-16 surrogate \\udc00"},
+	    {"{\"\\udfff\":1}", "unpaired"},
+	    {"\"a\x01\"", "control character U+0001"},
+	    {"\"a\tb\"", "control character U+0009"},
+	    {"{\"k\nk\":1}", "control character U+000A"},
+	};
+	static const struct pair good[] = {
+	    {"\"\\ud83d\\ude00\"", "\"\xf0\x9f\x98\x80\""},
+	    {"\"\\uD83D\\uDE00\\u0001\"", "\"\xf0\x9f\x98\x80\\u0001\""},
+	    {"{\"\\u0061\":\"\\\\u0000\"}", "{\"a\":\"\\\\u0000\"}"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(bad[i].in, msg, sizeof(msg)), "accepted: %s", bad[i].in);
+		cr_assert(strstr(msg, bad[i].msg) != NULL, "%s: %s", bad[i].in, msg);
+	}
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		char msg[256] = "";
+		const char *got = canon_of(good[i].in, msg, sizeof(msg));
+
+		cr_assert_not_null(got, "%s rejected: %s", good[i].in, msg);
+		cr_assert_str_eq(got, good[i].want);
+	}
+}
+
+Test(canon, a_body_cut_short_names_its_end_as_the_error_offset)
+{
+	char msg[256] = "";
+
+	cr_assert_null(canon_of("{\"type\":\"x\",\"input", msg, sizeof(msg)));
+	cr_assert_str_eq(msg, "the body is not valid JSON: unexpected end of data at byte 18");
+	cr_assert_null(canon_of("[1,2", msg, sizeof(msg)));
+	cr_assert_str_eq(msg, "the body is not valid JSON: unexpected end of data at byte 4");
+}

@@ -1,0 +1,468 @@
+/*
+ * test_roles.c - the server and the dispatcher run as database roles that
+ * have only the privileges their statements use (sql/roles.sql), while the
+ * schema stays with the owner that migrated it (here the harness's
+ * superuser).
+ *
+ * Proves: roles.sql runs again and again; every table has a decision; an
+ * idemflow-fcgi logged in as a member of idemflow_server serves every
+ * statement of app/queries.c (creates, replays, conflicts, expired keys,
+ * unkeyed creates, reads, readiness, metrics, key counts, NOTIFY) without one
+ * permission error; idemflow-dispatch as a member of idemflow_dispatcher
+ * delivers; and neither role can change the schema, the tenants or the
+ * tokens. Roles belong to the whole cluster, so the tests run one at a time.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "http.h"
+#include "tstack.h"
+
+#define COLLECTION "/v1/workflows"
+#define JSON_CT    "Content-Type: application/json"
+
+/* Run a program with argv, stdout and stderr to log; its exit status. */
+static int run(const char *const *argv, const char *log)
+{
+	int status;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	cr_assert(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, STDOUT_FILENO);
+			dup2(fd, STDERR_FILENO);
+		}
+		execv(argv[0], (char *const *)argv);
+		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void stack_path(char *out, size_t size, const char *name)
+{
+	snprintf(out, size, "%s/roles-%s", tstack_env("IDEMFLOW_STACK_DIR"), name);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *text = NULL;
+	size_t len = 0;
+	char buf[8192];
+	size_t n;
+
+	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+	FILE *m = open_memstream(&text, &len);
+	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+		fwrite(buf, 1, n, m);
+	fclose(m);
+	fclose(f);
+	return text;
+}
+
+/* psql -f sql/roles.sql as the owner. */
+static void roles_apply(void)
+{
+	const char *srcdir = getenv("top_srcdir");
+	char psql[512], file[1024], log[512];
+	int rc;
+
+	snprintf(psql, sizeof(psql), "%s/psql", tstack_env("IDEMFLOW_PG_BINDIR"));
+	snprintf(file, sizeof(file), "%s/sql/roles.sql", srcdir && *srcdir ? srcdir : ".");
+	stack_path(log, sizeof(log), "psql.log");
+	const char *argv[] = {
+	    psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", tstack_env("DATABASE_URL"),
+	    "-f", file, NULL};
+	rc = run(argv, log);
+	char *out = slurp(log);
+	cr_assert_eq(rc, 0, "psql -f %s exited %d: %s", file, rc, out);
+	free(out);
+	/* The login roles the programs use, members of the groups. */
+	tstack_exec(tstack_db(),
+	            "DO $$ BEGIN"
+	            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_web')"
+	            " THEN CREATE ROLE idemflow_web LOGIN IN ROLE idemflow_server; END IF;"
+	            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_cron')"
+	            " THEN CREATE ROLE idemflow_cron LOGIN IN ROLE idemflow_dispatcher;"
+	            " END IF; END $$");
+}
+
+/* $DATABASE_URL as another user (the last keyword wins in libpq). */
+static void conninfo_as(char *out, size_t size, const char *user)
+{
+	snprintf(out, size, "%s user=%s", tstack_env("DATABASE_URL"), user);
+}
+
+TestSuite(roles, .init = roles_apply, .timeout = 90);
+
+Test(roles, roles_sql_runs_again_and_every_table_has_a_decision)
+{
+	char *missing;
+
+	/* .init ran it once already; twice more changes nothing. */
+	roles_apply();
+	roles_apply();
+	/* A table neither group may use must be listed here, on purpose. */
+	missing =
+	    tstack_text("SELECT string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_class c"
+	                "  JOIN pg_namespace n ON n.oid = c.relnamespace"
+	                " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')"
+	                "   AND NOT EXISTS (SELECT 1 FROM unnest(ARRAY['idemflow_server',"
+	                "                   'idemflow_dispatcher']) AS g(r)"
+	                "                    WHERE has_table_privilege(g.r, c.oid,"
+	                "                            'SELECT, INSERT, UPDATE, DELETE')"
+	                "                       OR has_any_column_privilege(g.r, c.oid,"
+	                "                            'SELECT, INSERT, UPDATE'))");
+	cr_assert_null(missing, "no grant in sql/roles.sql for: %s", missing);
+
+	/* The groups own nothing and may create nothing. */
+	cr_assert_eq(tstack_count("SELECT count(*) FROM pg_roles WHERE rolname IN"
+	                          " ('idemflow_server', 'idemflow_dispatcher') AND NOT rolcanlogin"
+	                          " AND NOT rolsuper AND NOT rolcreaterole AND NOT rolcreatedb"),
+	             2);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM pg_class c JOIN pg_roles r"
+	                          "  ON r.oid = c.relowner WHERE r.rolname IN"
+	                          " ('idemflow_server', 'idemflow_dispatcher', 'idemflow_web',"
+	                          "  'idemflow_cron')"),
+	             0);
+	for (int i = 0; i < 2; i++) {
+		const char *g = i ? "idemflow_dispatcher" : "idemflow_server";
+		char *v =
+		    tstack_text("SELECT has_schema_privilege($1, 'public', 'CREATE')::text", g);
+		cr_assert_str_eq(v, "false", "%s may create in schema public", g);
+		free(v);
+	}
+}
+
+/* A server of our own, logged in as idemflow_web. */
+static struct {
+	pid_t pid;
+	char sock[512], log[512], pidfile[512];
+} own;
+
+static void own_stop(void)
+{
+	if (own.pid <= 0)
+		return;
+	kill(-own.pid, SIGTERM);
+	waitpid(own.pid, NULL, 0);
+	own.pid = 0;
+}
+
+static void own_start(void)
+{
+	char db[1024];
+	double deadline;
+
+	conninfo_as(db, sizeof(db), "idemflow_web");
+	stack_path(own.sock, sizeof(own.sock), "fcgi.sock");
+	stack_path(own.log, sizeof(own.log), "fcgi.log");
+	stack_path(own.pidfile, sizeof(own.pidfile), "fcgi.pid");
+	/* optional: unkeyed creates too, so every create statement runs. */
+	const char *argv[] = {tstack_env("IDEMFLOW_FCGI"),
+	                      "--config",
+	                      tstack_env("IDEMFLOW_CONF"),
+	                      "--db",
+	                      db,
+	                      "--listen",
+	                      own.sock,
+	                      "--pid-file",
+	                      own.pidfile,
+	                      "--workers",
+	                      "1",
+	                      "--idempotency-key",
+	                      "optional",
+	                      NULL};
+	fflush(NULL);
+	own.pid = fork();
+	cr_assert(own.pid >= 0);
+	if (own.pid == 0) {
+		int fd = open(own.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		setpgid(0, 0);
+		dup2(fd, STDERR_FILENO);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	deadline = tstack_now() + 10;
+	while (!tstack_socket_accepts(own.sock) || tstack_pidfile_read(own.pidfile) == 0) {
+		cr_assert(tstack_now() < deadline, "server not listening; see %s", own.log);
+		tstack_sleep_ms(20);
+	}
+}
+
+static struct http_response *req(const char *method, const char *path, const char *auth,
+                                 const char *key, const char *body)
+{
+	char kh[160];
+	const char *h[4] = {auth, NULL, NULL, NULL};
+	size_t n = auth ? 1 : 0;
+	struct http_response *r;
+
+	if (body != NULL)
+		h[n++] = JSON_CT;
+	if (key != NULL) {
+		snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
+		h[n++] = kh;
+	}
+	r = http_fcgi_request(own.sock, method, path, h, body, body ? strlen(body) : 0);
+	cr_assert_not_null(r, "%s %s: %s", method, path, http_error());
+	return r;
+}
+
+static void expect_status(struct http_response *r, int status, const char *what)
+{
+	cr_assert_eq(r->status, status, "%s: %d %s; see %s", what, r->status, r->body, own.log);
+	http_response_free(r);
+}
+
+Test(roles, the_server_runs_every_statement_as_idemflow_server, .fini = own_stop)
+{
+	static const char a[] = "{\"type\":\"roles\",\"input\":{\"a\":1}}";
+	static const char b[] = "{\"type\":\"roles\",\"input\":{\"a\":2}}";
+	struct tstack_tenant t;
+	struct http_response *r;
+	char key[128], path[80], out[256], *id, *log;
+	PGconn *listener;
+
+	own_start();
+	/* The worker connects after the fork, a moment after the socket. */
+	double deadline = tstack_now() + 10;
+	while (tstack_count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'idemflow_web'"
+	                    " AND application_name LIKE '%-worker-%'") != 1) {
+		cr_assert(tstack_now() < deadline, "no worker logged in as idemflow_web; see %s",
+		          own.log);
+		tstack_sleep_ms(20);
+	}
+	tstack_tenant_create(&t, "roles");
+	listener = tstack_db_connect();
+	PQclear(PQexec(listener, "LISTEN idemflow_outbox"));
+
+	tstack_key(key, sizeof(key), "roles");
+	r = req("POST", COLLECTION, t.auth, key, a);
+	cr_assert_eq(r->status, 201, "create: %d %s; see %s", r->status, r->body, own.log);
+	id = tstack_json(r->body, "{id}");
+	http_response_free(r);
+	expect_status(req("POST", COLLECTION, t.auth, key, a), 201, "replay");
+	expect_status(req("POST", COLLECTION, t.auth, key, b), 409, "conflict");
+	snprintf(path, sizeof(path), COLLECTION "/%s", id);
+	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "read");
+	expect_status(req("POST", COLLECTION, t.auth, NULL, a), 201, "unkeyed create");
+
+	/* A key past its TTL is deleted with its counts and taken over. */
+	tstack_exec(tstack_db(),
+	            "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"
+	            " WHERE tenant_id = $1 AND key = $2",
+	            t.id_text, key);
+	expect_status(req("POST", COLLECTION, t.auth, key, b), 201, "expired key taken over");
+	/* The tenant's own TTL, read by the create statement. */
+	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "36h", NULL), 0);
+	tstack_key(key, sizeof(key), "ttl");
+	expect_status(req("POST", COLLECTION, t.auth, key, a), 201, "create with a tenant TTL");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
+	                          " AND key = $2 AND expires_at - created_at = interval '36 hours'",
+	                          t.id_text, key),
+	             1);
+
+	expect_status(req("GET", "/readyz", NULL, NULL, NULL), 200, "readyz");
+	r = req("GET", "/metrics", NULL, NULL, NULL);
+	cr_assert_eq(r->status, 200, "metrics: %d %s", r->status, r->body);
+	cr_assert_not_null(strstr(r->body, "\nidemflow_db_up 1\n"), "metrics: %s", r->body);
+	http_response_free(r);
+
+	/* The replay and the conflict are counted, a second later at most. */
+	deadline = tstack_now() + 5;
+	while (tstack_count("SELECT count(*) FROM idempotency_key_stats WHERE tenant_id = $1",
+	                    t.id_text) == 0) {
+		cr_assert(tstack_now() < deadline, "no key counts stored; see %s", own.log);
+		tstack_sleep_ms(100);
+	}
+	/* And the worker's NOTIFY after its creates reached the listener. */
+	deadline = tstack_now() + 3;
+	PGnotify *n = NULL;
+	while (n == NULL && tstack_now() < deadline) {
+		PQconsumeInput(listener);
+		n = PQnotifies(listener);
+		if (n == NULL)
+			tstack_sleep_ms(20);
+	}
+	cr_assert_not_null(n, "no NOTIFY from the worker");
+	PQfreemem(n);
+	PQfinish(listener);
+
+	tstack_expect_counts(&t, 4, 4, 2);
+
+	/* Workflows that run: steps, business key, jobs, messages, cancel,
+	 * history and list, keyed and not, in a tenant of their own. */
+	struct tstack_tenant t2;
+	char *wf, jpath[160];
+	tstack_tenant_create(&t2, "roles-run");
+	tstack_key(key, sizeof(key), "run");
+	r = req("POST", COLLECTION, t2.auth, key,
+	        "{\"type\":\"run\",\"business_key\":\"R-1\",\"steps\":["
+	        "{\"name\":\"a\",\"job_type\":\"ra\",\"retries\":1},"
+	        "{\"name\":\"b\",\"wait_for\":\"go\"},{\"name\":\"c\",\"job_type\":\"rc\"}]}");
+	cr_assert_eq(r->status, 201, "create with steps: %d %s; see %s", r->status, r->body,
+	             own.log);
+	wf = tstack_json(r->body, "{id}");
+	http_response_free(r);
+	tstack_key(key, sizeof(key), "act");
+	expect_status(req("POST", "/v1/jobs/activate", t2.auth, key,
+	                  "{\"job_type\":\"ra\",\"worker\":\"w\"}"),
+	              200, "keyed activation");
+	snprintf(jpath, sizeof(jpath), "/v1/jobs/%s.s1/fail", wf);
+	expect_status(req("POST", jpath, t2.auth, NULL, "{\"worker\":\"w\",\"error\":\"e\"}"),
+	              200, "fail with a retry left");
+	expect_status(req("POST", "/v1/jobs/activate", t2.auth, NULL,
+	                  "{\"job_type\":\"ra\",\"worker\":\"w\"}"),
+	              200, "activation");
+	snprintf(jpath, sizeof(jpath), "/v1/jobs/%s.s1/complete", wf);
+	expect_status(req("POST", jpath, t2.auth, NULL, "{\"worker\":\"w\"}"), 200, "complete");
+	snprintf(path, sizeof(path), COLLECTION "/%s/messages", wf);
+	expect_status(req("POST", path, t2.auth, NULL, "{\"message_id\":\"m1\",\"name\":\"go\"}"),
+	              200, "message");
+	snprintf(path, sizeof(path), COLLECTION "/%s/transitions", wf);
+	expect_status(req("POST", path, t2.auth, NULL, "{\"to\":\"cancelled\"}"), 200,
+	              "cancel");
+	snprintf(path, sizeof(path), COLLECTION "/%s/events", wf);
+	expect_status(req("GET", path, t2.auth, NULL, NULL), 200, "events");
+	expect_status(req("GET", COLLECTION "?state=cancelled", t2.auth, NULL, NULL), 200, "list");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE workflow_id = $1", wf), 7,
+	             "created, started, job.failed, job.completed x2, workflow.cancelled and "
+	             "nothing else");
+	free(wf);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "reap", NULL), 0, "reap: %s",
+	             tstack_cli_stderr());
+
+	log = slurp(own.log);
+	cr_assert_null(strstr(log, "permission denied"), "%s", log);
+	cr_assert_null(strstr(log, "level=error"), "%s", log);
+	free(log);
+	free(id);
+}
+
+Test(roles, the_dispatcher_delivers_as_idemflow_dispatcher)
+{
+	struct tstack_tenant t;
+	char db[1024], log[512], *text;
+	int rc;
+
+	tstack_tenant_create(&t, "dispatch");
+	/* Two events to deliver, written as the owner. */
+	for (int i = 0; i < 2; i++)
+		tstack_exec(
+		    tstack_db(),
+		    "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+		    "  updated_at) VALUES ($1, gen_random_uuid(), 'roles', '{}', now(), now())"
+		    "  RETURNING tenant_id, id)"
+		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+		    " SELECT id || '.1', tenant_id, id, 1, 'workflow.created', '{}' FROM w",
+		    t.id_text);
+	conninfo_as(db, sizeof(db), "idemflow_cron");
+	stack_path(log, sizeof(log), "dispatch.log");
+	const char *argv[] = {tstack_env("IDEMFLOW_DISPATCH"),
+	                      "--config",
+	                      tstack_env("IDEMFLOW_CONF"),
+	                      "--db",
+	                      db,
+	                      "--once",
+	                      "--sink",
+	                      "exec",
+	                      "--exec",
+	                      "cat >/dev/null",
+	                      NULL};
+	rc = run(argv, log);
+	text = slurp(log);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited %d: %s", rc, text);
+	cr_assert_null(strstr(text, "permission denied"), "%s", text);
+	free(text);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+	                          " AND published_at IS NOT NULL AND attempts = 1",
+	                          t.id_text),
+	             2);
+}
+
+/* Run sql as user; its SQLSTATE ("" when it succeeded). */
+static void expect_refused(const char *user, const char *sql)
+{
+	char conninfo[1024];
+	const char *keys[] = {"dbname", NULL}, *vals[] = {conninfo, NULL};
+	PGconn *c;
+	PGresult *res;
+	const char *state;
+
+	conninfo_as(conninfo, sizeof(conninfo), user);
+	c = PQconnectdbParams(keys, vals, 1);
+	cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
+	res = PQexec(c, sql);
+	state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	cr_assert_not_null(state, "%s may run: %s", user, sql);
+	/* 42501: insufficient privilege, or "must be owner". */
+	cr_assert_str_eq(state, "42501", "%s: %s: %s", user, sql, PQresultErrorMessage(res));
+	PQclear(res);
+	PQfinish(c);
+}
+
+Test(roles, neither_role_can_change_the_schema_the_tenants_or_the_tokens)
+{
+	static const char *server_refused[] = {
+	    "CREATE TABLE evil (a int)",
+	    "ALTER TABLE workflows ADD COLUMN evil int",
+	    "DROP TABLE outbox",
+	    "TRUNCATE workflows",
+	    "CREATE INDEX evil ON workflows (type)",
+	    "CREATE FUNCTION evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+	    "UPDATE workflows SET state = 'failed'",
+	    "DELETE FROM workflows",
+	    "UPDATE outbox SET payload = '{}'",
+	    "DELETE FROM outbox",
+	    "UPDATE idempotency_keys SET body = ''",
+	    "INSERT INTO tenants (name) VALUES ('evil')",
+	    "SELECT name FROM tenants",
+	    "UPDATE tenants SET idempotency_ttl = NULL",
+	    "INSERT INTO api_tokens (token_hash, tenant_id) VALUES (decode(repeat('00', 32), "
+	    "'hex'), 1)",
+	    "UPDATE api_tokens SET revoked_at = NULL",
+	    "SELECT id, created_at FROM api_tokens",
+	    "DELETE FROM api_tokens",
+	    "INSERT INTO schema_migrations (version, name) VALUES (999, 'evil')",
+	    "SET ROLE postgres",
+	};
+	static const char *dispatcher_refused[] = {
+	    "CREATE TABLE evil (a int)",
+	    "UPDATE outbox SET payload = '{}'",
+	    "UPDATE outbox SET type = 'evil'",
+	    "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	    " VALUES ('e', 1, gen_random_uuid(), 1, 't', '{}')",
+	    "DELETE FROM outbox",
+	    "SELECT * FROM workflows",
+	    "SELECT token_hash FROM api_tokens",
+	    "SELECT * FROM idempotency_keys",
+	    "SELECT name FROM tenants",
+	};
+
+	for (size_t i = 0; i < sizeof(server_refused) / sizeof(server_refused[0]); i++)
+		expect_refused("idemflow_web", server_refused[i]);
+	for (size_t i = 0; i < sizeof(dispatcher_refused) / sizeof(dispatcher_refused[0]); i++)
+		expect_refused("idemflow_cron", dispatcher_refused[i]);
+}
+
+int main(int argc, char *argv[])
+{
+	return tstack_run_sequentially(argc, argv);
+}
