@@ -10,8 +10,6 @@
  *    .make). For another tenant it is 404, exactly like a missing id, and it
  *    changes nothing of the owner's.
  *  - ISO_LIST: a listing. Another tenant's resources are never in it.
- * Rows for jobs, messages, events, transitions and listings come with those
- * routes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +81,51 @@ static char *workflow_state(const struct tstack_tenant *t)
 	    t->id_text);
 }
 
+/* A workflow with a job step activated by worker "iso-w", then a wait
+ * step: every command route has something to act on. Its id. */
+static char *make_running(const struct tstack_tenant *t)
+{
+	static const char body[] = "{\"type\":\"iso-run\",\"input\":{\"secret\":\"owner-only\"},"
+				   "\"steps\":[{\"name\":\"a\",\"job_type\":\"iso\"},"
+				   "{\"name\":\"b\",\"wait_for\":\"go\"}]}";
+	static const char act[] = "{\"job_type\":\"iso\",\"worker\":\"iso-w\"}";
+	char key[128], kh[160];
+	struct http_response *r;
+	char *id;
+
+	tstack_key(key, sizeof(key), "iso-run");
+	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
+	const char *h[] = {t->auth, JSON_CT, kh, NULL};
+	r = http_request("POST", "/v1/workflows", h, body, strlen(body));
+	cr_assert_not_null(r, "%s", http_error());
+	id = workflow_id(r);
+	http_response_free(r);
+	h[2] = NULL;
+	r = http_request("POST", "/v1/jobs/activate", h, act, strlen(act));
+	cr_assert_not_null(r, "%s", http_error());
+	cr_assert_not_null(strstr(r->body, id), "activation: %d %s", r->status, r->body);
+	http_response_free(r);
+	return id;
+}
+
+/* The workflow rows above plus the tenant's jobs and messages. */
+static char *run_state(const struct tstack_tenant *t)
+{
+	char *w = workflow_state(t), *j, *out;
+
+	j = tstack_text("SELECT coalesce(string_agg(x, '|' ORDER BY x), '') FROM ("
+			"  SELECT concat_ws(',', workflow_id, step, state, worker, due_at,"
+			"                   activations, retries, output, error) AS x"
+			"    FROM jobs WHERE tenant_id = $1"
+			"  UNION ALL SELECT concat_ws(',', message_id, workflow_id, step) FROM messages"
+			"   WHERE tenant_id = $1) s",
+			t->id_text);
+	cr_assert(asprintf(&out, "%s#%s", w, j) > 0);
+	free(w);
+	free(j);
+	return out;
+}
+
 /* --- The routes -------------------------------------------------------- */
 
 static const struct iso_route routes[] = {
@@ -90,6 +133,17 @@ static const struct iso_route routes[] = {
      "{\"type\":\"iso\",\"input\":{\"n\":1}}", workflow_id, NULL, workflow_state},
     {"GET /v1/workflows/{id}", ISO_ITEM, "GET", "/v1/workflows/{id}", NULL, NULL, make_workflow,
      workflow_state},
+    {"GET /v1/workflows/{id}/events", ISO_ITEM, "GET", "/v1/workflows/{id}/events", NULL, NULL,
+     make_running, run_state},
+    {"POST /v1/workflows/{id}/transitions", ISO_ITEM, "POST", "/v1/workflows/{id}/transitions",
+     "{\"to\":\"cancelled\"}", NULL, make_running, run_state},
+    {"POST /v1/workflows/{id}/messages", ISO_ITEM, "POST", "/v1/workflows/{id}/messages",
+     "{\"message_id\":\"iso-m\",\"name\":\"go\"}", NULL, make_running, run_state},
+    {"POST /v1/jobs/{key}/complete", ISO_ITEM, "POST", "/v1/jobs/{id}.s1/complete",
+     "{\"worker\":\"iso-w\",\"output\":{}}", NULL, make_running, run_state},
+    {"POST /v1/jobs/{key}/fail", ISO_ITEM, "POST", "/v1/jobs/{id}.s1/fail",
+     "{\"worker\":\"iso-w\",\"error\":\"x\"}", NULL, make_running, run_state},
+    {"GET /v1/workflows", ISO_LIST, "GET", "/v1/workflows", NULL, NULL, make_running, NULL},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -272,7 +326,6 @@ Test(isolation, another_tenants_resource_is_404_exactly_like_a_missing_one)
 
 Test(isolation, listings_hold_only_the_tenants_own_resources)
 {
-	/* No listing route yet: rows of kind ISO_LIST come with them. */
 	for (size_t i = 0; i < NROUTES; i++) {
 		const struct iso_route *rt = &routes[i];
 		struct tstack_tenant a, b;
