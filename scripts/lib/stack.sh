@@ -398,6 +398,27 @@ stack_nginx_start() {
 	return 1
 }
 
+# stack_nginx_upstream_template TEMPLATE OUT SOCKET...: TEMPLATE (such as
+# nginx/idemflow-local.conf.in) with one upstream of all the SOCKETs (round
+# robin) in place of the one @SOCKET@: several idemflow-fcgi instances
+# behind one nginx. Render OUT with stack_nginx_start as usual.
+# max_fails=0: by default one failed request (a worker killed mid-request
+# is one) takes its whole instance out for 10 s, and one such failure per
+# instance leaves "no live upstreams" and every request answered 503. A
+# stopped instance is still skipped: a refused connect goes to the next
+# server within the same request.
+stack_nginx_upstream_template() {
+	local template=$1 out=$2
+	shift 2
+	awk -v socks="$*" '
+		/^http \{/ { print; print "    upstream idemflow_pool {"; n = split(socks, s, " ")
+			for (i = 1; i <= n; i++) print "        server unix:" s[i] " max_fails=0;"
+			print "    }"; next }
+		{ sub(/fastcgi_pass unix:@SOCKET@;/, "fastcgi_pass idemflow_pool;"); print }
+	' "$template" >"$out" || return 1
+	grep -q 'fastcgi_pass idemflow_pool;' "$out" && grep -q 'upstream idemflow_pool' "$out"
+}
+
 # stack_nginx_stop [PREFIX]: graceful quit, then TERM, then KILL (workers too).
 stack_nginx_stop() {
 	local prefix=${1:-${STACK_NGINX_PREFIX:-}} pid

@@ -22,6 +22,13 @@ C code under test); without it, null. A delivery is logged when it has been deci
 delay_ms and before the answer is written: like a real receiver that
 processed the event and then lost its client.
 
+With --inbox FILE the receiver is also a consumer with an inbox
+(t/lib/inbox.py, named --via in it): a delivery it would answer 2xx is
+applied through the inbox, keyed by its webhook-id, before it is logged
+and answered, and "inbox" in its line says "applied" or "duplicate" (a
+redelivery whose effect was skipped); null when not applied. An inbox
+that cannot record the delivery makes the answer 503.
+
 POST /_control takes a JSON object; the members given replace the current
 settings, the others stay (send {"reset": true} to restore the defaults):
 
@@ -48,7 +55,9 @@ import binascii
 import hashlib
 import hmac
 import json
+import os
 import random
+import sqlite3
 import sys
 import threading
 import time
@@ -79,8 +88,9 @@ HEADERS = {
 class State:
     """Everything the handler threads share, behind one lock."""
 
-    def __init__(self, log_path, seed, key):
+    def __init__(self, log_path, seed, key, inbox=None):
         self.key = key
+        self.inbox = inbox
         self.lock = threading.Lock()
         self.settings = json.loads(json.dumps(DEFAULTS))
         self.rng = random.Random(seed)
@@ -128,6 +138,12 @@ class State:
         with self.lock:
             headers = {k: handler.headers.get(h) for k, h in HEADERS.items()}
             status, failed = self.decide(headers["webhook_id"])
+            applied = None
+            if self.inbox is not None and not failed and headers["webhook_id"] is not None:
+                try:
+                    applied = self.inbox.claim(headers["webhook_id"], _workflow_of(body))
+                except sqlite3.Error:
+                    status, failed = 503, True
             retry_after = self.settings["retry_after"] if failed else None
             truncate = self.settings["truncate_next"] > 0
             if truncate:
@@ -150,6 +166,7 @@ class State:
                 "truncated": truncate,
                 "signature_valid": self.signature_valid(headers, body),
                 "duplicate": headers["webhook_id"] in self.acked,
+                "inbox": applied,
             })
             if 200 <= status < 300 and headers["webhook_id"] is not None:
                 self.acked.add(headers["webhook_id"])
@@ -157,6 +174,13 @@ class State:
             self.log.write(json.dumps(entry) + "\n")
             self.log.flush()
             return entry, self.settings["delay_ms"]
+
+
+def _workflow_of(body):
+    try:
+        return json.loads(body).get("workflow_id")
+    except (ValueError, AttributeError):
+        return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -238,6 +262,8 @@ def main():
     ap.add_argument("--port", type=int, default=0, help="0 = any free port")
     ap.add_argument("--seed", type=int, default=0, help="seed of fail_rate's choices")
     ap.add_argument("--secret", help="check signatures: whsec_<base64> or raw text")
+    ap.add_argument("--inbox", help="apply deliveries through an inbox in this SQLite file")
+    ap.add_argument("--via", default="http", help="this consumer's name in the inbox")
     args = ap.parse_args()
 
     key = None
@@ -249,7 +275,12 @@ def main():
                 ap.error("--secret: not base64 after whsec_")
         else:
             key = args.secret.encode()
-    Handler.state = State(args.log, args.seed, key)
+    inbox = None
+    if args.inbox is not None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from inbox import Inbox  # noqa: E402 - next to this script
+        inbox = Inbox(args.inbox, args.via)
+    Handler.state = State(args.log, args.seed, key, inbox)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
