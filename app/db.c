@@ -219,6 +219,11 @@ void db_check(struct db *db)
 	}
 }
 
+void db_reset(struct db *db)
+{
+	db->ready = 0;
+}
+
 unsigned long db_reconnects(const struct db *db)
 {
 	return db->reconnects;

@@ -39,6 +39,11 @@ void db_close(struct db *db);
  * with it. Costs one poll(2). */
 void db_check(struct db *db);
 
+/* Drop the connection at the next statement and connect afresh: for a
+ * caller that drove the raw connection (pipeline mode, db_conn()) and saw
+ * it break. */
+void db_reset(struct db *db);
+
 /* How many times this handle reconnected after its first connection. */
 unsigned long db_reconnects(const struct db *db);
 

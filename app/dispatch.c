@@ -20,6 +20,7 @@ enum {
 	D_FAIL,
 	D_RELEASE,
 	D_STATS,
+	D_LISTEN,
 	D__COUNT
 };
 
@@ -66,6 +67,9 @@ static const struct db_stmt dispatch_stmts[D__COUNT] = {
 	[D_STATS] = {"d_stats",
 		     "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)"
 		     "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL"},
+	/* --loop: on every (re)connection, since a new session listens to
+	 * nothing. */
+	[D_LISTEN] = {"d_listen", "LISTEN idemflow_outbox"},
 };
 
 struct dispatcher {
@@ -79,6 +83,7 @@ struct dispatcher {
 	unsigned seed;
 	int chunk; /* events handed to the sink at a time */
 	struct timespec started;
+	unsigned long listening; /* db_reconnects() when LISTEN was last sent, + 1 */
 };
 
 static volatile sig_atomic_t dispatch_stopping;
@@ -132,6 +137,22 @@ long dispatch_backoff_delay(const long *delays, int n, int attempt, unsigned *se
 	return (long)((double)base * f);
 }
 
+/* --loop: LISTEN on this session unless it already does. Also the round
+ * trip that reconnects after the database went away. */
+static int listen_again(struct dispatcher *d, struct err *e)
+{
+	PGresult *res;
+
+	if (d->listening == db_reconnects(d->db) + 1)
+		return 0;
+	res = db_run(d->db, D_LISTEN, 0, NULL, e);
+	if (res == NULL)
+		return -1;
+	PQclear(res);
+	d->listening = db_reconnects(d->db) + 1;
+	return 0;
+}
+
 struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err *e)
 {
 	struct dispatcher *d = calloc(1, sizeof(*d));
@@ -178,12 +199,8 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 	d->db = db_open(&ds, e);
 	if (d->db == NULL || e->code != ERR_NONE)
 		goto fail;
-	if (c->loop) {
-		PGresult *res = db_exec(db_conn(d->db), "LISTEN idemflow_outbox", 0, NULL, e);
-		if (res == NULL)
-			goto fail;
-		PQclear(res);
-	}
+	if (c->loop && listen_again(d, e) < 0)
+		goto fail;
 	return d;
 fail:
 	dispatch_free(d);
@@ -597,7 +614,7 @@ static int wait_for_work(struct dispatcher *d, struct err *e)
 		if (left < wait)
 			wait = left > 0 ? left : 0;
 	}
-	pfd.fd = PQsocket(conn);
+	pfd.fd = conn != NULL ? PQsocket(conn) : -1; /* -1: poll() only sleeps */
 	pfd.events = POLLIN;
 	pfd.revents = 0;
 	if (poll(&pfd, 1, (int)wait) < 0 && errno != EINTR)
@@ -609,6 +626,24 @@ static int wait_for_work(struct dispatcher *d, struct err *e)
 	return 0;
 }
 
+/* Sleep up to a second, less when stopped or out of time. */
+static void idle(struct dispatcher *d)
+{
+	const struct conf *c = d->c;
+	long ms = c->poll_interval < 1000 ? c->poll_interval : 1000;
+	struct timespec ts;
+
+	if (c->max_runtime > 0) {
+		long left = c->max_runtime - (long)(elapsed_s(&d->started) * 1e3);
+		if (left < ms)
+			ms = left > 0 ? left : 0;
+	}
+	ts.tv_sec = ms / 1000;
+	ts.tv_nsec = ms % 1000 * 1000000;
+	if (!dispatch_stopping)
+		nanosleep(&ts, NULL); /* a stop signal cuts it short */
+}
+
 int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 {
 	int rc = 0;
@@ -617,7 +652,20 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 	memset(st, 0, sizeof(*st));
 	err_clear(e);
 	while (!dispatch_stopping && !out_of_time(d)) {
-		int n = drain(d, st, e);
+		int n = d->c->loop ? listen_again(d, e) : 0;
+		if (n == 0)
+			n = drain(d, st, e);
+		if (n < 0 && d->c->loop && e->code == ERR_DB_DOWN) {
+			/* A long-running dispatcher outlives a database restart:
+			 * wait a poll interval (or until stopped), reconnect, and
+			 * go on. Events claimed before are leased, never lost. */
+			log_warning("lost the database; reconnecting", "error=\"%s\"", e->msg);
+			err_clear(e);
+			db_reset(d->db);
+			d->listening = 0; /* LISTEN again, reconnecting first */
+			idle(d);
+			continue;
+		}
 		if (n < 0) {
 			rc = -1;
 			break;
@@ -629,6 +677,14 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		if (!d->c->loop)
 			break;
 		if (wait_for_work(d, e) < 0) {
+			if (e->code == ERR_DB_DOWN) {
+				log_warning("lost the database; reconnecting", "error=\"%s\"",
+					    e->msg);
+				err_clear(e);
+				db_reset(d->db);
+				d->listening = 0;
+				continue;
+			}
 			rc = -1;
 			break;
 		}

@@ -448,6 +448,29 @@ Test(dispatch, loop_mode_wakes_on_notify)
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
 }
 
+Test(dispatch, loop_mode_outlives_a_database_restart)
+{
+	struct err e;
+	pid_t pid;
+
+	const char *loop[] = {"--loop", "--poll-interval", "1s", NULL};
+	pid = spawn(loop);
+	usleep(500 * 1000); /* let it reach its wait */
+	tstack_pg_ctl("restart");
+	PQfinish(conn);
+	conn = db_connect_simple(getenv("DATABASE_URL"), "test_dispatch", &e);
+	cr_assert_not_null(conn, "%s", e.msg);
+	seed(1, 1);
+	PQclear(sql("NOTIFY idemflow_outbox", 0, NULL));
+	cr_assert_eq(receiver_wait(&rcv, 1, 10000), 0,
+		     "the --loop dispatcher did not deliver after the restart: %s", rcv.error);
+	cr_assert(tstack_pid_gone(pid) == 0, "the dispatcher exited with the database");
+	kill(pid, SIGTERM);
+	cr_assert_eq(wait_exit(pid), 0, "SIGTERM still ends --loop cleanly");
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+	cr_assert(log_has("lost the database"), "the outage is logged");
+}
+
 Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
 {
 	const char *smtp[] = {"--sink", "smtp", NULL};
