@@ -754,17 +754,10 @@ void tstack_pg_ctl(const char *action)
 	cr_assert_eq(rc, 0, "pg_ctl %s failed: %d", action, rc);
 }
 
-int tstack_run_sequentially(int argc, char *argv[])
+void tstack_sequential_hook(void *test_set)
 {
-	struct criterion_test_set *tests = criterion_initialize();
-	int result = 0;
-
-	if (criterion_handle_args(argc, argv, true)) {
-		criterion_options.jobs = 1;
-		result = !criterion_run_all_tests(tests);
-	}
-	criterion_finalize(tests);
-	return result;
+	(void)test_set;
+	criterion_options.jobs = 1;
 }
 
 int tstack_socket_accepts(const char *path)
@@ -793,3 +786,4 @@ long tstack_pidfile_read(const char *path)
 	fclose(f);
 	return pid;
 }
+
