@@ -77,6 +77,17 @@ enum http_body_result http_read_body(struct http_req *r, long max, struct buf *o
 	return out->oom ? HTTP_BODY_TOO_LARGE : HTTP_BODY_OK;
 }
 
+const char *http_bearer_token(const char *authorization)
+{
+	const char *tok;
+
+	if (authorization == NULL || strncasecmp(authorization, "Bearer ", 7) != 0)
+		return NULL;
+	for (tok = authorization + 7; *tok == ' '; tok++)
+		;
+	return tok;
+}
+
 int http_is_json(const char *ct)
 {
 	static const char json[] = "application/json";

@@ -42,6 +42,12 @@ enum http_body_result { HTTP_BODY_OK, HTTP_BODY_TOO_LARGE, HTTP_BODY_SHORT };
 /* Read the request body (up to max bytes) into out. */
 enum http_body_result http_read_body(struct http_req *r, long max, struct buf *out);
 
+/* The token of an Authorization value "Bearer <token>" (scheme in any
+ * case, spaces before the token skipped), pointing into authorization; ""
+ * when only spaces follow the scheme; NULL when the value is absent or of
+ * another scheme. */
+const char *http_bearer_token(const char *authorization);
+
 /* 1 when the Content-Type is application/json (parameters allowed). */
 int http_is_json(const char *content_type);
 
