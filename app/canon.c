@@ -29,19 +29,127 @@ static long stray_single_quote(const char *text, size_t len)
 	return -1;
 }
 
+static int is_digit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+/* Length of the integer literal -?(0|[1-9][0-9]*) at p[0..n), when it is a
+ * whole number token (no fraction or exponent follows); 0 otherwise. */
+static size_t integer_literal(const char *p, size_t n)
+{
+	size_t i = p[0] == '-';
+
+	if (i >= n || !is_digit(p[i]) || (p[i] == '0' && i + 1 < n && is_digit(p[i + 1])))
+		return 0;
+	while (i < n && is_digit(p[i]))
+		i++;
+	if (i < n && (p[i] == '.' || p[i] == 'e' || p[i] == 'E' || p[i] == '-' || p[i] == '+'))
+		return 0;
+	return i;
+}
+
+/* 1 when the integer literal p[0..n) is below INT64_MIN or above UINT64_MAX. */
+static int integer_overflows(const char *p, size_t n)
+{
+	const char *limit = "18446744073709551615"; /* UINT64_MAX */
+
+	if (*p == '-') {
+		p++;
+		n--;
+		limit = "9223372036854775808"; /* -INT64_MIN */
+	}
+	return n > strlen(limit) || (n == strlen(limit) && memcmp(p, limit, n) > 0);
+}
+
+/*
+ * json-c saturates an integer literal it cannot hold in 64 bits to the
+ * nearest limit, so {"n":18446744073709551616} and {"n":99999999999999999999}
+ * would share one canonical form, one fingerprint and one stored answer.
+ * RFC 8785 reads every number as an IEEE 754 double; such an integer is
+ * read as one here too, by parsing a copy of the text with ".0" after it.
+ * That also reads back what write_double prints for integral doubles from
+ * 1e19 to 1e21, and what jsonb prints for large numbers. Returns the copy
+ * (caller frees) with *wide_len, or NULL when the text has no such integer
+ * (or when out of memory: *wide_len is then 1).
+ */
+static char *widen_large_integers(const char *text, size_t len, size_t *wide_len)
+{
+	size_t count = 0, w = 0;
+	char *wide = NULL;
+
+	*wide_len = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		int in_string = 0;
+		for (size_t i = 0; i < len; i++) {
+			char c = text[i];
+			size_t n;
+			if (wide)
+				wide[w++] = c;
+			if (in_string) {
+				if (c == '\\' && i + 1 < len) {
+					i++;
+					if (wide)
+						wide[w++] = text[i];
+				} else if (c == '"') {
+					in_string = 0;
+				}
+			} else if (c == '"') {
+				in_string = 1;
+			} else if ((c == '-' || is_digit(c)) &&
+			           (i == 0 || memchr(" \t\r\n[,:", text[i - 1], 7) != NULL) &&
+			           (n = integer_literal(text + i, len - i)) > 0) {
+				int big = integer_overflows(text + i, n);
+				count += big;
+				if (wide) {
+					memcpy(wide + w, text + i + 1, n - 1);
+					w += n - 1;
+					if (big) {
+						memcpy(wide + w, ".0", 2);
+						w += 2;
+					}
+				}
+				i += n - 1;
+			}
+		}
+		if (count == 0)
+			return NULL;
+		if (wide == NULL) {
+			wide = malloc(len + 2 * count);
+			if (wide == NULL) {
+				*wide_len = 1;
+				return NULL;
+			}
+		}
+	}
+	*wide_len = w;
+	return wide;
+}
+
 struct json_object *canon_parse(const char *text, size_t len, int max_depth, struct err *e)
 {
 	struct json_tokener *tok = json_tokener_new_ex(max_depth);
 	struct json_object *v = NULL;
 	enum json_tokener_error jerr;
-	size_t end, consumed = 0;
+	size_t end, consumed = 0, wide_len;
+	char *wide = NULL;
 
 	if (tok == NULL) {
 		err_set(e, ERR_INTERNAL, "out of memory");
 		return NULL;
 	}
-	if (len > INT32_MAX) {
+	if (len > INT32_MAX / 2) {
 		err_set(e, ERR_INPUT, "the body is too large to parse");
+		goto out;
+	}
+	/* From here on byte offsets in messages count the copy, if any: two
+	 * more for each large integer before them. */
+	wide = widen_large_integers(text, len, &wide_len);
+	if (wide != NULL) {
+		text = wide;
+		len = wide_len;
+	} else if (wide_len != 0) {
+		err_set(e, ERR_INTERNAL, "out of memory");
 		goto out;
 	}
 	json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
@@ -86,6 +194,7 @@ fail:
 	v = NULL;
 out:
 	json_tokener_free(tok);
+	free(wide);
 	return v;
 }
 
