@@ -7,22 +7,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* json-c accepts single-quoted object keys even in strict mode; JSON does
- * not. Returns the offset of the first quote outside a string, or -1. */
-static long stray_single_quote(const char *text, size_t len)
+/*
+ * What json-c accepts that this service refuses, found in text that json-c
+ * parsed (so its strings are well formed): a single quote outside strings
+ * (json-c takes single-quoted keys even in strict mode; JSON does not), and
+ * the escape \u0000 anywhere in a string. canon_write refuses U+0000 in
+ * values, but json-c cuts an object key at it, so {"a\u0000x":1} would
+ * silently become {"a":1}. Returns the offset of the first, or -1; *nul
+ * tells which.
+ */
+static long refused_at(const char *text, size_t len, int *nul)
 {
 	int in_string = 0;
 
 	for (size_t i = 0; i < len; i++) {
 		char c = text[i];
 		if (in_string) {
-			if (c == '\\')
+			if (c == '\\') {
+				if (len - i >= 6 && memcmp(text + i, "\\u0000", 6) == 0) {
+					*nul = 1;
+					return (long)i;
+				}
 				i++;
-			else if (c == '"')
+			} else if (c == '"') {
 				in_string = 0;
+			}
 		} else if (c == '"') {
 			in_string = 1;
 		} else if (c == '\'') {
+			*nul = 0;
 			return (long)i;
 		}
 	}
@@ -173,9 +186,14 @@ struct json_object *canon_parse(const char *text, size_t len, int max_depth, str
 			json_tokener_get_parse_end(tok));
 		goto fail;
 	}
-	long q = stray_single_quote(text, len);
+	int nul = 0;
+	long q = refused_at(text, len, &nul);
 	if (q >= 0) {
-		err_set(e, ERR_INPUT, "the body is not valid JSON: single quote at byte %ld", q);
+		if (nul)
+			err_set(e, ERR_INPUT, "strings may not contain U+0000 (at byte %ld)", q);
+		else
+			err_set(e, ERR_INPUT,
+			        "the body is not valid JSON: single quote at byte %ld", q);
 		goto fail;
 	}
 	for (end = consumed ? consumed : json_tokener_get_parse_end(tok); end < len; end++) {

@@ -87,6 +87,25 @@ Test(canon, malformed_input_is_rejected)
 	}
 }
 
+/* json-c cuts a key at U+0000: {"a\u0000x":1} must not turn into {"a":1}. */
+Test(canon, u0000_in_an_object_key_is_rejected_like_in_a_value)
+{
+	static const char *cases[] = {
+		"{\"a\\u0000x\":1}",
+		"{\"a\":{\"\\u0000\":1}}",
+		"{\"a\":1,\"a\\u0000\":2}",
+		"[\"\\u0000\"]",
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(cases[i], msg, sizeof(msg)), "accepted: %s", cases[i]);
+		cr_assert(strstr(msg, "U+0000") != NULL, "%s: %s", cases[i], msg);
+	}
+	cr_assert_str_eq(canon_of("{\"a\\\\u0000\":1}", NULL, 0), "{\"a\\\\u0000\":1}",
+			 "an escaped backslash before u0000 is no U+0000");
+}
+
 Test(canon, nesting_beyond_the_limit_is_rejected)
 {
 	char deep[200];
