@@ -7,16 +7,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int is_digit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
 /*
  * What json-c accepts that this service refuses, found in text that json-c
- * parsed (so its strings are well formed): a single quote outside strings
- * (json-c takes single-quoted keys even in strict mode; JSON does not), and
- * the escape \u0000 anywhere in a string. canon_write refuses U+0000 in
- * values, but json-c cuts an object key at it, so {"a\u0000x":1} would
- * silently become {"a":1}. Returns the offset of the first, or -1; *nul
- * tells which.
+ * parsed (so its strings are well formed). Returns the offset of the first
+ * and sets *why, or returns -1:
+ *  - a single quote outside strings: json-c takes single-quoted keys even
+ *    in strict mode; JSON does not;
+ *  - a leading zero after a minus sign ("-01"): strict json-c refuses "01"
+ *    but not "-01", and reads -000...018446744073709551615 as the 64-bit
+ *    limit nearest to it;
+ *  - the escape \u0000 anywhere in a string: canon_write refuses U+0000 in
+ *    values, but json-c cuts an object key at it, so {"a\u0000x":1} would
+ *    silently become {"a":1}.
  */
-static long refused_at(const char *text, size_t len, int *nul)
+static long refused_at(const char *text, size_t len, const char **why)
 {
 	int in_string = 0;
 
@@ -25,7 +34,7 @@ static long refused_at(const char *text, size_t len, int *nul)
 		if (in_string) {
 			if (c == '\\') {
 				if (len - i >= 6 && memcmp(text + i, "\\u0000", 6) == 0) {
-					*nul = 1;
+					*why = "strings may not contain U+0000";
 					return (long)i;
 				}
 				i++;
@@ -35,16 +44,16 @@ static long refused_at(const char *text, size_t len, int *nul)
 		} else if (c == '"') {
 			in_string = 1;
 		} else if (c == '\'') {
-			*nul = 0;
+			*why = "the body is not valid JSON: single quote";
 			return (long)i;
+		} else if (c == '-' && (i == 0 || (text[i - 1] != 'e' && text[i - 1] != 'E')) &&
+		           len - i >= 3 && text[i + 1] == '0' && is_digit(text[i + 2])) {
+			/* Not in an exponent, where "1e-05" is valid. */
+			*why = "the body is not valid JSON: leading zero";
+			return (long)i + 1;
 		}
 	}
 	return -1;
-}
-
-static int is_digit(char c)
-{
-	return c >= '0' && c <= '9';
 }
 
 /* Length of the integer literal -?(0|[1-9][0-9]*) at p[0..n), when it is a
@@ -186,14 +195,10 @@ struct json_object *canon_parse(const char *text, size_t len, int max_depth, str
 			json_tokener_get_parse_end(tok));
 		goto fail;
 	}
-	int nul = 0;
-	long q = refused_at(text, len, &nul);
+	const char *why = NULL;
+	long q = refused_at(text, len, &why);
 	if (q >= 0) {
-		if (nul)
-			err_set(e, ERR_INPUT, "strings may not contain U+0000 (at byte %ld)", q);
-		else
-			err_set(e, ERR_INPUT,
-			        "the body is not valid JSON: single quote at byte %ld", q);
+		err_set(e, ERR_INPUT, "%s at byte %ld", why, q);
 		goto fail;
 	}
 	for (end = consumed ? consumed : json_tokener_get_parse_end(tok); end < len; end++) {
