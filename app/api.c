@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "fp.h"
 #include "jobs.h"
@@ -50,22 +49,20 @@ void api_db_error(struct api_ctx *ctx, struct http_resp *resp, const struct http
 static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
                         int want_key)
 {
-	const char *h = req->authorization, *tok;
+	const char *tok = http_bearer_token(req->authorization);
 	uint8_t hash[FP_LEN];
 	char hex[2 + 2 * FP_LEN + 1];
 	struct err e;
 	PGresult *res;
 	int ok;
 
-	if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0) {
+	if (tok == NULL) {
 		http_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"idemflow\"");
 		api_problem(resp, req, P_UNAUTHORIZED,
 		            "send Authorization: Bearer <token> with a token issued by "
 		            "\"idemflow token create\"");
 		return 0;
 	}
-	for (tok = h + 7; *tok == ' '; tok++)
-		;
 	fp_token(hash, tok, strlen(tok));
 	hex[0] = '\\';
 	hex[1] = 'x';

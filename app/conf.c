@@ -381,8 +381,10 @@ struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e)
 			file = argv[i + 1];
 		else if (strncmp(a, "--config=", 9) == 0)
 			file = a + 9;
-		if (strchr(a, '=') == NULL && !conf_is_bool(a + 2))
-			i++; /* skip the flag's value */
+		/* Skip the flag's value. Only "--name" has a name at a + 2: a
+		 * lone "-" ends one byte earlier (the second pass refuses it). */
+		if (strncmp(a, "--", 2) == 0 && strchr(a, '=') == NULL && !conf_is_bool(a + 2))
+			i++;
 	}
 	if (file != NULL && *file && conf_load_file(c, file, e) < 0)
 		goto fail;

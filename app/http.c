@@ -123,6 +123,17 @@ int http_query_param(const char *query, const char *name, char *out, size_t outl
 	return 0;
 }
 
+const char *http_bearer_token(const char *authorization)
+{
+	const char *tok;
+
+	if (authorization == NULL || strncasecmp(authorization, "Bearer ", 7) != 0)
+		return NULL;
+	for (tok = authorization + 7; *tok == ' '; tok++)
+		;
+	return tok;
+}
+
 int http_is_json(const char *ct)
 {
 	static const char json[] = "application/json";

@@ -51,6 +51,12 @@ enum http_body_result http_read_body(struct http_req *r, long max, struct buf *o
  */
 int http_query_param(const char *query, const char *name, char *out, size_t outlen);
 
+/* The token of an Authorization value "Bearer <token>" (scheme in any
+ * case, spaces before the token skipped), pointing into authorization; ""
+ * when only spaces follow the scheme; NULL when the value is absent or of
+ * another scheme. */
+const char *http_bearer_token(const char *authorization);
+
 /* 1 when the Content-Type is application/json (parameters allowed). */
 int http_is_json(const char *content_type);
 

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/mman.h>
 
 #include "api.h"
@@ -455,14 +454,11 @@ int metrics_allow_match(const char *allow, const char *addr, struct err *e)
 int metrics_token_match(const char *token, const char *authorization)
 {
 	uint8_t want[FP_LEN], got[FP_LEN];
-	const char *tok;
+	const char *tok = http_bearer_token(authorization);
 	unsigned char diff = 0;
 
-	if (token == NULL || *token == '\0' || authorization == NULL ||
-	    strncasecmp(authorization, "Bearer ", 7) != 0)
+	if (token == NULL || *token == '\0' || tok == NULL)
 		return 0;
-	for (tok = authorization + 7; *tok == ' '; tok++)
-		;
 	/* Digests have one length whatever was sent, so the comparison's
 	 * time tells nothing about the token, not even its length. */
 	fp_token(want, token, strlen(token));

@@ -462,7 +462,4 @@ Test(roles, neither_role_can_change_the_schema_the_tenants_or_the_tokens)
 		expect_refused("idemflow_cron", dispatcher_refused[i]);
 }
 
-int main(int argc, char *argv[])
-{
-	return tstack_run_sequentially(argc, argv);
-}
+TSTACK_SEQUENTIAL

@@ -3,7 +3,7 @@
  * HTTP receiver (t/lib/receiver.py).
  *
  * The dispatcher drains the whole outbox, so these tests run one at a
- * time (see main() at the end) and each starts from an outbox with
+ * time (TSTACK_SEQUENTIAL, at the end) and each starts from an outbox with
  * nothing left to deliver. Every test runs the real program and checks
  * the outbox rows and what the receiver got.
  */
@@ -540,7 +540,4 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 }
 
 /* One test at a time: each drains the shared outbox. */
-int main(int argc, char *argv[])
-{
-	return tstack_run_sequentially(argc, argv);
-}
+TSTACK_SEQUENTIAL

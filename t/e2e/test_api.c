@@ -141,6 +141,37 @@ Test(create, input_is_returned_in_canonical_form)
 	http_response_free(r);
 }
 
+/*
+ * Integers beyond 64 bits are the doubles they read as, in the POST's echo
+ * and in GET, which reads the input back from jsonb (jsonb prints 1e30 as
+ * 31 digits). json-c alone would clamp each to a 64-bit limit.
+ */
+Test(create, integers_beyond_64_bits_are_doubles_in_post_and_get)
+{
+	static const char want[] = "{\"big\":18446744073709551616,\"e\":1e+30,"
+				   "\"i\":-9223372036854775808,\"u\":18446744073709551615}";
+	struct tstack_tenant t;
+	struct http_response *r, *g;
+	char key[128], path[64], *id, *input;
+
+	tstack_tenant_create(&t, "bigint");
+	tstack_key(key, sizeof(key), "bigint");
+	r = post(&t, key,
+		 "{\"type\":\"x\",\"input\":{\"big\":18446744073709551616,\"e\":1e30,"
+		 "\"i\":-9223372036854775809,\"u\":18446744073709551615}}");
+	id = tstack_expect_created(r, "x", want);
+	snprintf(path, sizeof(path), COLLECTION "/%s", id);
+	g = get(&t, path);
+	cr_assert_eq(g->status, 200, "status %d, body %.500s", g->status, g->body);
+	input = strstr(g->body, "\"input\":");
+	cr_assert(input && strncmp(input + 8, want, strlen(want)) == 0,
+		  "GET input differs from %s: %s", want, g->body);
+	tstack_expect_counts(&t, 1, 1, 1);
+	free(id);
+	http_response_free(g);
+	http_response_free(r);
+}
+
 /* --- replay ------------------------------------------------------------ */
 
 Test(replay, five_keyed_repeats_create_one_workflow_and_replay_four_times)
@@ -432,6 +463,9 @@ Test(validation, invalid_bodies_are_rejected_without_consuming_the_key)
 		  "/problems/invalid-workflow" },
 		{ "{\"type\":\"x\",\"input\":\"s\"}", 422,
 		  "/problems/invalid-workflow" },
+		/* json-c would have cut this key to "a". */
+		{ "{\"type\":\"x\",\"input\":{\"a\\u0000b\":1}}", 400,
+		  "/problems/invalid-json" },
 	};
 	struct tstack_tenant t;
 	struct http_response *r;

@@ -4,7 +4,8 @@
  * GET /readyz.
  *
  * prune works on the whole database and the readiness test stops
- * PostgreSQL, so these tests run one at a time (see main() at the end).
+ * PostgreSQL, so these tests run one at a time (TSTACK_SEQUENTIAL, at the
+ * end).
  * Each works in tenants of its own and leaves nothing expired behind.
  */
 #include <pthread.h>
@@ -797,7 +798,4 @@ Test(readyz, names_the_schema_version_when_the_build_is_newer_than_its_schema,
 
 /* One test at a time: prune works on every tenant's rows, and one test
  * stops PostgreSQL under all of them. */
-int main(int argc, char *argv[])
-{
-	return tstack_run_sequentially(argc, argv);
-}
+TSTACK_SEQUENTIAL

@@ -752,7 +752,4 @@ Test(rate_limit, the_per_token_example_refuses_with_429_per_token, .fini = rl_st
 	}
 }
 
-int main(int argc, char *argv[])
-{
-	return tstack_run_sequentially(argc, argv);
-}
+TSTACK_SEQUENTIAL

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include <criterion/hooks.h>
 #include <libpq-fe.h>
 
 #include "http.h"
@@ -109,10 +110,24 @@ long tstack_pidfile_read(const char *path);
  * PostgreSQL, as its owner; the test fails if pg_ctl does. */
 void tstack_pg_ctl(const char *action);
 
-/* The body of a main() that runs a binary's tests one at a time, for
- * suites that share state no test may see changing under it (the whole
- * outbox, a stopped database). Returns the process exit status. */
-int tstack_run_sequentially(int argc, char *argv[]);
+/*
+ * TSTACK_SEQUENTIAL at file scope runs the binary's tests one at a time,
+ * for suites that share state no test may see changing under it (the
+ * whole outbox, a stopped database): a report hook sets Criterion's job
+ * count to 1 before the first test starts, whatever -j says.
+ *
+ * Not a main() of the suite's own: Criterion's BoxFort starts every test
+ * process by writing a 16-byte jump over the start of main, and a main
+ * that only calls a function is shorter than that when functions are not
+ * aligned (-O1); the jump then overwrote the function after it (ASan's
+ * global destructor), and every test process crashed as it exited.
+ */
+void tstack_sequential_hook(void *test_set);
+#define TSTACK_SEQUENTIAL                                                                          \
+	ReportHook(PRE_ALL)(struct criterion_test_set * tstack_set)                                \
+	{                                                                                          \
+		tstack_sequential_hook(tstack_set);                                                \
+	}
 
 double tstack_now(void);
 void tstack_sleep_ms(long ms);

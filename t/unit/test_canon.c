@@ -44,6 +44,18 @@ Test(canon, equivalent_texts_share_one_form)
 		{"1.5e300", "1.5e+300"},
 		{"-12345678901234", "-12345678901234"},
 		{"18446744073709551615", "18446744073709551615"},
+		{"-9223372036854775808", "-9223372036854775808"},
+		{"[100000000000000000000.0,1e30]", "[100000000000000000000,1e+30]"},
+		/* Beyond 64 bits an integer is the double it reads as (json-c
+		 * alone would clamp it to the nearest 64-bit limit). */
+		{"18446744073709551616", "18446744073709551616"},
+		{"{\"a\":[1,99999999999999999999]}", "{\"a\":[1,100000000000000000000]}"},
+		{"-9223372036854775809", "-9223372036854775808"},
+		{"1844674400000000000008378362954752323327", "1.8446744e+39"},
+		{"[-100000000000000000000000,1.0e22]", "[-1e+23,1e+22]"},
+		{"\"99999999999999999999\"", "\"99999999999999999999\""},
+		{"123456789012345678901.5", "123456789012345683968"},
+		{"[1e-05,1E-01,-0e1]", "[1e-05,0.1,0]"},
 		{"\"\\u00e9\"", "\"\xc3\xa9\""},
 		{"\"a\\/b\"", "\"a/b\""},
 		{"\"\\u001f\\n\\t\"", "\"\\u001f\\n\\t\""},
@@ -67,6 +79,8 @@ Test(canon, malformed_input_is_rejected)
 		"",          "{",          "{\"a\":}",      "{\"a\":1,}", "[1,2",
 		"{\"a\":1} x", "{'a':1}",  "\"\xff\"",      "\"\xc3\"",   "nul",
 		"{\"a\":1}{}", "\"\\u0000\"", "01",         "NaN",        "null",
+		/* json-c in strict mode refuses "01" but takes these. */
+		"-01", "[1,-007]", "{\"a\":-012.5}", "-000000000000000000000018446744073709551615",
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char msg[256] = "";
@@ -74,6 +88,25 @@ Test(canon, malformed_input_is_rejected)
 		cr_assert_null(canon_of(cases[i], msg, sizeof(msg)), "accepted: %s", cases[i]);
 		cr_assert_neq(msg[0], '\0', "no error message for %s", cases[i]);
 	}
+}
+
+/* json-c cuts a key at U+0000: {"a\u0000x":1} must not turn into {"a":1}. */
+Test(canon, u0000_in_an_object_key_is_rejected_like_in_a_value)
+{
+	static const char *cases[] = {
+		"{\"a\\u0000x\":1}",
+		"{\"a\":{\"\\u0000\":1}}",
+		"{\"a\":1,\"a\\u0000\":2}",
+		"[\"\\u0000\"]",
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char msg[256] = "";
+
+		cr_assert_null(canon_of(cases[i], msg, sizeof(msg)), "accepted: %s", cases[i]);
+		cr_assert(strstr(msg, "U+0000") != NULL, "%s: %s", cases[i], msg);
+	}
+	cr_assert_str_eq(canon_of("{\"a\\\\u0000\":1}", NULL, 0), "{\"a\\\\u0000\":1}",
+			 "an escaped backslash before u0000 is no U+0000");
 }
 
 Test(canon, nesting_beyond_the_limit_is_rejected)

@@ -133,3 +133,18 @@ Test(conf, unknown_flags_are_errors)
 	cr_assert_null(conf_from_args(3, argv, &next, &e));
 	cr_assert(strstr(e.msg, "--wrokers") != NULL, "%s", e.msg);
 }
+
+/* The first pass, which looks for --config, read a flag's name at a + 2:
+ * past the end of a lone "-". The arguments are heap copies of their exact
+ * size, so a sanitizer build catches a read past one. */
+Test(conf, a_lone_dash_is_an_unknown_option)
+{
+	struct err e = {0};
+	int next = 0;
+	char *argv[] = {strdup("prog"), strdup("-"), strdup("--workers"), strdup("3"), NULL};
+
+	cr_assert_null(conf_from_args(4, argv, &next, &e));
+	cr_assert(strstr(e.msg, "unknown option \"-\"") != NULL, "%s", e.msg);
+	for (int i = 0; i < 4; i++)
+		free(argv[i]);
+}
