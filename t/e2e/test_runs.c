@@ -322,8 +322,12 @@ Test(lease, a_completion_after_the_lease_ran_out_is_refused_and_another_workers_
 	http_response_free(r);
 	r = complete(&t, wf, 1, "fresh");
 	expect_status(r, 200);
-	cr_assert_str_eq(tstack_json(r->body, "{worker}"), "fresh");
-	cr_assert_str_eq(tstack_json(r->body, "{activations}"), "2");
+	char *v = tstack_json(r->body, "{worker}");
+	cr_assert_str_eq(v, "fresh");
+	free(v);
+	v = tstack_json(r->body, "{activations}");
+	cr_assert_str_eq(v, "2");
+	free(v);
 	http_response_free(r);
 
 	/* The second step is activatable once, the first completed once. */
