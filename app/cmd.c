@@ -129,6 +129,28 @@ int cmd_fingerprint(struct api_ctx *ctx, const struct http_req *req, struct http
 	return 0;
 }
 
+int cmd_json_param(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                   struct json_object *v, size_t *off)
+{
+	struct buf *sc = &ctx->scratch;
+	struct err e;
+
+	buf_putc(sc, '\0');
+	*off = sc->len;
+	if (v == NULL)
+		buf_puts(sc, "{}");
+	else if (canon_write(sc, v, &e) < 0) {
+		api_problem(resp, req, P_INVALID_JSON, e.msg);
+		return -1;
+	}
+	buf_putc(sc, '\0');
+	if (sc->oom) {
+		api_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
+		return -1;
+	}
+	return 0;
+}
+
 /* The command's answer from its result: a problem row or the render. */
 static int answer(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
                   const PGresult *res, const struct cmd *c, struct err *e)

@@ -63,6 +63,14 @@ struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, str
 int cmd_fingerprint(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
                     struct json_object *root, char fp_text[IDEM_FP_TEXT]);
 
+/*
+ * Append the canonical form of v ("{}" when v is NULL) to ctx->scratch as a
+ * text parameter of its own (NUL before and after); *off is where it starts.
+ * Returns 0, or -1 when resp holds the 4xx answer.
+ */
+int cmd_json_param(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                   struct json_object *v, size_t *off);
+
 /* Replay a stored answer (res: an 'existing' key row, see Q_KEY_GET) when
  * its fingerprint is fp_text, else answer 409 idempotency-key-reused. */
 void cmd_answer_existing(struct api_ctx *ctx, struct http_resp *resp, const struct http_req *req,

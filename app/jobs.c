@@ -186,9 +186,7 @@ void jobs_finish(struct api_ctx *ctx, struct http_req *req, const char *key, con
 	long retry_after = 0;
 	char tenant[24], wf[IDS_UUID_LEN + 1], step[16], interval[40], detail[300];
 	char fp_text[IDEM_FP_TEXT];
-	struct buf *sc = &ctx->scratch;
 	size_t off;
-	struct err e;
 	int n;
 
 	root = cmd_read_json(ctx, req, resp, 0);
@@ -214,23 +212,9 @@ void jobs_finish(struct api_ctx *ctx, struct http_req *req, const char *key, con
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(step, sizeof(step), "%d", n);
 	if (complete) {
-		buf_putc(sc, '\0');
-		off = sc->len;
-		if (output != NULL) {
-			if (canon_write(sc, output, &e) < 0) {
-				api_problem(resp, req, P_INVALID_JSON, e.msg);
-				goto out;
-			}
-		} else {
-			buf_puts(sc, "{}");
-		}
-		buf_putc(sc, '\0');
-		if (sc->oom) {
-			api_problem(resp, req, P_BODY_TOO_LARGE,
-			            "the body is too large to process");
+		if (cmd_json_param(ctx, req, resp, output, &off) < 0)
 			goto out;
-		}
-		const char *p[5] = {tenant, wf, step, worker, sc->data + off};
+		const char *p[5] = {tenant, wf, step, worker, ctx->scratch.data + off};
 		const struct cmd cmd = {Q_JOB_COMPLETE, 5, p, fp_text, render_job, NULL};
 		cmd_run(ctx, req, resp, &cmd);
 	} else {

@@ -514,6 +514,58 @@ static int is_state(const char *s)
 	return 0;
 }
 
+/* Append row i of res to out as one item of a page; 0, or -1 with e. */
+typedef int (*page_item_fn)(struct api_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                            struct err *e);
+
+/*
+ * Answer 200 {"<name>":[items],"next_cursor":...} from the first rows of
+ * res, at most limit; the query asked for one row more, whose presence
+ * says there is a next page, and the cursor is column 0 of the last row
+ * shown.
+ */
+static void answer_page(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                        const char *name, const PGresult *res, int n, long limit,
+                        page_item_fn item)
+{
+	struct err e;
+
+	buf_printf(&resp->body, "{\"%s\":[", name);
+	for (int i = 0; i < n && i < limit; i++) {
+		if (i > 0)
+			buf_putc(&resp->body, ',');
+		if (item(ctx, &resp->body, res, i, &e) < 0) {
+			buf_reset(&resp->body);
+			api_db_error(ctx, resp, req, &e);
+			return;
+		}
+	}
+	if (n > limit)
+		buf_printf(&resp->body, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, limit - 1, 0));
+	else
+		buf_puts(&resp->body, "],\"next_cursor\":null}");
+	resp->status = 200;
+	resp->content_type = "application/json";
+}
+
+static int list_item(struct api_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                     struct err *e)
+{
+	return wf_write_row(out, &ctx->scratch, res, i, 0, 0, e);
+}
+
+/* Events are stored as the dispatcher sends them; pages show them in the
+ * canonical form, like everything else the API answers. */
+static int event_item(struct api_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                      struct err *e)
+{
+	(void)ctx;
+	if (recanon(out, PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), e) < 0)
+		return err_set(e, ERR_INTERNAL, "stored event %s is not valid JSON",
+		               PQgetvalue(res, i, 0));
+	return 0;
+}
+
 void wf_list(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	char tenant[24], state[16], type[WF_TYPE_MAX + 1], after[IDS_UUID_LEN + 1], lim[24];
@@ -547,24 +599,7 @@ void wf_list(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
 		return;
 	}
 	n = PQntuples(res);
-	buf_puts(&resp->body, "{\"workflows\":[");
-	for (int i = 0; i < n && i < limit; i++) {
-		if (i > 0)
-			buf_putc(&resp->body, ',');
-		if (wf_write_row(&resp->body, &ctx->scratch, res, i, 0, 0, &e) < 0) {
-			buf_reset(&resp->body);
-			api_db_error(ctx, resp, req, &e);
-			PQclear(res);
-			return;
-		}
-	}
-	/* One row more than the page says there is a next page. */
-	if (n > limit)
-		buf_printf(&resp->body, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, limit - 1, 0));
-	else
-		buf_puts(&resp->body, "],\"next_cursor\":null}");
-	resp->status = 200;
-	resp->content_type = "application/json";
+	answer_page(ctx, req, resp, "workflows", res, n, limit, list_item);
 	PQclear(res);
 }
 
@@ -608,26 +643,7 @@ void wf_events(struct api_ctx *ctx, struct http_req *req, const char *id, struct
 	}
 	if (PQgetisnull(res, 0, 0))
 		n = 0;
-	buf_puts(&resp->body, "{\"events\":[");
-	for (int i = 0; i < n && i < limit; i++) {
-		if (i > 0)
-			buf_putc(&resp->body, ',');
-		if (recanon(&resp->body, PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1),
-		            &e) < 0) {
-			err_set(&e, ERR_INTERNAL, "stored event %s.%s is not valid JSON", id,
-			        PQgetvalue(res, i, 0));
-			buf_reset(&resp->body);
-			api_db_error(ctx, resp, req, &e);
-			PQclear(res);
-			return;
-		}
-	}
-	if (n > limit)
-		buf_printf(&resp->body, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, limit - 1, 0));
-	else
-		buf_puts(&resp->body, "],\"next_cursor\":null}");
-	resp->status = 200;
-	resp->content_type = "application/json";
+	answer_page(ctx, req, resp, "events", res, n, limit, event_item);
 	PQclear(res);
 }
 
@@ -712,9 +728,7 @@ void wf_message(struct api_ctx *ctx, struct http_req *req, const char *id, struc
 	struct json_object *root, *payload;
 	const char *message_id, *name;
 	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
-	struct buf *sc = &ctx->scratch;
 	size_t off;
-	struct err e;
 
 	root = cmd_read_json(ctx, req, resp, 0);
 	if (root == NULL)
@@ -732,23 +746,10 @@ void wf_message(struct api_ctx *ctx, struct http_req *req, const char *id, struc
 	}
 	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
 		goto out;
-	buf_putc(sc, '\0');
-	off = sc->len;
-	if (payload != NULL) {
-		if (canon_write(sc, payload, &e) < 0) {
-			api_problem(resp, req, P_INVALID_JSON, e.msg);
-			goto out;
-		}
-	} else {
-		buf_puts(sc, "{}");
-	}
-	buf_putc(sc, '\0');
-	if (sc->oom) {
-		api_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
+	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
 		goto out;
-	}
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[5] = {tenant, id, message_id, name, sc->data + off};
+	const char *p[5] = {tenant, id, message_id, name, ctx->scratch.data + off};
 	const struct cmd cmd = {Q_WF_MESSAGE, 5, p, fp_text, render_message, (void *)message_id};
 	cmd_run(ctx, req, resp, &cmd);
 out:
