@@ -150,29 +150,19 @@ Test(roles, roles_sql_runs_again_and_every_table_has_a_decision)
 }
 
 /* A server of our own, logged in as idemflow_web. */
-static struct {
-	pid_t pid;
-	char sock[512], log[512], pidfile[512];
-} own;
+static struct tstack_pool own;
 
 static void own_stop(void)
 {
-	if (own.pid <= 0)
-		return;
-	kill(-own.pid, SIGTERM);
-	waitpid(own.pid, NULL, 0);
-	own.pid = 0;
+	tstack_pool_kill(&own, SIGTERM);
 }
 
 static void own_start(void)
 {
 	char db[1024];
-	double deadline;
 
 	conninfo_as(db, sizeof(db), "idemflow_web");
-	stack_path(own.sock, sizeof(own.sock), "fcgi.sock");
-	stack_path(own.log, sizeof(own.log), "fcgi.log");
-	stack_path(own.pidfile, sizeof(own.pidfile), "fcgi.pid");
+	tstack_pool_paths(&own, "roles");
 	/* optional: unkeyed creates too, so every create statement runs. */
 	const char *argv[] = {tstack_env("IDEMFLOW_FCGI"),
 	                      "--config",
@@ -188,22 +178,7 @@ static void own_start(void)
 	                      "--idempotency-key",
 	                      "optional",
 	                      NULL};
-	fflush(NULL);
-	own.pid = fork();
-	cr_assert(own.pid >= 0);
-	if (own.pid == 0) {
-		int fd = open(own.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		setpgid(0, 0);
-		dup2(fd, STDERR_FILENO);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	deadline = tstack_now() + 10;
-	while (!tstack_socket_accepts(own.sock) || tstack_pidfile_read(own.pidfile) == 0) {
-		cr_assert(tstack_now() < deadline, "server not listening; see %s", own.log);
-		tstack_sleep_ms(20);
-	}
+	tstack_pool_run(&own, argv, 10000);
 }
 
 static struct http_response *req(const char *method, const char *path, const char *auth,

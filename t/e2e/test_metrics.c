@@ -46,22 +46,13 @@ static const char BODY_B[] = "{\"type\":\"m\",\"input\":{\"a\":2}}";
 
 /* --- A server of our own ----------------------------------------------- */
 
-static struct {
-	pid_t pid;
-	char sock[108];
-	char pidfile[512];
-	char log[512]; /* its stderr */
-} own;
+static struct tstack_pool own;
 
 /* Runs after each test even when an assertion failed: the supervisor and
- * its workers, all in the process group spawn() made. */
+ * its workers, all in one process group. */
 static void own_stop(void)
 {
-	if (own.pid <= 0)
-		return;
-	kill(-own.pid, SIGKILL);
-	waitpid(own.pid, NULL, 0);
-	own.pid = 0;
+	tstack_pool_kill(&own, SIGKILL);
 }
 
 /* A path in the harness's directory, unique to this test process. */
@@ -73,42 +64,14 @@ static void stack_path(char *out, size_t size, const char *name)
 	cr_assert(n > 0 && (size_t)n < size, "path too long: %s", out);
 }
 
-/* Fork/exec argv in a process group of its own, stdout and stderr to log;
- * never outlives us. */
-static pid_t spawn(const char *const *argv, const char *log)
-{
-	pid_t pid;
-
-	fflush(NULL);
-	pid = fork();
-	cr_assert(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		setpgid(0, 0);
-		if (fd >= 0) {
-			dup2(fd, STDOUT_FILENO);
-			dup2(fd, STDERR_FILENO);
-		}
-		execv(argv[0], (char *const *)argv);
-		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-		_exit(127);
-	}
-	return pid;
-}
-
 /* Start idemflow-fcgi with the harness configuration, our socket and the
  * database in $DATABASE_URL, plus overrides; wait for it and its workers. */
 static void own_start(const char *const *overrides, long workers)
 {
 	const char *argv[40];
 	size_t argc = 0;
-	double deadline;
 
-	stack_path(own.sock, sizeof(own.sock), "fcgi.sock");
-	stack_path(own.pidfile, sizeof(own.pidfile), "fcgi.pid");
-	stack_path(own.log, sizeof(own.log), "fcgi.stderr");
+	tstack_pool_paths(&own, "m");
 	argv[argc++] = tstack_env("IDEMFLOW_FCGI");
 	argv[argc++] = "--config";
 	argv[argc++] = tstack_env("IDEMFLOW_CONF");
@@ -123,19 +86,7 @@ static void own_start(const char *const *overrides, long workers)
 		argv[argc++] = overrides[i];
 	}
 	argv[argc] = NULL;
-	own.pid = spawn(argv, own.log);
-
-	deadline = tstack_now() + 10;
-	while (!tstack_socket_accepts(own.sock) || tstack_pidfile_read(own.pidfile) == 0) {
-		int status;
-
-		cr_assert(waitpid(own.pid, &status, WNOHANG) == 0,
-			  "idemflow-fcgi exited during startup, status 0x%x; see %s", status,
-			  own.log);
-		cr_assert(tstack_now() < deadline, "idemflow-fcgi not ready within 10s; see %s",
-			  own.log);
-		tstack_sleep_ms(20);
-	}
+	tstack_pool_run(&own, argv, 10000);
 	cr_assert(tstack_wait_workers(own.pid, (size_t)workers, 10000),
 		  "idemflow-fcgi does not have %ld workers; see %s", workers, own.log);
 }
@@ -570,7 +521,7 @@ Test(metrics, a_bad_allowlist_stops_the_server_at_start_with_exit_78)
 	size_t n;
 
 	stack_path(log, sizeof(log), "badallow.log");
-	pid_t pid = spawn(argv, log);
+	pid_t pid = tstack_spawn(argv, log);
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 78, "status 0x%x, want exit 78",
 		  status);
@@ -788,7 +739,7 @@ static int dispatch(const char *textfile, const char *db, const char *exec, cons
 	pid_t pid;
 
 	stack_path(log, sizeof(log), "dispatch.log");
-	pid = spawn(argv, log);
+	pid = tstack_spawn(argv, log);
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	cr_assert(WIFEXITED(status), "dispatcher died: 0x%x", status);
 	return WEXITSTATUS(status);

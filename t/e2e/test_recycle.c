@@ -32,28 +32,11 @@ TestSuite(recycle, .timeout = 120);
 
 /* --- A server of our own ----------------------------------------------- */
 
-static struct {
-	pid_t pid;
-	char sock[108];
-	char pidfile[512];
-	char log[512];
-} own;
+static struct tstack_pool own;
 
 static void own_stop(void)
 {
-	if (own.pid <= 0)
-		return;
-	kill(-own.pid, SIGKILL);
-	waitpid(own.pid, NULL, 0);
-	own.pid = 0;
-}
-
-static void stack_path(char *out, size_t size, const char *name)
-{
-	int n = snprintf(out, size, "%s/r%ld-%s", tstack_env("IDEMFLOW_STACK_DIR"), (long)getpid(),
-	                 name);
-
-	cr_assert(n > 0 && (size_t)n < size, "path too long: %s", out);
+	tstack_pool_kill(&own, SIGKILL);
 }
 
 /* idemflow-fcgi with the harness configuration, our socket and pid file,
@@ -63,13 +46,10 @@ static void own_start(int workers, int max_requests)
 	char w[16], m[16];
 	const char *argv[16];
 	size_t argc = 0;
-	double deadline;
 
 	snprintf(w, sizeof(w), "%d", workers);
 	snprintf(m, sizeof(m), "%d", max_requests);
-	stack_path(own.sock, sizeof(own.sock), "fcgi.sock");
-	stack_path(own.pidfile, sizeof(own.pidfile), "fcgi.pid");
-	stack_path(own.log, sizeof(own.log), "fcgi.log");
+	tstack_pool_paths(&own, "r");
 	argv[argc++] = tstack_env("IDEMFLOW_FCGI");
 	argv[argc++] = "--config";
 	argv[argc++] = tstack_env("IDEMFLOW_CONF");
@@ -85,33 +65,7 @@ static void own_start(int workers, int max_requests)
 	argv[argc++] = "info";
 	argv[argc] = NULL;
 
-	fflush(NULL);
-	own.pid = fork();
-	cr_assert(own.pid >= 0, "fork: %s", strerror(errno));
-	if (own.pid == 0) {
-		int fd = open(own.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		setpgid(0, 0);
-		if (fd >= 0) {
-			dup2(fd, STDOUT_FILENO);
-			dup2(fd, STDERR_FILENO);
-		}
-		execv(argv[0], (char *const *)argv);
-		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-		_exit(127);
-	}
-	deadline = tstack_now() + 10;
-	while (!tstack_socket_accepts(own.sock) || tstack_pidfile_read(own.pidfile) == 0) {
-		int status;
-
-		cr_assert(waitpid(own.pid, &status, WNOHANG) == 0,
-		          "idemflow-fcgi exited during startup, status 0x%x; see %s", status,
-		          own.log);
-		cr_assert(tstack_now() < deadline, "idemflow-fcgi not ready within 10s; see %s",
-		          own.log);
-		tstack_sleep_ms(20);
-	}
+	tstack_pool_run(&own, argv, 10000);
 	cr_assert(tstack_wait_workers(own.pid, (size_t)workers, 10000),
 	          "idemflow-fcgi does not have %d workers; see %s", workers, own.log);
 }

@@ -523,18 +523,11 @@ Test(operator, admin_looking_paths_are_404_for_tenant_tokens)
 	tstack_expect_counts(&t, 0, 0, 0);
 }
 
-static struct {
-	pid_t pid;
-	char sock[512], log[512], pidfile[512];
-} own;
+static struct tstack_pool own;
 
 static void own_stop(void)
 {
-	if (own.pid <= 0)
-		return;
-	kill(-own.pid, SIGTERM);
-	waitpid(own.pid, NULL, 0);
-	own.pid = 0;
+	tstack_pool_kill(&own, SIGTERM);
 }
 
 /*
@@ -546,14 +539,10 @@ static void own_stop(void)
  */
 Test(operator, metrics_refuse_tenant_tokens_outside_the_allowlist, .fini = own_stop)
 {
-	const char *dir = tstack_env("IDEMFLOW_STACK_DIR");
 	struct tstack_tenant t;
 	struct http_response *r;
-	double deadline;
 
-	snprintf(own.sock, sizeof(own.sock), "%s/sec-%ld.sock", dir, (long)getpid());
-	snprintf(own.log, sizeof(own.log), "%s/sec-%ld.log", dir, (long)getpid());
-	snprintf(own.pidfile, sizeof(own.pidfile), "%s/sec-%ld.pid", dir, (long)getpid());
+	tstack_pool_paths(&own, "sec");
 	const char *argv[] = {tstack_env("IDEMFLOW_FCGI"),
 	                      "--config",
 	                      tstack_env("IDEMFLOW_CONF"),
@@ -566,22 +555,7 @@ Test(operator, metrics_refuse_tenant_tokens_outside_the_allowlist, .fini = own_s
 	                      "--metrics-allow",
 	                      "10.0.0.0/8",
 	                      NULL};
-	fflush(NULL);
-	own.pid = fork();
-	cr_assert(own.pid >= 0);
-	if (own.pid == 0) {
-		int fd = open(own.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		setpgid(0, 0);
-		dup2(fd, STDERR_FILENO);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	deadline = tstack_now() + 10;
-	while (!tstack_socket_accepts(own.sock)) {
-		cr_assert(tstack_now() < deadline, "own server not listening; see %s", own.log);
-		tstack_sleep_ms(20);
-	}
+	tstack_pool_run(&own, argv, 10000);
 	tstack_tenant_create(&t, "scrape");
 	const char *with_tenant[] = {t.auth, NULL};
 	const char *none[] = {NULL};

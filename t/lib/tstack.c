@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -801,4 +802,68 @@ int __lsan_is_turned_off(void);
 int __lsan_is_turned_off(void)
 {
 	return getenv("BXFI_MAP") == NULL;
+}
+
+void tstack_pool_paths(struct tstack_pool *p, const char *tag)
+{
+	const char *dir = tstack_env("IDEMFLOW_STACK_DIR");
+	long pid = (long)getpid();
+	int a, b, c;
+
+	memset(p, 0, sizeof(*p));
+	a = snprintf(p->sock, sizeof(p->sock), "%s/%s%ld-fcgi.sock", dir, tag, pid);
+	b = snprintf(p->pidfile, sizeof(p->pidfile), "%s/%s%ld-fcgi.pid", dir, tag, pid);
+	c = snprintf(p->log, sizeof(p->log), "%s/%s%ld-fcgi.log", dir, tag, pid);
+	cr_assert(a > 0 && (size_t)a < sizeof(p->sock) && b > 0 && (size_t)b < sizeof(p->pidfile) &&
+		      c > 0 && (size_t)c < sizeof(p->log),
+		  "paths too long under %s", dir);
+}
+
+pid_t tstack_spawn(const char *const *argv, const char *log)
+{
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	cr_assert(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		setpgid(0, 0);
+		if (fd >= 0) {
+			dup2(fd, STDOUT_FILENO);
+			dup2(fd, STDERR_FILENO);
+		}
+		execvp(argv[0], (char *const *)argv);
+		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	return pid;
+}
+
+void tstack_pool_run(struct tstack_pool *p, const char *const *argv, long timeout_ms)
+{
+	double deadline;
+
+	p->pid = tstack_spawn(argv, p->log);
+	deadline = tstack_now() + (double)timeout_ms / 1e3;
+	while (!tstack_socket_accepts(p->sock) || tstack_pidfile_read(p->pidfile) == 0) {
+		int status = 0;
+
+		cr_assert(waitpid(p->pid, &status, WNOHANG) == 0,
+			  "%s exited during startup, status 0x%x; see %s", argv[0], status, p->log);
+		cr_assert(tstack_now() < deadline, "%s not ready within %ld ms; see %s", argv[0],
+			  timeout_ms, p->log);
+		tstack_sleep_ms(20);
+	}
+}
+
+void tstack_pool_kill(struct tstack_pool *p, int sig)
+{
+	if (p->pid <= 0)
+		return;
+	kill(-p->pid, sig);
+	waitpid(p->pid, NULL, 0);
+	p->pid = 0;
 }

@@ -101,6 +101,30 @@ int tstack_wait_workers(pid_t supervisor, size_t n, long timeout_ms);
  */
 pid_t tstack_blocked_worker(PGconn *holder, long timeout_ms);
 
+/*
+ * An idemflow-fcgi of the test's own, beside the harness's pool: its
+ * socket, pid file and log (its stdout and stderr) in the harness's
+ * directory, named after a tag and the test process's pid.
+ */
+struct tstack_pool {
+	pid_t pid; /* the supervisor, which leads its process group; 0: not running */
+	char sock[108];
+	char pidfile[512];
+	char log[512];
+};
+/* Fill p's paths: $IDEMFLOW_STACK_DIR/<tag><pid>-fcgi.{sock,pid,log}. */
+void tstack_pool_paths(struct tstack_pool *p, const char *tag);
+/* Fork/exec argv in a process group of its own, stdout and stderr to log;
+ * it never outlives the test process. Returns its pid. */
+pid_t tstack_spawn(const char *const *argv, const char *log);
+/* Run argv (an idemflow-fcgi, possibly under a wrapper, that listens on
+ * p->sock and writes p->pidfile) and wait up to timeout_ms until the socket
+ * accepts and the pid file is written; the test fails if it exits first. */
+void tstack_pool_run(struct tstack_pool *p, const char *const *argv, long timeout_ms);
+/* Send sig to the pool's whole process group and reap the supervisor;
+ * nothing when it is not running. For .fini: it never asserts. */
+void tstack_pool_kill(struct tstack_pool *p, int sig);
+
 /* 1 when a unix socket at path accepts a connection. */
 int tstack_socket_accepts(const char *path);
 /* The pid in path, or 0 while the file is missing or not yet written. */

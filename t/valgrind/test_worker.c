@@ -31,21 +31,12 @@
 
 TestSuite(valgrind, .timeout = 900);
 
-static struct {
-	pid_t pid;
-	char sock[108];
-	char pidfile[512];
-	char log[512];
-	char vglog[512]; /* pattern, %p for each process */
-} own;
+static struct tstack_pool own;
+static char vglog[512]; /* memcheck's log: a pattern, %p for each process */
 
 static void own_stop(void)
 {
-	if (own.pid <= 0)
-		return;
-	kill(-own.pid, SIGKILL);
-	waitpid(own.pid, NULL, 0);
-	own.pid = 0;
+	tstack_pool_kill(&own, SIGKILL);
 }
 
 static void stack_path(char *out, size_t size, const char *name)
@@ -63,13 +54,10 @@ static void own_start(void)
 	char logopt[600], suppopt[600];
 	const char *argv[40];
 	size_t argc = 0;
-	double deadline;
 
-	stack_path(own.sock, sizeof(own.sock), "fcgi.sock");
-	stack_path(own.pidfile, sizeof(own.pidfile), "fcgi.pid");
-	stack_path(own.log, sizeof(own.log), "fcgi.log");
-	stack_path(own.vglog, sizeof(own.vglog), "memcheck.%p.log");
-	snprintf(logopt, sizeof(logopt), "--log-file=%s", own.vglog);
+	tstack_pool_paths(&own, "vg");
+	stack_path(vglog, sizeof(vglog), "memcheck.%p.log");
+	snprintf(logopt, sizeof(logopt), "--log-file=%s", vglog);
 	argv[argc++] = "valgrind";
 	argv[argc++] = "--tool=memcheck";
 	argv[argc++] = "--error-exitcode=99";
@@ -102,32 +90,7 @@ static void own_start(void)
 	argv[argc++] = "warning";
 	argv[argc] = NULL;
 
-	fflush(NULL);
-	own.pid = fork();
-	cr_assert(own.pid >= 0, "fork: %s", strerror(errno));
-	if (own.pid == 0) {
-		int fd = open(own.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		setpgid(0, 0);
-		if (fd >= 0) {
-			dup2(fd, STDOUT_FILENO);
-			dup2(fd, STDERR_FILENO);
-		}
-		execvp(argv[0], (char *const *)argv);
-		fprintf(stderr, "exec valgrind: %s\n", strerror(errno));
-		_exit(127);
-	}
-	deadline = tstack_now() + 60;
-	while (!tstack_socket_accepts(own.sock) || tstack_pidfile_read(own.pidfile) == 0) {
-		int status;
-
-		cr_assert(waitpid(own.pid, &status, WNOHANG) == 0,
-		          "valgrind idemflow-fcgi exited during startup, status 0x%x; see %s",
-		          status, own.log);
-		cr_assert(tstack_now() < deadline, "not ready within 60s; see %s", own.log);
-		tstack_sleep_ms(50);
-	}
+	tstack_pool_run(&own, argv, 60000);
 	cr_assert(tstack_wait_workers(own.pid, 1, 60000), "no worker within 60s; see %s", own.log);
 }
 
@@ -248,7 +211,7 @@ Test(valgrind, one_worker_serves_mixed_requests_with_no_memory_error_or_leak, .f
 	             WEXITSTATUS(status), own.log);
 
 	char pattern[600], *pp;
-	snprintf(pattern, sizeof(pattern), "%s", own.vglog);
+	snprintf(pattern, sizeof(pattern), "%s", vglog);
 	pp = strstr(pattern, "%p");
 	pp[0] = '*';
 	memmove(pp + 1, pp + 2, strlen(pp + 2) + 1);
