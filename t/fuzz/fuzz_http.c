@@ -1,13 +1,14 @@
 /*
  * fuzz_http.c - request headers: the FastCGI parameters (http_req_init),
  * the Idempotency-Key syntax (idem_key_valid), the bearer token
- * (http_bearer_token, metrics_token_match), and what echoes them back: the
+ * (http_bearer_token, metrics_token_match), the query (http_query_param),
+ * and what echoes them back: the
  * problem+json body and the request's log line in both formats.
  *
  * The input is the request's parameters as libfcgi hands them over, one
  * "NAME=value" a line (nginx's HTTP_IDEMPOTENCY_KEY, HTTP_AUTHORIZATION,
- * REQUEST_METHOD, DOCUMENT_URI, CONTENT_TYPE, CONTENT_LENGTH, REQUEST_ID,
- * REMOTE_ADDR). Each line becomes its own allocation of exactly its size,
+ * REQUEST_METHOD, DOCUMENT_URI, QUERY_STRING, CONTENT_TYPE, CONTENT_LENGTH,
+ * REQUEST_ID, REMOTE_ADDR). Each line becomes its own allocation of exactly its size,
  * so reading past a parameter is caught.
  */
 #include <string.h>
@@ -243,6 +244,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		           "the metrics token does not match itself");
 	}
 	FUZZ_CHECK(!metrics_token_match("", r.authorization), "an empty metrics token matched");
+
+	/* The query of GET /v1/workflows and .../events: a decoded value
+	 * fits its buffer, holds no NUL, and is never longer than the text. */
+	static const char *const qnames[] = {"state", "type", "after", "limit"};
+	for (size_t i = 0; i < sizeof(qnames) / sizeof(qnames[0]); i++) {
+		char qv[64];
+		int qr = http_query_param(r.query, qnames[i], qv, sizeof(qv));
+		FUZZ_CHECK(qr >= -1 && qr <= 1, "http_query_param returned %d", qr);
+		if (qr == 1)
+			FUZZ_CHECK(strlen(qv) <= strlen(r.query), "decoded %s longer than the query",
+			           qnames[i]);
+	}
 
 	check_problem(&r);
 	check_log_line(&r, 400);
