@@ -34,21 +34,8 @@
 static int run(const char *const *argv, const char *log)
 {
 	int status;
-	pid_t pid;
+	pid_t pid = tstack_spawn(argv, log);
 
-	fflush(NULL);
-	pid = fork();
-	cr_assert(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fd >= 0) {
-			dup2(fd, STDOUT_FILENO);
-			dup2(fd, STDERR_FILENO);
-		}
-		execv(argv[0], (char *const *)argv);
-		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-		_exit(127);
-	}
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

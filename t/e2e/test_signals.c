@@ -287,22 +287,7 @@ static void own_start(const char *const *overrides)
 	}
 	argv[argc] = NULL;
 
-	fflush(NULL);
-	own_pid = fork();
-	cr_assert(own_pid >= 0, "fork: %s", strerror(errno));
-	if (own_pid == 0) {
-		int log = open(own_log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		/* Never outlive a test process that dies without cleanup. */
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (log >= 0) {
-			dup2(log, STDOUT_FILENO);
-			dup2(log, STDERR_FILENO);
-		}
-		execv(fcgi, (char *const *)argv);
-		fprintf(stderr, "exec %s: %s\n", fcgi, strerror(errno));
-		_exit(127);
-	}
+	own_pid = tstack_spawn(argv, own_log);
 
 	/* Ready means listening and the pid file written, as for the
 	 * harness's own server; the two need not happen in that order. */
