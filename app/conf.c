@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum conf_type {
 	T_STR,
@@ -24,7 +25,8 @@ enum conf_type {
 	T_IDEM_MODE,
 	T_LOG_LEVEL,
 	T_LOG_FORMAT,
-	T_BOOL
+	T_BOOL,
+	T_WORKERS
 };
 
 struct conf_key {
@@ -42,7 +44,8 @@ static const struct conf_key conf_keys[] = {
 	{"listen", T_STR, OFF(listen), "/run/idemflow/idemflow.sock", 0, 0,
 	 "FastCGI socket: a unix socket path, or host:port"},
 	{"listen_mode", T_OCTAL, OFF(listen_mode), "0660", 0, 0777, "permissions of the unix socket"},
-	{"workers", T_INT, OFF(workers), "8", 1, 256, "number of pre-forked workers"},
+	{"workers", T_WORKERS, OFF(workers), "auto", 1, 256,
+	 "number of pre-forked workers, or auto: two per online CPU"},
 	{"max_requests", T_INT, OFF(max_requests), "0", 0, INT_MAX,
 	 "requests a worker serves before it is replaced (0 = never)"},
 	{"pid_file", T_STR, OFF(pid_file), "", 0, 0, "file to write the supervisor's pid to"},
@@ -231,6 +234,24 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 				       "%s: invalid value \"%s\" for \"%s\": expected required or "
 				       "optional",
 				       origin, value, k->name);
+		return 0;
+	case T_WORKERS:
+		/* Two per CPU: a worker waits on PostgreSQL for most of a
+		 * request, and more than that only adds backends contending
+		 * for the same cores (measured in README, "Benchmark"). */
+		if (strcmp(value, "auto") == 0) {
+			v = 2 * sysconf(_SC_NPROCESSORS_ONLN);
+			*(int *)base = (int)(v < 2 ? 2 : v > k->max ? k->max : v);
+			return 0;
+		}
+		errno = 0;
+		v = strtol(value, &end, 10);
+		if (errno || end == value || *end || v < k->min || v > k->max)
+			return err_set(e, ERR_CONFIG,
+				       "%s: invalid value \"%s\" for \"%s\": expected auto or an "
+				       "integer between %ld and %ld",
+				       origin, value, k->name, k->min, k->max);
+		*(int *)base = (int)v;
 		return 0;
 	case T_BOOL:
 		if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "on") == 0 ||

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -45,6 +46,29 @@ int log_format_parse(const char *s, enum log_format *out)
 		}
 	}
 	return -1;
+}
+
+/* The pid on every line, read once per process: getpid(2) is a system
+ * call, and a worker writes a line per request. A forked child forgets
+ * the parent's. */
+static pid_t log_pid;
+
+static void log_forget_pid(void)
+{
+	log_pid = 0;
+}
+
+static long log_getpid(void)
+{
+	static int registered;
+
+	if (!registered) {
+		registered = 1;
+		pthread_atfork(NULL, NULL, log_forget_pid);
+	}
+	if (log_pid == 0)
+		log_pid = getpid();
+	return (long)log_pid;
 }
 
 void log_set_component(const char *component)
@@ -425,7 +449,7 @@ void log_write(enum log_level lvl, const char *msg, const char *fmt, ...)
 		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
 		 (long)(tv.tv_usec / 1000) % 1000);
 	n = (size_t)snprintf(line, sizeof(line), "ts=%s level=%s component=%s pid=%ld", ts,
-			     level_names[lvl], log_component, (long)getpid());
+			     level_names[lvl], log_component, log_getpid());
 	log_kv(line, sizeof(line), &n, "msg", msg);
 	if (fmt != NULL && n + 2 < sizeof(line)) {
 		line[n++] = ' ';

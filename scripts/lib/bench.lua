@@ -44,6 +44,12 @@ function init(args)
 	else
 		wrk.method = "GET"
 	end
+	-- Only create needs a new request each time. Without a request()
+	-- function wrk formats the request once and sends the same bytes
+	-- again, so replays and GET /healthz cost the load generator alike.
+	if mode ~= "create" then
+		request = nil
+	end
 end
 
 function request()

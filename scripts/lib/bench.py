@@ -801,7 +801,7 @@ def readme_section(res, table, pngs, readme=None):
         "limits, each measure next to its ceiling in the same run, and prints the ratios.",
         "It starts a private stack on loopback (PostgreSQL with its default durable",
         "settings, `fsync` and `synchronous_commit` on; `idemflow-fcgi` with its default",
-        "4 workers; nginx from `nginx/idemflow-local.conf.in`) and removes it at the end.",
+        "workers (two per CPU); nginx from `nginx/idemflow-local.conf.in`) and removes it at the end.",
         "",
         "| measure | load | ceiling |",
         "|---|---|---|",

@@ -20,6 +20,14 @@ static void write_conf(const char *text)
 	fclose(f);
 }
 
+/* What workers = auto (the default) comes to on this machine. */
+static int auto_workers(void)
+{
+	long n = 2 * sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n < 2 ? 2 : n > 256 ? 256 : (int)n;
+}
+
 static void cleanup(void)
 {
 	unlink(path);
@@ -30,7 +38,7 @@ Test(conf, defaults_are_the_documented_ones)
 	struct conf *c = conf_new();
 
 	cr_assert_not_null(c);
-	cr_assert_eq(c->workers, 8);
+	cr_assert_eq(c->workers, auto_workers());
 	cr_assert_eq(c->idempotency_key, IDEM_KEY_REQUIRED);
 	cr_assert_eq(c->idempotency_ttl, 24L * 3600 * 1000);
 	cr_assert_eq(c->idempotency_wait, 5000);
@@ -81,7 +89,27 @@ Test(conf, unknown_keys_and_out_of_range_values_are_errors)
 	cr_assert_eq(conf_set(c, "workers", "3x", "test", &e), -1);
 	cr_assert_eq(conf_set(c, "idempotency_key", "maybe", "test", &e), -1);
 	cr_assert_eq(conf_set(c, "log_level", "loud", "test", &e), -1);
-	cr_assert_eq(c->workers, 8, "a rejected value leaves the old one");
+	cr_assert_eq(c->workers, auto_workers(), "a rejected value leaves the old one");
+	conf_free(c);
+}
+
+/* workers = auto is two per online CPU, at least two; a number is taken as
+ * it is, and anything else is refused with both forms named. */
+Test(conf, workers_auto_is_two_per_cpu)
+{
+	struct conf *c = conf_new();
+	struct err e = {0};
+
+	cr_assert_eq(conf_set(c, "workers", "3", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->workers, 3);
+	cr_assert_eq(conf_set(c, "workers", "auto", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->workers, auto_workers());
+	cr_assert_geq(c->workers, 2);
+	cr_assert_eq(conf_set(c, "workers", "257", "test", &e), -1);
+	cr_assert(strstr(e.msg, "expected auto or an integer between 1 and 256") != NULL, "%s",
+		  e.msg);
+	cr_assert_eq(conf_set(c, "workers", "Auto", "test", &e), -1);
+	cr_assert_eq(c->workers, auto_workers());
 	conf_free(c);
 }
 
