@@ -214,9 +214,27 @@ static int lex_check(const char *text, size_t len, struct buf *wide, struct err 
 /* json-c's part of canon_parse: the grammar, the depth, UTF-8, and nothing
  * but whitespace after the value. NULL with e filled on failure, and for a
  * JSON null document. */
+/* One tokener per process, reset for each body: making one allocates and
+ * clears its whole depth stack, for every request. */
+static struct json_tokener *tokener(int max_depth)
+{
+	static struct json_tokener *tok;
+	static int depth;
+
+	if (tok != NULL && depth == max_depth) {
+		json_tokener_reset(tok);
+		return tok;
+	}
+	if (tok != NULL)
+		json_tokener_free(tok);
+	tok = json_tokener_new_ex(max_depth);
+	depth = tok != NULL ? max_depth : 0;
+	return tok;
+}
+
 static struct json_object *parse_json(const char *text, size_t len, int max_depth, struct err *e)
 {
-	struct json_tokener *tok = json_tokener_new_ex(max_depth);
+	struct json_tokener *tok = tokener(max_depth);
 	struct json_object *v = NULL;
 	enum json_tokener_error jerr;
 	size_t end, consumed = 0;
@@ -267,7 +285,6 @@ fail:
 	json_object_put(v);
 	v = NULL;
 out:
-	json_tokener_free(tok);
 	return v;
 }
 
@@ -379,10 +396,18 @@ int canon_write(struct buf *out, struct json_object *v, struct err *e)
 		return 0;
 	case json_type_int: {
 		int64_t i = json_object_get_int64(v);
-		if (i == INT64_MAX)
-			buf_printf(out, "%llu", (unsigned long long)json_object_get_uint64(v));
-		else
-			buf_printf(out, "%lld", (long long)i);
+		/* Digits by hand: every canonical body has numbers. */
+		char digits[24], *p = digits + sizeof(digits);
+		uint64_t u = i == INT64_MAX ? json_object_get_uint64(v)
+		           : i < 0        ? 0 - (uint64_t)i
+		                          : (uint64_t)i;
+		do {
+			*--p = (char)('0' + u % 10);
+			u /= 10;
+		} while (u > 0);
+		if (i < 0)
+			*--p = '-';
+		buf_append(out, p, (size_t)(digits + sizeof(digits) - p));
 		return 0;
 	}
 	case json_type_double: {

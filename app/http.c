@@ -192,17 +192,29 @@ const char *http_reason(int status)
 
 int http_send(FCGX_Request *f, const struct http_resp *resp)
 {
-	char head[256];
-	int n;
+	char num[24], *p = num + sizeof(num);
+	size_t len = resp->body.len;
+	const char *reason = http_reason(resp->status);
+	int st = resp->status;
 
-	n = snprintf(head, sizeof(head), "Status: %d %s\r\n", resp->status,
-	             http_reason(resp->status));
-	if (resp->content_type != NULL)
-		n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Type: %s\r\n",
-		              resp->content_type);
-	n +=
-	    snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %zu\r\n", resp->body.len);
-	if (FCGX_PutStr(head, n, f->out) < 0)
+	/* "Status: NNN Reason", Content-Type, Content-Length: put straight
+	 * into libfcgi's buffer (no printf on every answer). */
+	char status[] = {'S', 't', 'a', 't', 'u', 's', ':', ' ', (char)('0' + st / 100 % 10),
+	                 (char)('0' + st / 10 % 10), (char)('0' + st % 10), ' '};
+	if (FCGX_PutStr(status, (int)sizeof(status), f->out) < 0 ||
+	    FCGX_PutS(reason, f->out) < 0 || FCGX_PutStr("\r\n", 2, f->out) < 0)
+		return -1;
+	if (resp->content_type != NULL &&
+	    (FCGX_PutS("Content-Type: ", f->out) < 0 || FCGX_PutS(resp->content_type, f->out) < 0 ||
+	     FCGX_PutStr("\r\n", 2, f->out) < 0))
+		return -1;
+	do {
+		*--p = (char)('0' + len % 10);
+		len /= 10;
+	} while (len > 0);
+	if (FCGX_PutS("Content-Length: ", f->out) < 0 ||
+	    FCGX_PutStr(p, (int)(num + sizeof(num) - p), f->out) < 0 ||
+	    FCGX_PutStr("\r\n", 2, f->out) < 0)
 		return -1;
 	if (resp->headers.len &&
 	    FCGX_PutStr(resp->headers.data, (int)resp->headers.len, f->out) < 0)

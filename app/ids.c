@@ -41,10 +41,14 @@ int ids_uuid7(char *out)
 		b[i] = (uint8_t)(ms >> (8 * (5 - i)));
 	b[6] = (uint8_t)(0x70 | (b[6] & 0x0f)); /* version 7 */
 	b[8] = (uint8_t)(0x80 | (b[8] & 0x3f)); /* RFC 9562 variant */
-	snprintf(out, IDS_UUID_LEN + 1,
-		 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-		 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-		 b[15]);
+	/* 8-4-4-4-12 lowercase hex digits. */
+	for (int i = 0, o = 0; i < 16; i++) {
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			out[o++] = '-';
+		out[o++] = "0123456789abcdef"[b[i] >> 4];
+		out[o++] = "0123456789abcdef"[b[i] & 0x0f];
+	}
+	out[IDS_UUID_LEN] = '\0';
 	return 0;
 }
 

@@ -88,6 +88,22 @@ static int needs_quotes(const char *v)
 	return 0;
 }
 
+/* Append s (len bytes) to buf at *n, cut to what fits before the final
+ * NUL (*n < cap on entry). Returns -1 when it did not all fit. A worker
+ * writes a dozen pairs per request: this is the whole of their cost. */
+static int put(char *buf, size_t cap, size_t *n, const char *s, size_t len)
+{
+	size_t room = cap - 1 - *n;
+	int fit = len <= room;
+
+	if (!fit)
+		len = room;
+	memcpy(buf + *n, s, len);
+	*n += len;
+	buf[*n] = '\0';
+	return fit ? 0 : -1;
+}
+
 void log_kv(char *buf, size_t cap, size_t *len, const char *key, const char *value)
 {
 	size_t n = *len;
@@ -96,11 +112,11 @@ void log_kv(char *buf, size_t cap, size_t *len, const char *key, const char *val
 		value = "";
 	if (n + 1 >= cap)
 		return;
-	n += (size_t)snprintf(buf + n, cap - n, "%s%s=", n ? " " : "", key);
-	if (n >= cap)
+	if ((n > 0 && put(buf, cap, &n, " ", 1) < 0) || put(buf, cap, &n, key, strlen(key)) < 0 ||
+	    put(buf, cap, &n, "=", 1) < 0)
 		goto out;
 	if (!needs_quotes(value)) {
-		n += (size_t)snprintf(buf + n, cap - n, "%s", value);
+		put(buf, cap, &n, value, strlen(value));
 		goto out;
 	}
 	buf[n++] = '"';
@@ -431,27 +447,87 @@ void log_reopen_if_asked(void)
 
 /* --- Lines -------------------------------------------------------------- */
 
+/* d as exactly width digits (zero padded) at p. */
+static char *digits(char *p, long d, int width)
+{
+	for (int i = width - 1; i >= 0; i--) {
+		p[i] = (char)('0' + d % 10);
+		d /= 10;
+	}
+	return p + width;
+}
+
+/*
+ * "ts=... level=... component=... pid=..." into line; returns its length.
+ * The date and time to the second are formatted once per second.
+ */
+static size_t line_head(char *line, size_t cap, enum log_level lvl)
+{
+	static time_t sec_cached = (time_t)-1;
+	static char sec_text[32]; /* 2026-11-29T18:45:35 */
+	char pid[24], *p;
+	size_t n = 0;
+	struct timeval tv;
+	long pidv = log_getpid();
+
+	gettimeofday(&tv, NULL);
+	if (tv.tv_sec != sec_cached) {
+		struct tm tm;
+		gmtime_r(&tv.tv_sec, &tm);
+		p = digits(sec_text, tm.tm_year + 1900L, 4);
+		*p++ = '-';
+		p = digits(p, tm.tm_mon + 1L, 2);
+		*p++ = '-';
+		p = digits(p, tm.tm_mday, 2);
+		*p++ = 'T';
+		p = digits(p, tm.tm_hour, 2);
+		*p++ = ':';
+		p = digits(p, tm.tm_min, 2);
+		*p++ = ':';
+		p = digits(p, tm.tm_sec, 2);
+		*p = '\0';
+		sec_cached = tv.tv_sec;
+	}
+	char ms[6] = {'.', 0, 0, 0, 'Z', '\0'};
+	digits(ms + 1, (long)(tv.tv_usec / 1000) % 1000, 3);
+	p = pid + sizeof(pid);
+	*--p = '\0';
+	do {
+		*--p = (char)('0' + pidv % 10);
+		pidv /= 10;
+	} while (pidv > 0 && p > pid);
+	line[0] = '\0';
+	put(line, cap, &n, "ts=", 3);
+	put(line, cap, &n, sec_text, strlen(sec_text));
+	put(line, cap, &n, ms, 5);
+	put(line, cap, &n, " level=", 7);
+	put(line, cap, &n, level_names[lvl], strlen(level_names[lvl]));
+	put(line, cap, &n, " component=", 11);
+	put(line, cap, &n, log_component, strlen(log_component));
+	put(line, cap, &n, " pid=", 5);
+	put(line, cap, &n, p, strlen(p));
+	return n;
+}
+
 void log_write(enum log_level lvl, const char *msg, const char *fmt, ...)
 {
 	char line[LOG_LINE_MAX];
-	char ts[64];
 	size_t n = 0;
-	struct timeval tv;
-	struct tm tm;
 	va_list ap;
 
 	/* A SIGUSR1 that no loop picked up yet: this line goes to the new file. */
 	if (log_reopen_asked)
 		log_reopen_if_asked();
-	gettimeofday(&tv, NULL);
-	gmtime_r(&tv.tv_sec, &tm);
-	snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-		 (long)(tv.tv_usec / 1000) % 1000);
-	n = (size_t)snprintf(line, sizeof(line), "ts=%s level=%s component=%s pid=%ld", ts,
-			     level_names[lvl], log_component, log_getpid());
+	n = line_head(line, sizeof(line), lvl);
 	log_kv(line, sizeof(line), &n, "msg", msg);
-	if (fmt != NULL && n + 2 < sizeof(line)) {
+	/* A line made by log_kv already ("%s", line) is copied as it is. */
+	if (fmt != NULL && strcmp(fmt, "%s") == 0 && n + 2 < sizeof(line)) {
+		line[n++] = ' ';
+		va_start(ap, fmt);
+		const char *pairs = va_arg(ap, const char *);
+		va_end(ap);
+		put(line, sizeof(line), &n, pairs, strlen(pairs));
+	} else if (fmt != NULL && n + 2 < sizeof(line)) {
 		line[n++] = ' ';
 		va_start(ap, fmt);
 		int w = vsnprintf(line + n, sizeof(line) - n, fmt, ap);

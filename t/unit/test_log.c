@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -183,4 +185,120 @@ Test(log_file, an_unwritable_path_is_an_error_and_stderr_is_kept, .init = setup,
 	cr_assert_eq(e.code, ERR_CONFIG);
 	cr_assert(strstr(e.msg, "could not open log_file \"") == e.msg, "%s", e.msg);
 	cr_assert(strstr(e.msg, "No such file or directory") != NULL, "%s", e.msg);
+}
+
+/* --- Lines ---------------------------------------------------------------- */
+
+/* The line a log call writes, read back from a log file of its own. */
+static char *one_line(void (*emit)(void))
+{
+	char path[128];
+	struct err e;
+
+	snprintf(path, sizeof(path), "%s/lines.log", dir);
+	unlink(path);
+	cr_assert_eq(log_open(path, &e), 0, "%s", e.msg);
+	emit();
+	return slurp(path);
+}
+
+static char long_pairs[4096];
+
+static void emit_pairs(void)
+{
+	char pairs[256];
+	size_t n = 0;
+
+	log_kv(pairs, sizeof(pairs), &n, "status", "201");
+	log_kv(pairs, sizeof(pairs), &n, "path", "/v1/a b");
+	log_kv(pairs, sizeof(pairs), &n, "q", "say \"hi\"\\\n");
+	log_kv(pairs, sizeof(pairs), &n, "empty", "");
+	log_info("request", "%s", pairs);
+}
+
+static void emit_formatted(void)
+{
+	log_warning("slow", "n=%d ms=%.1f", 7, 2.5);
+}
+
+static void emit_long(void)
+{
+	memset(long_pairs, 'x', sizeof(long_pairs) - 1);
+	memcpy(long_pairs, "k=", 2);
+	log_info("long", "%s", long_pairs);
+}
+
+/* ts=<UTC, milliseconds> level component pid msg, then the pairs as given:
+ * the fields every line starts with, made without printf. */
+Test(log_line, head_fields_then_the_pairs, .init = setup, .fini = teardown)
+{
+	char expect[256], ts[32];
+	time_t now = time(NULL);
+	struct tm tm;
+
+	log_set_component("test");
+	char *text = one_line(emit_pairs);
+	snprintf(expect, sizeof(expect), " level=info component=test pid=%ld msg=request ",
+		 (long)getpid());
+	cr_assert_not_null(strstr(text, expect), "%s", text);
+	cr_assert_eq(strncmp(text, "ts=", 3), 0, "%s", text);
+	/* 2026-11-29T18:45:35.361Z: this second or the one before. */
+	cr_assert_eq(text[22], '.', "%s", text);
+	cr_assert_eq(text[26], 'Z', "%s", text);
+	for (int i = 23; i < 26; i++)
+		cr_assert(text[i] >= '0' && text[i] <= '9', "%s", text);
+	int found = 0;
+	for (time_t t = now - 1; t <= now + 1; t++) {
+		gmtime_r(&t, &tm);
+		strftime(ts, sizeof(ts), "ts=%Y-%m-%dT%H:%M:%S.", &tm);
+		found |= strncmp(text, ts, strlen(ts)) == 0;
+	}
+	cr_assert(found, "%s", text);
+	cr_assert_not_null(strstr(text, "msg=request status=201 path=\"/v1/a b\" "
+					"q=\"say \\\"hi\\\"\\\\\\n\" empty=\"\"\n"),
+			   "%s", text);
+}
+
+Test(log_line, printf_pairs_are_formatted, .init = setup, .fini = teardown)
+{
+	char *text = one_line(emit_formatted);
+	cr_assert_not_null(strstr(text, " level=warning "), "%s", text);
+	cr_assert_not_null(strstr(text, " msg=slow n=7 ms=2.5\n"), "%s", text);
+}
+
+/* A line never outgrows its buffer: cut, still one line, newline last. */
+Test(log_line, an_overlong_line_is_cut_and_ends_with_a_newline, .init = setup,
+     .fini = teardown)
+{
+	char *text = one_line(emit_long);
+	size_t n = strlen(text);
+	cr_assert_lt(n, 2100, "%zu", n);
+	cr_assert_gt(n, 2000, "%zu", n);
+	cr_assert_eq(text[n - 1], '\n');
+	cr_assert_eq(strchr(text, '\n'), text + n - 1, "one line only");
+	cr_assert_not_null(strstr(text, " msg=long k=xxxx"), "%s", text);
+}
+
+/* A forked child logs its own pid, not its parent's. */
+Test(log_line, a_child_logs_its_own_pid, .init = setup, .fini = teardown)
+{
+	char path[128], expect[64];
+	struct err e;
+	int status;
+
+	snprintf(path, sizeof(path), "%s/fork.log", dir);
+	cr_assert_eq(log_open(path, &e), 0, "%s", e.msg);
+	log_info("parent", NULL);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		log_info("child", NULL);
+		_exit(0);
+	}
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	char *text = slurp(path);
+	snprintf(expect, sizeof(expect), "pid=%ld msg=parent\n", (long)getpid());
+	cr_assert_not_null(strstr(text, expect), "%s", text);
+	snprintf(expect, sizeof(expect), "pid=%ld msg=child\n", (long)pid);
+	cr_assert_not_null(strstr(text, expect), "%s", text);
 }
