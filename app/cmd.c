@@ -55,34 +55,31 @@ void cmd_answer_existing(struct api_ctx *ctx, struct http_resp *resp, const stru
 	buf_append(&resp->body, PQgetvalue(res, 0, 4), (size_t)PQgetlength(res, 0, 4));
 }
 
-struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                                  int key_required)
+int cmd_read_body(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp, int key_required)
 {
 	const struct conf *c = ctx->conf;
-	struct json_object *root;
 	char detail[128];
-	struct err e;
 
 	if (!http_is_json(req->content_type)) {
 		api_problem(resp, req, P_UNSUPPORTED_MEDIA_TYPE,
 		            "send the body as Content-Type: application/json");
-		return NULL;
+		return -1;
 	}
 	if (req->idem_key_count > 1) {
 		api_problem(resp, req, P_INVALID_KEY, "send exactly one Idempotency-Key header");
-		return NULL;
+		return -1;
 	}
 	if (req->idem_key == NULL && key_required) {
 		api_problem(resp, req, P_MISSING_KEY,
 		            "this request needs an Idempotency-Key header: a unique value per "
 		            "logical request, such as a UUID, reused on every retry");
-		return NULL;
+		return -1;
 	}
 	if (req->idem_key != NULL && !idem_key_valid(req->idem_key)) {
 		api_problem(resp, req, P_INVALID_KEY,
 		            "an Idempotency-Key is 1 to 255 printable ASCII characters, without "
 		            "spaces");
-		return NULL;
+		return -1;
 	}
 	buf_reset(&ctx->body);
 	switch (http_read_body(req, c->max_body, &ctx->body)) {
@@ -90,13 +87,22 @@ struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, str
 	case HTTP_BODY_TOO_LARGE:
 		snprintf(detail, sizeof(detail), "the body may be at most %ld bytes", c->max_body);
 		api_problem(resp, req, P_BODY_TOO_LARGE, detail);
-		return NULL;
+		return -1;
 	case HTTP_BODY_SHORT:
 		api_problem(resp, req, P_BAD_BODY, "the body ended before its Content-Length");
-		return NULL;
+		return -1;
 	}
-	root =
-	    canon_parse(ctx->body.data ? ctx->body.data : "", ctx->body.len, (int)c->max_depth, &e);
+	return 0;
+}
+
+struct json_object *cmd_parse_body(struct api_ctx *ctx, struct http_req *req,
+                                   struct http_resp *resp)
+{
+	struct json_object *root;
+	struct err e;
+
+	root = canon_parse(ctx->body.data ? ctx->body.data : "", ctx->body.len,
+	                   (int)ctx->conf->max_depth, &e);
 	if (root == NULL) {
 		api_problem(resp, req, P_INVALID_JSON, e.msg);
 		return NULL;
@@ -107,6 +113,40 @@ struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, str
 		return NULL;
 	}
 	return root;
+}
+
+struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                                  int key_required)
+{
+	if (cmd_read_body(ctx, req, resp, key_required) < 0)
+		return NULL;
+	return cmd_parse_body(ctx, req, resp);
+}
+
+void cmd_bytes_fingerprint(const struct api_ctx *ctx, const struct http_req *req,
+                           char out[IDEM_FP_TEXT])
+{
+	uint8_t fp[FP_LEN];
+
+	fp_request_bytes(fp, req->method, req->path, ctx->body.data ? ctx->body.data : "",
+	                 ctx->body.len);
+	idem_fp_text(out, fp);
+}
+
+int cmd_replay_same_bytes(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                          const char bytes_fp[IDEM_FP_TEXT])
+{
+	const PGresult *k = ctx->key_row;
+
+	/* Column 6 of Q_AUTH_KEY: NULL for rows made before it, or by
+	 * commands that do not keep it; column 5: expired. */
+	if (k == NULL || PQnfields(k) < 7 || PQgetisnull(k, 0, 6) ||
+	    strcmp(PQgetvalue(k, 0, 5), "t") == 0 || strcmp(PQgetvalue(k, 0, 6), bytes_fp) != 0)
+		return 0;
+	/* The very bytes of the request that made the row: its canonical
+	 * fingerprint is this request's too. */
+	cmd_answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, 1));
+	return 1;
 }
 
 int cmd_fingerprint(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,

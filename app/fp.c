@@ -19,19 +19,34 @@ void fp_hash(uint8_t out[FP_LEN], size_t nparts, const void *const *parts, const
 	blake2b_final(&st, out, FP_LEN);
 }
 
-void fp_request(uint8_t out[FP_LEN], const char *method, const char *path, const char *canon_body,
-		size_t body_len)
+static void request_hash(uint8_t out[FP_LEN], const char *tag, size_t tag_len, const char *method,
+			 const char *path, const char *body, size_t body_len)
 {
-	static const char tag[] = "idemflow request v1";
 	size_t ml = 0, pl = 0;
 
 	while (method[ml])
 		ml++;
 	while (path[pl])
 		pl++;
-	const void *parts[] = {tag, method, path, canon_body};
-	const size_t lens[] = {sizeof(tag) - 1, ml, pl, body_len};
+	const void *parts[] = {tag, method, path, body};
+	const size_t lens[] = {tag_len, ml, pl, body_len};
 	fp_hash(out, 4, parts, lens);
+}
+
+void fp_request_bytes(uint8_t out[FP_LEN], const char *method, const char *path, const char *body,
+		      size_t body_len)
+{
+	static const char tag[] = "idemflow request bytes v1";
+
+	request_hash(out, tag, sizeof(tag) - 1, method, path, body, body_len);
+}
+
+void fp_request(uint8_t out[FP_LEN], const char *method, const char *path, const char *canon_body,
+		size_t body_len)
+{
+	static const char tag[] = "idemflow request v1";
+
+	request_hash(out, tag, sizeof(tag) - 1, method, path, canon_body, body_len);
 }
 
 void fp_token(uint8_t out[FP_LEN], const char *token, size_t len)

@@ -8,9 +8,9 @@
 #define CREATE_KEYED(fail_clause)                                                                  \
 	"WITH k AS ("                                                                              \
 	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"       \
-	"                                headers, body, created_at, expires_at)"                   \
+	"                                headers, body, created_at, expires_at, request_bytes_fp)" \
 	"  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, $8, $8::timestamptz + coalesce("               \
-	"    (SELECT idempotency_ttl FROM tenants WHERE id = $1), $9::interval))"                  \
+	"    (SELECT idempotency_ttl FROM tenants WHERE id = $1), $9::interval), $15)"             \
 	"  ON CONFLICT (tenant_id, key) DO NOTHING"                                                \
 	"  RETURNING tenant_id"                                                                    \
 	"), w AS ("                                                                                \
@@ -39,7 +39,7 @@ const struct db_stmt queries[Q__COUNT] = {
 
     [Q_AUTH_KEY] = {"auth_key",
                     "SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,"
-                    "       k.expires_at <= now()"
+                    "       k.expires_at <= now(), k.request_bytes_fp"
                     "  FROM api_tokens t"
                     "  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = $2"
                     " WHERE t.token_hash = $1 AND t.revoked_at IS NULL"},

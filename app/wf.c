@@ -203,14 +203,14 @@ static int create_stmt(const struct api_ctx *ctx)
 /* Run the keyed create until it either owned the key or found its row.
  * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. */
 static void create_keyed(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                         const char *const p[14], const char *location, const struct buf *body)
+                         const char *const p[15], const char *location, const struct buf *body)
 {
 	struct err e;
 
 	/* Three rounds cover an expired key (delete it, claim again) and a
 	 * row that vanished between the claim and the read (pruned). */
 	for (int round = 0; round < 3; round++) {
-		PGresult *res = db_run(ctx->db, create_stmt(ctx), 14, p, &e);
+		PGresult *res = db_run(ctx->db, create_stmt(ctx), 15, p, &e);
 		if (res == NULL)
 			goto db_error;
 		if (PQntuples(res) == 0) {
@@ -253,7 +253,7 @@ db_error:
 }
 
 static void create_unkeyed(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                           const char *const p[14], const char *location, const struct buf *body)
+                           const char *const p[15], const char *location, const struct buf *body)
 {
 	const char *q[7] = {p[0], p[7], p[9], p[10], p[11], p[12], p[13]};
 	struct err e;
@@ -307,12 +307,19 @@ void wf_create(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp
 	char detail[300];
 	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
 	char location[64], event_id[IDS_UUID_LEN + 8], fp_text[IDEM_FP_TEXT];
+	char bytes_fp[IDEM_FP_TEXT];
 	struct buf out = BUF_INIT; /* the response body, also stored */
 	struct buf payload = BUF_INIT;
 	size_t input_off, input_len, steps_off = 0, steps_len = 0;
 	struct err e;
 
-	root = cmd_read_json(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED);
+	if (cmd_read_body(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED) < 0)
+		goto out;
+	/* A retry resends the same bytes: answered without parsing them. */
+	cmd_bytes_fingerprint(ctx, req, bytes_fp);
+	if (cmd_replay_same_bytes(ctx, req, resp, bytes_fp))
+		goto out;
+	root = cmd_parse_body(ctx, req, resp);
 	if (root == NULL)
 		goto out;
 	if (validate(root, &b, detail, sizeof(detail)) < 0) {
@@ -410,7 +417,7 @@ void wf_create(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp
 
 	char stored_headers[96];
 	snprintf(stored_headers, sizeof(stored_headers), "Location: %s\r\n", location);
-	const char *p[14] = {tenant,
+	const char *p[15] = {tenant,
 	                     req->idem_key,
 	                     req->method,
 	                     req->path,
@@ -423,7 +430,8 @@ void wf_create(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp
 	                     json_object_get_string(b.type),
 	                     sc->data + input_off,
 	                     event_id,
-	                     payload.data};
+	                     payload.data,
+	                     bytes_fp};
 	if (req->idem_key != NULL)
 		create_keyed(ctx, req, resp, p, location, &out);
 	else

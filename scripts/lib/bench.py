@@ -116,6 +116,7 @@ CREATE_PARAMS = {
     12: ":input",
     13: "(lpad(:k::text, 32, '0')::uuid::text || '.1')",  # event id: "<id>.1"
     14: ":payload",
+    15: ":bfp",                               # fingerprint of the request's bytes
 }
 
 
@@ -141,9 +142,9 @@ def pgbench_script(queries_c):
     if _params(auth) != sorted(amap):
         die("%s in app/queries.c takes %s: update AUTH_PARAMS in scripts/lib/bench.py" % (
             auth_name, " ".join("$%d" % n for n in _params(auth))))
-    if _params(create) != list(range(1, 15)):
-        die("Q_CREATE_KEYED in app/queries.c no longer takes $1..$14: update CREATE_PARAMS "
-            "in scripts/lib/bench.py to match app/wf.c")
+    if _params(create) != sorted(CREATE_PARAMS):
+        die("Q_CREATE_KEYED in app/queries.c no longer takes $1..$%d: update CREATE_PARAMS "
+            "in scripts/lib/bench.py to match app/wf.c" % len(CREATE_PARAMS))
     auth = re.sub(r"\$(\d+)", lambda m: amap[int(m.group(1))], auth)
     create = re.sub(r"\$(\d+)", lambda m: CREATE_PARAMS[int(m.group(1))], create)
     squash = lambda s: re.sub(r"\s+", " ", s).strip()

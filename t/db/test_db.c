@@ -74,8 +74,8 @@ static struct db *open_db(long lock_timeout_ms)
 /* Parameters of Q_CREATE_KEYED for key, with a fresh workflow id. */
 struct claim {
 	char id[IDS_UUID_LEN + 1], event[IDS_UUID_LEN + 8], now[IDS_TS_LEN + 1];
-	char fp[IDEM_FP_TEXT];
-	const char *p[14];
+	char fp[IDEM_FP_TEXT], bytes_fp[IDEM_FP_TEXT];
+	const char *p[15];
 };
 
 static void claim_init(struct claim *c, const char *key, const char *body, const char *ttl)
@@ -87,9 +87,11 @@ static void claim_init(struct claim *c, const char *key, const char *body, const
 	ids_now(c->now);
 	fp_request(d, "POST", "/v1/workflows", body, strlen(body));
 	idem_fp_text(c->fp, d);
-	const char *p[14] = {tenant, key,     "POST", "/v1/workflows", c->fp, "Location: x\r\n",
+	fp_request_bytes(d, "POST", "/v1/workflows", body, strlen(body));
+	idem_fp_text(c->bytes_fp, d);
+	const char *p[15] = {tenant, key,     "POST", "/v1/workflows", c->fp, "Location: x\r\n",
 			     body,   c->now,  ttl,    c->id,           "t",   "{}",
-			     c->event, "{}"};
+			     c->event, "{}", c->bytes_fp};
 	memcpy(c->p, p, sizeof(p));
 }
 
@@ -112,7 +114,7 @@ static void *race(void *arg)
 
 	claim_init(&c, r->key, "{\"type\":\"t\"}", "1 hour");
 	pthread_barrier_wait(r->go);
-	res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
 	if (res == NULL)
 		snprintf(r->error, sizeof(r->error), "%s", e.msg);
 	else if (PQntuples(res) == 0)
@@ -165,13 +167,13 @@ Test(db, a_failure_after_the_rows_are_written_leaves_none_of_them)
 	 * event id is taken already. The key and workflow rows were written
 	 * by then, in the same transaction. */
 	claim_init(&c, "doomed-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	struct claim d;
 	claim_init(&d, "doomed-key-2", "{\"type\":\"t\"}", "1 hour");
 	d.p[12] = c.event;
-	res = db_run(db, Q_CREATE_KEYED, 14, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
 	cr_assert_null(res, "a duplicate event id must fail the statement");
 	cr_assert_str_eq(e.sqlstate, "23505");
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 1);
@@ -181,7 +183,7 @@ Test(db, a_failure_after_the_rows_are_written_leaves_none_of_them)
 
 	/* Its retry under the same key executes again and succeeds. */
 	claim_init(&d, "doomed-key-2", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 14, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
 	PQclear(res);
@@ -200,7 +202,7 @@ Test(db, a_rolled_back_transaction_leaves_no_workflow_event_or_key)
 	cr_assert_not_null(res);
 	PQclear(res);
 	claim_init(&c, "rollback-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
 	PQclear(res);
@@ -222,11 +224,11 @@ Test(db, a_key_held_past_the_wait_is_a_lock_timeout)
 	res = db_exec(db_conn(holder), "BEGIN", 0, NULL, &e);
 	PQclear(res);
 	claim_init(&c, "held-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(holder, Q_CREATE_KEYED, 14, c.p, &e);
+	res = db_run(holder, Q_CREATE_KEYED, 15, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	claim_init(&d, "held-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(waiter, Q_CREATE_KEYED, 14, d.p, &e);
+	res = db_run(waiter, Q_CREATE_KEYED, 15, d.p, &e);
 	cr_assert_null(res);
 	cr_assert_eq(e.code, ERR_LOCK_TIMEOUT, "got %d (%s) %s", e.code, e.sqlstate, e.msg);
 	res = db_exec(db_conn(holder), "ROLLBACK", 0, NULL, &e);
@@ -243,11 +245,11 @@ Test(db, an_expired_key_is_reported_as_expired)
 	PGresult *res;
 
 	claim_init(&c, "old-key", "{\"type\":\"t\"}", "-1 second");
-	res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	claim_init(&d, "old-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 14, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_eq(PQntuples(res), 1);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "existing");
@@ -258,7 +260,7 @@ Test(db, an_expired_key_is_reported_as_expired)
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0,
 		     "the expired row is gone");
-	res = db_run(db, Q_CREATE_KEYED, 14, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created", "the key is claimed afresh");
 	PQclear(res);
 	db_close(db);
@@ -280,12 +282,12 @@ Test(db, lost_connection_is_classified_as_down_and_reconnects)
 	usleep(100000);
 	claim_init(&c, "after-kill", "{\"type\":\"t\"}", "1 hour");
 	db_check(db);
-	res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
 	if (res == NULL) {
 		/* Not noticed while idle: the statement failed as "down"... */
 		cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
 		sleep(1); /* reconnects are paced */
-		res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+		res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
 	}
 	cr_assert_not_null(res, "reconnected: %s", e.msg);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
@@ -305,14 +307,14 @@ Test(db, the_fault_injection_statement_fails_after_writing_and_leaves_nothing)
 	 * rows are inserted, then the statement fails, inside one
 	 * transaction. */
 	claim_init(&c, "fault-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED_FAIL, 14, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED_FAIL, 15, c.p, &e);
 	cr_assert_null(res, "the statement must fail");
 	cr_assert_str_eq(e.sqlstate, "22012", "division by zero, got %s: %s", e.sqlstate, e.msg);
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 0);
 	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"), 0);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0);
 	/* The retry of the same request then creates it once. */
-	res = db_run(db, Q_CREATE_KEYED, 14, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
 	PQclear(res);

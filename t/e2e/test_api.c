@@ -246,6 +246,81 @@ Test(replay, same_key_with_different_body_is_409_and_writes_nothing)
 	http_response_free(first);
 }
 
+/*
+ * A retry with the very bytes of the first request is answered from the key
+ * row's request_bytes_fp, without parsing the body; other bytes are compared
+ * by their canonical fingerprint. Proved by tampering with the stored
+ * canonical fingerprint: the same bytes still replay (only the bytes
+ * fingerprint was compared), reformatted JSON is now a conflict (only the
+ * canonical one was). A row without request_bytes_fp (older rows) replays
+ * by the canonical comparison alone.
+ */
+Test(replay, same_bytes_replay_without_the_canonical_comparison_other_bytes_use_it)
+{
+	const char *body = "{\"type\":\"x\",\"input\":{\"a\":1,\"b\":2}}";
+	const char *reformatted = "{ \"input\": {\"b\":2, \"a\":1}, \"type\": \"x\" }";
+	struct tstack_tenant t;
+	struct http_response *first, *r;
+	char key[128], *id;
+
+	tstack_tenant_create(&t, "bytesfp");
+	tstack_key(key, sizeof(key), "bytesfp");
+	first = post(&t, key, body);
+	id = tstack_expect_created(first, "x", "{\"a\":1,\"b\":2}");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
+				  " AND request_bytes_fp IS NOT NULL AND request_bytes_fp <> fingerprint",
+				  key),
+		     1, "the create stores the fingerprint of its bytes");
+
+	tstack_exec(tstack_db(),
+		    "UPDATE idempotency_keys SET fingerprint = '\\x00' WHERE key = $1", key);
+	r = post(&t, key, body);
+	tstack_expect_replay(r, first);
+	http_response_free(r);
+	r = post(&t, key, reformatted);
+	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused", COLLECTION);
+	http_response_free(r);
+
+	/* Without the bytes fingerprint the same bytes meet the tampered
+	 * canonical one: a conflict, so the replay above did not use it. */
+	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET request_bytes_fp = NULL WHERE key = $1",
+		    key);
+	r = post(&t, key, body);
+	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused", COLLECTION);
+	http_response_free(r);
+	tstack_expect_counts(&t, 1, 1, 1);
+	free(id);
+	http_response_free(first);
+}
+
+/* A row made before request_bytes_fp existed replays by its canonical
+ * fingerprint, whatever the bytes. */
+Test(replay, a_row_without_the_bytes_fingerprint_replays_by_the_canonical_one)
+{
+	struct tstack_tenant t;
+	struct http_response *first, *r;
+	char key[128], *id;
+
+	tstack_tenant_create(&t, "oldrow");
+	tstack_key(key, sizeof(key), "oldrow");
+	first = post(&t, key, "{\"type\":\"x\",\"input\":{\"n\":1}}");
+	id = tstack_expect_created(first, "x", "{\"n\":1}");
+	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET request_bytes_fp = NULL WHERE key = $1",
+		    key);
+	r = post(&t, key, "{\"type\":\"x\",\"input\":{\"n\":1}}");
+	tstack_expect_replay(r, first);
+	http_response_free(r);
+	r = post(&t, key, "{\"input\":{\"n\":1},\"type\":\"x\"}");
+	tstack_expect_replay(r, first);
+	http_response_free(r);
+	r = post(&t, key, "{\"type\":\"x\",\"input\":{\"n\":2}}");
+	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused", COLLECTION);
+	http_response_free(r);
+	tstack_expect_counts(&t, 1, 1, 1);
+	free(id);
+	http_response_free(first);
+}
+
 /* --- concurrency ------------------------------------------------------- */
 
 struct racer {
