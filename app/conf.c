@@ -39,13 +39,14 @@ struct conf_key {
 };
 
 #define OFF(f) offsetof(struct conf, f)
+#define WORKERS_AUTO_MAX 32
 static const struct conf_key conf_keys[] = {
 	{"db", T_STR, OFF(db), "", 0, 0, "libpq conninfo or URI (also $DATABASE_URL, PG* variables)"},
 	{"listen", T_STR, OFF(listen), "/run/idemflow/idemflow.sock", 0, 0,
 	 "FastCGI socket: a unix socket path, or host:port"},
 	{"listen_mode", T_OCTAL, OFF(listen_mode), "0660", 0, 0777, "permissions of the unix socket"},
 	{"workers", T_WORKERS, OFF(workers), "auto", 1, 256,
-	 "number of pre-forked workers, or auto: two per online CPU"},
+	 "number of pre-forked workers, or auto: two per online CPU, 2 to 32"},
 	{"max_requests", T_INT, OFF(max_requests), "0", 0, INT_MAX,
 	 "requests a worker serves before it is replaced (0 = never)"},
 	{"pid_file", T_STR, OFF(pid_file), "", 0, 0, "file to write the supervisor's pid to"},
@@ -238,10 +239,12 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 	case T_WORKERS:
 		/* Two per CPU: a worker waits on PostgreSQL for most of a
 		 * request, and more than that only adds backends contending
-		 * for the same cores (measured in README, "Benchmark"). */
+		 * for the same cores (README, "Performance"). At most
+		 * WORKERS_AUTO_MAX: each worker holds a connection, and
+		 * PostgreSQL allows 100 by default. */
 		if (strcmp(value, "auto") == 0) {
 			v = 2 * sysconf(_SC_NPROCESSORS_ONLN);
-			*(int *)base = (int)(v < 2 ? 2 : v > k->max ? k->max : v);
+			*(int *)base = (int)(v < 2 ? 2 : v > WORKERS_AUTO_MAX ? WORKERS_AUTO_MAX : v);
 			return 0;
 		}
 		errno = 0;

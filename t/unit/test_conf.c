@@ -25,7 +25,7 @@ static int auto_workers(void)
 {
 	long n = 2 * sysconf(_SC_NPROCESSORS_ONLN);
 
-	return n < 2 ? 2 : n > 256 ? 256 : (int)n;
+	return n < 2 ? 2 : n > 32 ? 32 : (int)n;
 }
 
 static void cleanup(void)
