@@ -91,3 +91,12 @@ void buf_free(struct buf *b)
 	b->len = b->cap = 0;
 	b->oom = 0;
 }
+
+char *buf_utoa(char *end, unsigned long long v)
+{
+	do {
+		*--end = (char)('0' + v % 10);
+		v /= 10;
+	} while (v > 0);
+	return end;
+}

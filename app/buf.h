@@ -25,6 +25,10 @@ void buf_append(struct buf *b, const void *p, size_t n);
 void buf_puts(struct buf *b, const char *s);
 void buf_putc(struct buf *b, char c);
 void buf_printf(struct buf *b, const char *fmt, ...) PRINTFLIKE(2, 3);
+/* The decimal digits of v, written backwards so that they end just before
+ * end; returns where they start. Writes no NUL; 20 bytes always suffice.
+ * (The request path formats its numbers with this, not printf.) */
+char *buf_utoa(char *end, unsigned long long v);
 /* Empty the buffer, keeping its memory; clears oom. */
 void buf_reset(struct buf *b);
 /* Release the memory; the buffer is then empty and reusable. */

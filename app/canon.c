@@ -211,9 +211,6 @@ static int lex_check(const char *text, size_t len, struct buf *wide, struct err 
 	return nwide;
 }
 
-/* json-c's part of canon_parse: the grammar, the depth, UTF-8, and nothing
- * but whitespace after the value. NULL with e filled on failure, and for a
- * JSON null document. */
 /* One tokener per process, reset for each body: making one allocates and
  * clears its whole depth stack, for every request. */
 static struct json_tokener *tokener(int max_depth)
@@ -232,6 +229,9 @@ static struct json_tokener *tokener(int max_depth)
 	return tok;
 }
 
+/* json-c's part of canon_parse: the grammar, the depth, UTF-8, and nothing
+ * but whitespace after the value. NULL with e filled on failure, and for a
+ * JSON null document. */
 static struct json_object *parse_json(const char *text, size_t len, int max_depth, struct err *e)
 {
 	struct json_tokener *tok = tokener(max_depth);
@@ -396,15 +396,11 @@ int canon_write(struct buf *out, struct json_object *v, struct err *e)
 		return 0;
 	case json_type_int: {
 		int64_t i = json_object_get_int64(v);
-		/* Digits by hand: every canonical body has numbers. */
-		char digits[24], *p = digits + sizeof(digits);
+		char digits[24], *p;
 		uint64_t u = i == INT64_MAX ? json_object_get_uint64(v)
 		           : i < 0        ? 0 - (uint64_t)i
 		                          : (uint64_t)i;
-		do {
-			*--p = (char)('0' + u % 10);
-			u /= 10;
-		} while (u > 0);
+		p = buf_utoa(digits + sizeof(digits), u);
 		if (i < 0)
 			*--p = '-';
 		buf_append(out, p, (size_t)(digits + sizeof(digits) - p));

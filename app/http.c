@@ -208,10 +208,7 @@ int http_send(FCGX_Request *f, const struct http_resp *resp)
 	    (FCGX_PutS("Content-Type: ", f->out) < 0 || FCGX_PutS(resp->content_type, f->out) < 0 ||
 	     FCGX_PutStr("\r\n", 2, f->out) < 0))
 		return -1;
-	do {
-		*--p = (char)('0' + len % 10);
-		len /= 10;
-	} while (len > 0);
+	p = buf_utoa(p, len);
 	if (FCGX_PutS("Content-Length: ", f->out) < 0 ||
 	    FCGX_PutStr(p, (int)(num + sizeof(num) - p), f->out) < 0 ||
 	    FCGX_PutStr("\r\n", 2, f->out) < 0)

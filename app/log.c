@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "buf.h"
+
 #define LOG_LINE_MAX 2048
 
 enum log_level log_min_level = LOG_INFO;
@@ -490,12 +492,8 @@ static size_t line_head(char *line, size_t cap, enum log_level lvl)
 	}
 	char ms[6] = {'.', 0, 0, 0, 'Z', '\0'};
 	digits(ms + 1, (long)(tv.tv_usec / 1000) % 1000, 3);
-	p = pid + sizeof(pid);
-	*--p = '\0';
-	do {
-		*--p = (char)('0' + pidv % 10);
-		pidv /= 10;
-	} while (pidv > 0 && p > pid);
+	pid[sizeof(pid) - 1] = '\0';
+	p = buf_utoa(pid + sizeof(pid) - 1, (unsigned long long)pidv);
 	line[0] = '\0';
 	put(line, cap, &n, "ts=", 3);
 	put(line, cap, &n, sec_text, strlen(sec_text));
