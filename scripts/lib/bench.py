@@ -826,7 +826,7 @@ def readme_section(res, table, pngs, readme=None):
         "ratio within a few hundredths of its target is a tie, not a verdict.",
         "",
         "```sh",
-        "scripts/bench                  # ~12 minutes: var/bench/results.json, var/bench/*.png",
+        "scripts/bench                  # ~7 minutes: var/bench/results.json, var/bench/*.png",
         "scripts/bench --quick          # 3 s per point, smaller memory run: a smoke test",
         "scripts/bench --large          # adds the 5M-key measure (~10 minutes, ~8 GB of disk)",
         "scripts/bench --update-readme  # also rewrites this section",
