@@ -195,6 +195,19 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 		*(char **)base = dup;
 		return 0;
 	}
+	case T_WORKERS:
+		/* Two per CPU: a worker waits on PostgreSQL for most of a
+		 * request, and more than that only adds backends contending
+		 * for the same cores (README, "Performance"). At most
+		 * WORKERS_AUTO_MAX: each worker holds a connection, and
+		 * PostgreSQL allows 100 by default. */
+		if (strcmp(value, "auto") == 0) {
+			v = 2 * sysconf(_SC_NPROCESSORS_ONLN);
+			*(int *)base = (int)(v < 2 ? 2 : v > WORKERS_AUTO_MAX ? WORKERS_AUTO_MAX : v);
+			return 0;
+		}
+		/* Not auto: a number, as for T_INT. */
+		__attribute__((fallthrough));
 	case T_INT:
 		errno = 0;
 		v = strtol(value, &end, 10);
@@ -236,26 +249,6 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 				       "optional",
 				       origin, value, k->name);
 		return 0;
-	case T_WORKERS:
-		/* Two per CPU: a worker waits on PostgreSQL for most of a
-		 * request, and more than that only adds backends contending
-		 * for the same cores (README, "Performance"). At most
-		 * WORKERS_AUTO_MAX: each worker holds a connection, and
-		 * PostgreSQL allows 100 by default. */
-		if (strcmp(value, "auto") == 0) {
-			v = 2 * sysconf(_SC_NPROCESSORS_ONLN);
-			*(int *)base = (int)(v < 2 ? 2 : v > WORKERS_AUTO_MAX ? WORKERS_AUTO_MAX : v);
-			return 0;
-		}
-		errno = 0;
-		v = strtol(value, &end, 10);
-		if (errno || end == value || *end || v < k->min || v > k->max)
-			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected auto or an "
-				       "integer between %ld and %ld",
-				       origin, value, k->name, k->min, k->max);
-		*(int *)base = (int)v;
-		return 0;
 	case T_BOOL:
 		if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "on") == 0 ||
 		    strcmp(value, "1") == 0)
@@ -285,7 +278,10 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 	return err_set(e, ERR_INTERNAL, "unhandled key type");
 bad_range:
 	return err_set(e, ERR_CONFIG, "%s: invalid value \"%s\" for \"%s\": expected %s between %ld and %ld",
-		       origin, value, k->name, k->type == T_OCTAL ? "an octal mode" : "an integer",
+		       origin, value, k->name,
+		       k->type == T_OCTAL     ? "an octal mode"
+		       : k->type == T_WORKERS ? "auto or an integer"
+		                              : "an integer",
 		       k->min, k->max);
 }
 
