@@ -254,6 +254,7 @@ void api_handle(struct api_ctx *ctx, struct http_req *req, struct http_resp *res
 	ctx->tenant_id = 0;
 	PQclear(ctx->key_row);
 	ctx->key_row = NULL;
+	ctx->bytes_fp[0] = '\0';
 	ctx->idem = IDEM_NONE;
 	ctx->created = 0;
 	err_clear(&ctx->err);

@@ -27,6 +27,8 @@ struct api_ctx {
 	long tenant_id;          /* 0 until authenticated */
 	PGresult *key_row;       /* a keyed POST's stored key row, found while
 				  * authenticating (Q_AUTH_KEY), or NULL; owned */
+	char bytes_fp[IDEM_FP_TEXT]; /* a keyed command's request as received
+				      * (cmd_read_json), stored with its key */
 	enum idem_outcome idem;
 	int created;             /* this request wrote an outbox event */
 	struct err err;          /* why a 5xx happened */

@@ -55,7 +55,10 @@ void cmd_answer_existing(struct api_ctx *ctx, struct http_resp *resp, const stru
 	buf_append(&resp->body, PQgetvalue(res, 0, 4), (size_t)PQgetlength(res, 0, 4));
 }
 
-int cmd_read_body(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp, int key_required)
+/* The checks and the body read into ctx->body: 0, or -1 when resp holds
+ * the answer. A keyed request's bytes fingerprint goes to ctx->bytes_fp. */
+static int read_body(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                     int key_required)
 {
 	const struct conf *c = ctx->conf;
 	char detail[128];
@@ -92,11 +95,37 @@ int cmd_read_body(struct api_ctx *ctx, struct http_req *req, struct http_resp *r
 		api_problem(resp, req, P_BAD_BODY, "the body ended before its Content-Length");
 		return -1;
 	}
+	ctx->bytes_fp[0] = '\0';
+	if (req->idem_key != NULL) {
+		uint8_t fp[FP_LEN];
+		fp_request_bytes(fp, req->method, req->path, ctx->body.data ? ctx->body.data : "",
+		                 ctx->body.len);
+		idem_fp_text(ctx->bytes_fp, fp);
+	}
 	return 0;
 }
 
-struct json_object *cmd_parse_body(struct api_ctx *ctx, struct http_req *req,
-                                   struct http_resp *resp)
+/*
+ * The request is the one that made its key row when the row (fetched with
+ * the token, ctx->key_row) is live and was stored from exactly these bytes:
+ * answer the stored response without parsing the body, and return 1. 0
+ * otherwise (no row, expired, other bytes, a row from before the column):
+ * the canonical comparison follows.
+ */
+static int replay_same_bytes(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	const PGresult *k = ctx->key_row;
+
+	/* Column 6 of Q_AUTH_KEY is request_bytes_fp, column 5 expired. */
+	if (k == NULL || ctx->bytes_fp[0] == '\0' || PQnfields(k) < 7 || PQgetisnull(k, 0, 6) ||
+	    strcmp(PQgetvalue(k, 0, 5), "t") == 0 || strcmp(PQgetvalue(k, 0, 6), ctx->bytes_fp) != 0)
+		return 0;
+	cmd_answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, 1));
+	return 1;
+}
+
+static struct json_object *parse_body(struct api_ctx *ctx, struct http_req *req,
+                                      struct http_resp *resp)
 {
 	struct json_object *root;
 	struct err e;
@@ -118,35 +147,12 @@ struct json_object *cmd_parse_body(struct api_ctx *ctx, struct http_req *req,
 struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
                                   int key_required)
 {
-	if (cmd_read_body(ctx, req, resp, key_required) < 0)
+	if (read_body(ctx, req, resp, key_required) < 0)
 		return NULL;
-	return cmd_parse_body(ctx, req, resp);
-}
-
-void cmd_bytes_fingerprint(const struct api_ctx *ctx, const struct http_req *req,
-                           char out[IDEM_FP_TEXT])
-{
-	uint8_t fp[FP_LEN];
-
-	fp_request_bytes(fp, req->method, req->path, ctx->body.data ? ctx->body.data : "",
-	                 ctx->body.len);
-	idem_fp_text(out, fp);
-}
-
-int cmd_replay_same_bytes(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                          const char bytes_fp[IDEM_FP_TEXT])
-{
-	const PGresult *k = ctx->key_row;
-
-	/* Column 6 of Q_AUTH_KEY: NULL for rows made before it, or by
-	 * commands that do not keep it; column 5: expired. */
-	if (k == NULL || PQnfields(k) < 7 || PQgetisnull(k, 0, 6) ||
-	    strcmp(PQgetvalue(k, 0, 5), "t") == 0 || strcmp(PQgetvalue(k, 0, 6), bytes_fp) != 0)
-		return 0;
-	/* The very bytes of the request that made the row: its canonical
-	 * fingerprint is this request's too. */
-	cmd_answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, 1));
-	return 1;
+	/* A retry resends the same bytes: answered without parsing them. */
+	if (replay_same_bytes(ctx, req, resp))
+		return NULL;
+	return parse_body(ctx, req, resp);
 }
 
 int cmd_fingerprint(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
@@ -276,9 +282,10 @@ void cmd_run(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp, 
 	}
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(ttl, sizeof(ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
-	const char *kp[6] = {tenant, req->idem_key, req->method, req->path, c->fp_text, ttl};
+	const char *kp[7] = {tenant,    req->idem_key, req->method, req->path,
+	                     c->fp_text, ttl,          ctx->bytes_fp};
 	const struct db_call calls[3] = {
-	    {Q_BEGIN, 0, NULL}, {Q_KEY_CLAIM, 6, kp}, {c->stmt, c->nparams, c->params}};
+	    {Q_BEGIN, 0, NULL}, {Q_KEY_CLAIM, 7, kp}, {c->stmt, c->nparams, c->params}};
 
 	/* Three rounds, as for a create: an expired key is deleted and
 	 * claimed again; a row that vanished meanwhile was pruned. */

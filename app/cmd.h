@@ -50,30 +50,13 @@ void cmd_run(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
  * The checks before a command's own validation: Content-Type, at most one
  * valid Idempotency-Key (required when key_required), the body within
  * max_body, valid JSON that is an object. Returns the parsed body (caller
- * json_object_put()s it), or NULL when resp holds the 4xx answer.
+ * json_object_put()s it), or NULL when resp holds the answer: a 4xx, or the
+ * stored response when the request's key row was made from exactly these
+ * bytes (ctx->bytes_fp, kept with every key: a retry resends the same
+ * bytes, and is then replayed without parsing them).
  */
 struct json_object *cmd_read_json(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
                                   int key_required);
-
-/* cmd_read_json in its two halves: the checks and the body read into
- * ctx->body (0, or -1 when resp holds the answer), then the parse. */
-int cmd_read_body(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp, int key_required);
-struct json_object *cmd_parse_body(struct api_ctx *ctx, struct http_req *req,
-                                   struct http_resp *resp);
-
-/* The fingerprint of the request as received: method, path, ctx->body. */
-void cmd_bytes_fingerprint(const struct api_ctx *ctx, const struct http_req *req,
-                           char out[IDEM_FP_TEXT]);
-
-/*
- * When the request's key row (fetched with the token, ctx->key_row) is live
- * and was stored from exactly these bytes (bytes_fp), answer its stored
- * response and return 1, without parsing the body: the request is the one
- * that made the row. 0 otherwise (no row, expired, other bytes, or a row
- * without the column): the caller goes on to the canonical comparison.
- */
-int cmd_replay_same_bytes(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                          const char bytes_fp[IDEM_FP_TEXT]);
 
 /*
  * Write the canonical form of root into ctx->scratch (from its start) and

@@ -109,9 +109,10 @@ const struct db_stmt queries[Q__COUNT] = {
     [Q_ROLLBACK] = {"rollback", "ROLLBACK"},
     [Q_KEY_CLAIM] = {"key_claim",
                      "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
-                     "                              status, headers, body, created_at, expires_at)"
+                     "                              status, headers, body, created_at, expires_at,"
+                     "                              request_bytes_fp)"
                      " VALUES ($1, $2, $3, $4, $5, 0, '', '', now(), now() + coalesce("
-                     "   (SELECT idempotency_ttl FROM tenants WHERE id = $1), $6::interval))"
+                     "   (SELECT idempotency_ttl FROM tenants WHERE id = $1), $6::interval), $7)"
                      " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING 1"},
     [Q_KEY_STORE] = {"key_store", "UPDATE idempotency_keys SET status = $3, headers = $4, body = $5"
                                   " WHERE tenant_id = $1 AND key = $2"},

@@ -307,19 +307,12 @@ void wf_create(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp
 	char detail[300];
 	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
 	char location[64], event_id[IDS_UUID_LEN + 8], fp_text[IDEM_FP_TEXT];
-	char bytes_fp[IDEM_FP_TEXT];
 	struct buf out = BUF_INIT; /* the response body, also stored */
 	struct buf payload = BUF_INIT;
 	size_t input_off, input_len, steps_off = 0, steps_len = 0;
 	struct err e;
 
-	if (cmd_read_body(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED) < 0)
-		goto out;
-	/* A retry resends the same bytes: answered without parsing them. */
-	cmd_bytes_fingerprint(ctx, req, bytes_fp);
-	if (cmd_replay_same_bytes(ctx, req, resp, bytes_fp))
-		goto out;
-	root = cmd_parse_body(ctx, req, resp);
+	root = cmd_read_json(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED);
 	if (root == NULL)
 		goto out;
 	if (validate(root, &b, detail, sizeof(detail)) < 0) {
@@ -431,7 +424,7 @@ void wf_create(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp
 	                     sc->data + input_off,
 	                     event_id,
 	                     payload.data,
-	                     bytes_fp};
+	                     ctx->bytes_fp};
 	if (req->idem_key != NULL)
 		create_keyed(ctx, req, resp, p, location, &out);
 	else

@@ -1004,6 +1004,41 @@ Test(keyed_commands, a_keyed_activation_replays_the_same_jobs_and_a_changed_body
 	free(wf);
 }
 
+/*
+ * Every keyed command keeps the fingerprint of its request's bytes, and a
+ * retry with the same bytes is replayed without the canonical comparison:
+ * with the stored canonical fingerprint tampered with, the same bytes still
+ * replay and reformatted JSON is a conflict.
+ */
+Test(keyed_commands, a_retry_with_the_same_bytes_replays_without_the_canonical_comparison)
+{
+	const char *body = "{\"job_type\":\"sb\",\"worker\":\"w\"}";
+	struct tstack_tenant t;
+	struct http_response *a, *b, *c;
+	char key[96];
+
+	tstack_tenant_create(&t, "samebytes");
+	free(create(&t, "{\"type\":\"sb\",\"steps\":[{\"name\":\"a\",\"job_type\":\"sb\"}]}"));
+	tstack_key(key, sizeof(key), "sb");
+	a = post(&t, "/v1/jobs/activate", key, body);
+	expect_status(a, 200);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
+				  " AND request_bytes_fp IS NOT NULL AND request_bytes_fp <> fingerprint",
+				  key),
+		     1, "the command's key keeps the fingerprint of its bytes");
+	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET fingerprint = '\\x00' WHERE key = $1",
+		    key);
+	b = post(&t, "/v1/jobs/activate", key, body);
+	c = post(&t, "/v1/jobs/activate", key, "{\"worker\":\"w\",\"job_type\":\"sb\"}");
+	expect_status(b, 200);
+	cr_assert_str_eq(b->body, a->body);
+	tstack_expect_header(b, "Idempotent-Replayed", "true");
+	tstack_expect_problem(c, 409, "/problems/idempotency-key-reused", "/v1/jobs/activate");
+	http_response_free(a);
+	http_response_free(b);
+	http_response_free(c);
+}
+
 /* --- Tenant isolation ---------------------------------------------------- */
 
 TestSuite(isolation, .timeout = 60);
