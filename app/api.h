@@ -21,6 +21,7 @@
 struct api_ctx {
 	const struct conf *conf; /* borrowed */
 	struct db *db;           /* borrowed */
+	struct rcache *rcache;   /* the worker's replay cache, or NULL; borrowed */
 	struct buf body;         /* the request body */
 	struct buf scratch;      /* canonical forms, payloads */
 	/* Per request, for the access log: */
@@ -30,6 +31,7 @@ struct api_ctx {
 	char bytes_fp[IDEM_FP_TEXT]; /* a keyed command's request as received
 				      * (cmd_read_json), stored with its key */
 	enum idem_outcome idem;
+	int cached;              /* the key row came from the replay cache */
 	int created;             /* this request wrote an outbox event */
 	struct err err;          /* why a 5xx happened */
 };

@@ -54,6 +54,8 @@ static const struct conf_key conf_keys[] = {
 	 "required | optional (optional accepts unkeyed POSTs, each creating anew)"},
 	{"idempotency_ttl", T_DURATION, OFF(idempotency_ttl), "24h", 1000, 0,
 	 "how long a key is remembered"},
+	{"replay_cache_ttl", T_DURATION, OFF(replay_cache_ttl), "1s", 0, 60000,
+	 "how long a worker answers a replay from memory (0 = always ask the database)"},
 	{"idempotency_wait", T_DURATION, OFF(idempotency_wait), "5s", 1, 0,
 	 "how long a request waits for another one holding its key"},
 	{"statement_timeout", T_DURATION, OFF(statement_timeout), "30s", 0, 0,
@@ -228,6 +230,11 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 				       "%s: invalid value \"%s\" for \"%s\": expected a duration "
 				       "such as 500ms, 5s, 10m, 24h or 7d",
 				       origin, value, k->name);
+		if (k->max > 0 && v > k->max)
+			return err_set(e, ERR_CONFIG,
+				       "%s: invalid value \"%s\" for \"%s\": expected a duration "
+				       "of at most %ld ms",
+				       origin, value, k->name, k->max);
 		*(long *)base = v;
 		return 0;
 	case T_SIZE:

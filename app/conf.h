@@ -34,6 +34,7 @@ struct conf {
 	enum idem_mode idempotency_key;
 	long idempotency_ttl;  /* ms */
 	long idempotency_wait; /* ms: how long a same-key request waits for the owner */
+	long replay_cache_ttl; /* ms a worker may answer a replay from memory; 0 = never */
 	long statement_timeout; /* ms; 0 = none */
 	long max_body;         /* bytes */
 	long max_depth;        /* JSON nesting */

@@ -7,6 +7,7 @@
  * Exit codes follow sysexits.h: 64 usage, 65 bad data (unknown tenant,
  * duplicate name), 75 database unreachable (try later), 78 configuration.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +37,8 @@ static void usage(FILE *out)
 	    "                                 how long the tenant's idempotency keys are\n"
 	    "                                 remembered (default: idempotency_ttl)\n"
 	    "  token create --tenant NAME     issue a bearer token; prints it once\n"
-	    "  token revoke TOKEN | --id N    revoke a token\n"
+	    "  token revoke TOKEN | --id N    revoke a token; returns after replay_cache_ttl,\n"
+	    "                                 when no worker answers it any more\n"
 	    "  token list [--tenant NAME]     list tokens (ids, tenants, states; never the "
 	    "tokens)\n"
 	    "  outbox list [--pending|--dead|--published] [--limit N]\n"
@@ -183,7 +185,16 @@ static int cmd_tenant(PGconn *conn, int argc, char **argv)
 	return EX_USAGE;
 }
 
-static int cmd_token(PGconn *conn, int argc, char **argv)
+/* Sleep ms milliseconds, through interruptions. */
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+
+	while (ms > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+static int cmd_token(PGconn *conn, const struct conf *c, int argc, char **argv)
 {
 	struct err e;
 	PGresult *res;
@@ -245,6 +256,10 @@ static int cmd_token(PGconn *conn, int argc, char **argv)
 			PQclear(res);
 			return EX_DATAERR;
 		}
+		/* A worker may answer a replay from memory for replay_cache_ttl
+		 * after it last asked the database (rcache.h): once that has
+		 * passed, no worker answers this token. */
+		sleep_ms(c->replay_cache_ttl);
 		printf("revoked token %s\n", PQgetvalue(res, 0, 0));
 		PQclear(res);
 		return EX_OK;
@@ -766,7 +781,7 @@ int main(int argc, char **argv)
 	else if (strcmp(cmd, "tenant") == 0)
 		rc = cmd_tenant(conn, argc - next - 1, argv + next + 1);
 	else if (strcmp(cmd, "token") == 0)
-		rc = cmd_token(conn, argc - next - 1, argv + next + 1);
+		rc = cmd_token(conn, c, argc - next - 1, argv + next + 1);
 	else if (strcmp(cmd, "prune") == 0)
 		rc = cmd_prune(conn, c, argc - next - 1, argv + next + 1);
 	else if (strcmp(cmd, "reap") == 0)

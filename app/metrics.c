@@ -62,6 +62,7 @@ struct route_ctr {
 struct slot {
 	_Alignas(64) struct route_ctr route[MR__COUNT];
 	atomic_ullong db_reconnects;
+	atomic_ullong replay_cache_hits;
 };
 
 struct shm {
@@ -78,6 +79,7 @@ struct totals {
 	unsigned long long created[MR__COUNT], replays[MR__COUNT], mismatch[MR__COUNT],
 	    in_flight[MR__COUNT];
 	unsigned long long db_reconnects;
+	unsigned long long replay_cache_hits;
 	long long workers;
 	unsigned long long worker_restarts;
 };
@@ -214,6 +216,12 @@ void metrics_request(const char *path, int status, enum idem_outcome idem, doubl
 	}
 }
 
+void metrics_replay_cache_hit(void)
+{
+	if (metrics_shm != NULL)
+		add(&metrics_shm->slots[metrics_slot].replay_cache_hits, 1);
+}
+
 static unsigned long long get(atomic_ullong *c)
 {
 	return atomic_load_explicit(c, memory_order_relaxed);
@@ -229,6 +237,7 @@ static void sum_slots(struct totals *t)
 	for (size_t i = 0; i < METRICS_SLOTS; i++) {
 		struct slot *s = &metrics_shm->slots[i];
 		t->db_reconnects += get(&s->db_reconnects);
+		t->replay_cache_hits += get(&s->replay_cache_hits);
 		for (int r = 0; r < MR__COUNT; r++) {
 			struct route_ctr *c = &s->route[r];
 			for (size_t k = 0; k <= NSTATUS; k++)
@@ -328,6 +337,10 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 		    routes[r].name, t.in_flight[r]);
 	}
 
+	help(out, "idemflow_replay_cache_hits_total", "counter",
+	     "Keyed requests whose stored key row a worker had in memory (replay_cache_ttl): "
+	     "answered without a database statement.");
+	buf_printf(out, "idemflow_replay_cache_hits_total %llu\n", t.replay_cache_hits);
 	help(out, "idemflow_db_reconnects_total", "counter",
 	     "Times a worker reconnected to PostgreSQL after losing its connection.");
 	buf_printf(out, "idemflow_db_reconnects_total %llu\n", t.db_reconnects);

@@ -70,6 +70,10 @@ void metrics_worker_restarted(void);
 void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
                      unsigned long reconnects);
 
+/* Worker: the request just answered took its key row from the replay
+ * cache (rcache.h), not from the database. */
+void metrics_replay_cache_hit(void);
+
 /* Outbox gauges read from the database at scrape time. */
 struct metrics_outbox {
 	long pending;

@@ -39,7 +39,8 @@ const struct db_stmt queries[Q__COUNT] = {
 
     [Q_AUTH_KEY] = {"auth_key",
                     "SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,"
-                    "       k.expires_at <= now(), k.request_bytes_fp"
+                    "       k.expires_at <= now(), k.request_bytes_fp,"
+                    "       floor(extract(epoch FROM k.expires_at - now()) * 1000)::bigint"
                     "  FROM api_tokens t"
                     "  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = $2"
                     " WHERE t.token_hash = $1 AND t.revoked_at IS NULL"},

@@ -22,9 +22,11 @@ enum query_id {
 	 * Authentication and the key's stored row in one read-only round
 	 * trip, for a keyed POST: $1 token_hash, $2 key -> no row when the
 	 * token is unknown or revoked, else (tenant_id, fingerprint, status,
-	 * headers, body, expired) with the key's columns NULL when the key
-	 * is new. Columns 1-5 are laid out as Q_CREATE_KEYED's 'existing'
-	 * row, so a replay needs no other statement.
+	 * headers, body, expired, request_bytes_fp, ms_left) with the key's
+	 * columns NULL when the key is new; ms_left: whole milliseconds until
+	 * the key expires (the replay cache's bound, rcache.h). Columns 1-5
+	 * are laid out as Q_CREATE_KEYED's 'existing' row, so a replay needs
+	 * no other statement.
 	 */
 	Q_AUTH_KEY,
 	/*

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "queries.h"
+#include "rcache.h"
 
 static volatile sig_atomic_t worker_stop;
 
@@ -146,6 +147,8 @@ static void log_request(const struct api_ctx *ctx, const struct http_req *req,
 	log_kv(line, sizeof(line), &n, "tenant",
 	       decimal(num + sizeof(num), (unsigned long)ctx->tenant_id, 0));
 	log_kv(line, sizeof(line), &n, "idem", idem_outcome_name(ctx->idem));
+	if (ctx->cached)
+		log_kv(line, sizeof(line), &n, "cache", "hit");
 	if (req->idem_key != NULL) {
 		/* Enough to follow one key through the logs (printf %s KEY |
 		 * b2sum -l 256), never the key itself: keys may carry meaning. */
@@ -189,6 +192,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	struct http_resp resp = {0};
 	FCGX_Request freq;
 	struct keystats ks;
+	struct rcache rc_cache = {0};
 	struct notifier nt = {0};
 	struct err e;
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd};
@@ -229,6 +233,7 @@ int worker_run(const struct conf *c, int listen_fd)
 				  .nstmts = Q__COUNT};
 	memset(&ctx, 0, sizeof(ctx));
 	ctx.conf = c;
+	ctx.rcache = &rc_cache;
 	ctx.db = db_open(&ds, &e);
 	if (ctx.db == NULL || keystats_init(&ks) < 0) {
 		log_error("could not start worker", "error=\"out of memory\"");
@@ -286,6 +291,8 @@ int worker_run(const struct conf *c, int listen_fd)
 		api_handle(&ctx, &req, &resp);
 		metrics_request(req.path, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
 				db_reconnects(ctx.db));
+		if (ctx.cached)
+			metrics_replay_cache_hit();
 		keystats_note(&ks, ctx.tenant_id, req.idem_key, ctx.idem);
 		if (http_send(&freq, &resp) < 0)
 			log_warning("client went away before the answer was sent", "request_id=%s",
@@ -313,6 +320,7 @@ out:
 	if (ep >= 0)
 		close(ep);
 	keystats_free(&ks);
+	rcache_free(&rc_cache);
 	http_resp_free(&resp);
 	PQclear(ctx.key_row);
 	buf_free(&ctx.body);

@@ -488,6 +488,7 @@ def _ratio(a, b):
 def build_results(recs, facts):
     res = {"date": facts.get("date"), "machine": facts.get("machine", {}),
            "settings": facts.get("settings", {}), "creates": [], "replays": [],
+           "replays_nocache": [],
            "memory": None, "scale": None, "dispatch": None, "targets": []}
     rows = {r["tag"]: r["rows"] for r in recs if r.get("measure") == "rows"}
     for r in recs:
@@ -500,10 +501,11 @@ def build_results(recs, facts):
         if h or p:
             res["creates"].append({"conns": c, "http": _slim(h), "ceiling": _slim(p),
                                    "ratio": _ratio(h, p)})
-        h, p = _side(recs, "replays", "http", c), _side(recs, "replays", "healthz", c)
-        if h or p:
-            res["replays"].append({"conns": c, "http": _slim(h), "ceiling": _slim(p),
-                                   "ratio": _ratio(h, p)})
+        for meas, sec in (("replays", "replays"), ("replays-nocache", "replays_nocache")):
+            h, p = _side(recs, meas, "http", c), _side(recs, meas, "healthz", c)
+            if h or p:
+                res[sec].append({"conns": c, "http": _slim(h), "ceiling": _slim(p),
+                                 "ratio": _ratio(h, p)})
 
     mem = [r for r in recs if r.get("measure") == "memory"]
     if mem:
@@ -644,6 +646,9 @@ def render_table(res):
     for i, x in enumerate(res["replays"]):
         row("replays (vs GET /healthz, 204)" if i == 0 else "", x["conns"], x["http"],
             x["ceiling"], x["ratio"])
+    for x in res.get("replays_nocache", []):
+        row("  replay_cache_ttl = 0 (vs /healthz)", x["conns"], x["http"], x["ceiling"],
+            x["ratio"])
     sc = res.get("scale")
     if sc:
         row("creates, %s keys (vs empty tables)" % _count(sc["existing_keys"] or 0),
@@ -663,7 +668,8 @@ def render_table(res):
             _count(d.get("events")), d.get("batch")))
     L.append("  rates in requests/s; others = share of the machine's CPU used by processes "
              "outside the benchmark during the run (noise)")
-    noisy = [x.get("others_pct") for sec in ("creates", "replays") for row in res[sec]
+    noisy = [x.get("others_pct") for sec in ("creates", "replays", "replays_nocache")
+             for row in res.get(sec, [])
              for x in (row["http"] or {}, row["ceiling"] or {})
              if x.get("others_pct") is not None]
     if noisy and max(noisy) > NOISY_PCT:
@@ -694,8 +700,9 @@ def render_table(res):
     for meas, side, label in (("creates", "http", "creates"),
                               ("creates", "pgbench", "pgbench"),
                               ("replays", "http", "replays"),
-                              ("replays", "healthz", "healthz")):
-        for x in res[meas]:
+                              ("replays", "healthz", "healthz"),
+                              ("replays_nocache", "http", "no cache")):
+        for x in res.get(meas, []):
             if x["conns"] == TARGET_CONNS:
                 r = x["http"] if side == "http" else x["ceiling"]
                 line = _cpu_line(r)
@@ -810,7 +817,8 @@ def readme_section(res, table, pngs, readme=None):
         "`pgbench -M prepared` running the statements a worker runs per create (the token "
         "check with the key lookup, then `Q_CREATE_KEYED`, taken from `app/queries.c`) over "
         "the same unix socket, same client counts |",
-        "| replays | `wrk`, one key created beforehand, 4/16/64 connections | `GET /healthz` "
+        "| replays | `wrk`, one key created beforehand, 4/16/64 connections; at 16 also "
+        "with `replay_cache_ttl = 0` (every replay asks PostgreSQL) | `GET /healthz` "
         "(204, no database) through the same nginx |",
         "| memory | RSS of each worker of a fresh pool after 10k and 100k creates | no growth "
         "beyond noise |",

@@ -282,9 +282,12 @@ Test(replay, same_bytes_replay_without_the_canonical_comparison_other_bytes_use_
 	http_response_free(r);
 
 	/* Without the bytes fingerprint the same bytes meet the tampered
-	 * canonical one: a conflict, so the replay above did not use it. */
+	 * canonical one: a conflict, so the replay above did not use it. A
+	 * new token, so that the row is read again, not from a worker's
+	 * replay cache. */
 	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET request_bytes_fp = NULL WHERE key = $1",
 		    key);
+	tstack_tenant_retoken(&t);
 	r = post(&t, key, body);
 	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused", COLLECTION);
 	http_response_free(r);
@@ -728,9 +731,21 @@ Test(auth, revoked_token_is_401_even_for_a_replay)
 	tstack_key(key, sizeof(key), "revoked");
 	r = post(&t, key, MIN_BODY);
 	id = tstack_expect_created(r, "x", "{}");
+	/* Replays first: the workers that answer them hold the row in their
+	 * replay caches, and revoke returns only once those have lapsed. */
+	for (int i = 0; i < 6; i++) {
+		struct http_response *again = post(&t, key, MIN_BODY);
+		tstack_expect_replay(again, r);
+		http_response_free(again);
+	}
 	http_response_free(r);
 
+	double t0 = tstack_now();
 	tstack_token_revoke(t.token);
+	double waited = tstack_now() - t0;
+	long ttl = tstack_conf_ms("replay_cache_ttl", 1000);
+	cr_assert_geq(waited * 1000, (double)ttl, "token revoke returned after %.3f s, before "
+		      "replay_cache_ttl (%ld ms) had passed", waited, ttl);
 	tstack_key(fresh, sizeof(fresh), "revoked");
 	expect_unauthorized(t.auth, fresh, CHALLENGE_BAD_TOKEN);
 	/* The stored response is not handed out without a valid token. */

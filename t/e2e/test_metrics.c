@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -40,6 +41,7 @@
 TestSuite(metrics, .timeout = 120);
 TestSuite(logs, .timeout = 60);
 TestSuite(textfile, .timeout = 60);
+TestSuite(replay_cache, .timeout = 60);
 
 static const char BODY_A[] = "{\"type\":\"m\",\"input\":{\"a\":1}}";
 static const char BODY_B[] = "{\"type\":\"m\",\"input\":{\"a\":2}}";
@@ -724,6 +726,155 @@ Test(logs, sigusr1_reopens_the_log_in_the_supervisor_and_every_worker, .fini = o
 	cr_assert_not_null(strstr(text, " route=/v1/workflows "), "no route in: %s", text);
 	free(text);
 	http_response_free(r);
+}
+
+/* --- The replay cache -------------------------------------------------------- */
+
+/* Occurrences of needle in text. */
+static int occurrences(const char *text, const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
+		n++;
+	return n;
+}
+
+/* The same status, headers (but the request's own X-Request-Id) and body. */
+static void expect_same_answer(const struct http_response *r, const struct http_response *want)
+{
+	cr_assert_eq(r->status, want->status);
+	cr_assert_eq(r->header_count, want->header_count, "headers differ in number");
+	for (size_t i = 0; i < r->header_count; i++) {
+		cr_assert_str_eq(r->headers[i].name, want->headers[i].name);
+		if (strcasecmp(r->headers[i].name, "X-Request-Id") != 0)
+			cr_assert_str_eq(r->headers[i].value, want->headers[i].value, "%s",
+					 r->headers[i].name);
+	}
+	cr_assert_eq(r->body_len, want->body_len);
+	cr_assert_eq(memcmp(r->body, want->body, r->body_len), 0, "%s vs %s", r->body, want->body);
+}
+
+#define HITS "idemflow_replay_cache_hits_total"
+#define REPLAYS "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}"
+
+/*
+ * One worker, a cache window longer than the test: the first replay asks
+ * the database and the worker keeps the row; every later retry with that
+ * token is answered from it, byte for byte as the first replay, a reuse
+ * with another body is refused from it, and each hit is counted and
+ * logged. Another token of the same tenant is not served from it.
+ */
+Test(replay_cache, retries_with_the_same_token_are_answered_from_memory, .fini = own_stop)
+{
+	char logfile[512], key[128], *before, *after, *text;
+	const char *opts[] = {"--workers", "1", "--replay-cache-ttl", "60s", "--log-file", logfile,
+			      NULL};
+	struct tstack_tenant t;
+	struct http_response *first, *replay, *r;
+
+	stack_path(logfile, sizeof(logfile), "rcache.log");
+	own_start(opts, 1);
+	tstack_tenant_create(&t, "rcache");
+	tstack_key(key, sizeof(key), "rcache");
+	first = post(&t, key, BODY_A, 201);
+	before = scrape();
+	replay = post(&t, key, BODY_A, 201);
+	tstack_expect_header(replay, "Idempotent-Replayed", "true");
+	cr_assert_str_eq(replay->body, first->body);
+	for (int i = 0; i < 4; i++) {
+		r = post(&t, key, BODY_A, 201);
+		expect_same_answer(r, replay);
+		http_response_free(r);
+	}
+	r = post(&t, key, BODY_B, 409);
+	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused", COLLECTION);
+	http_response_free(r);
+	after = scrape();
+	expect_delta(before, after, REPLAYS, 5);
+	expect_delta(before, after, HITS, 5);
+
+	/* Another token asks the database once, then holds its own entry. */
+	tstack_tenant_retoken(&t);
+	http_response_free(post(&t, key, BODY_A, 201));
+	http_response_free(post(&t, key, BODY_A, 201));
+	free(before);
+	before = after;
+	after = scrape();
+	expect_delta(before, after, HITS, 1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1", t.id_text),
+		     1);
+
+	text = file_read(logfile);
+	cr_assert_eq(occurrences(text, " cache=hit"), 6, "request lines with cache=hit:\n%s", text);
+	free(text);
+	free(before);
+	free(after);
+	http_response_free(first);
+	http_response_free(replay);
+}
+
+/* replay_cache_ttl = 0: every replay asks the database. */
+Test(replay_cache, a_ttl_of_zero_turns_it_off, .fini = own_stop)
+{
+	const char *opts[] = {"--workers", "1", "--replay-cache-ttl", "0", NULL};
+	struct tstack_tenant t;
+	char key[128], *before, *after;
+
+	own_start(opts, 1);
+	tstack_tenant_create(&t, "rcache-off");
+	tstack_key(key, sizeof(key), "rcache-off");
+	http_response_free(post(&t, key, BODY_A, 201));
+	before = scrape();
+	for (int i = 0; i < 4; i++)
+		http_response_free(post(&t, key, BODY_A, 201));
+	after = scrape();
+	expect_delta(before, after, REPLAYS, 4);
+	expect_delta(before, after, HITS, 0);
+	free(before);
+	free(after);
+}
+
+/*
+ * An entry never outlives its key: with a key TTL of 1 s and a cache window
+ * of 60 s, the same request after the key expired creates anew instead of
+ * replaying what the worker held.
+ */
+Test(replay_cache, an_entry_ends_when_its_key_expires, .fini = own_stop)
+{
+	const char *opts[] = {"--workers", "1", "--replay-cache-ttl", "60s", NULL};
+	struct tstack_tenant t;
+	struct http_response *first, *r;
+	char key[128], out[256], *before, *after;
+	double t0;
+	int rc;
+
+	own_start(opts, 1);
+	tstack_tenant_create(&t, "rcache-exp");
+	rc = tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "1s", NULL);
+	cr_assert_eq(rc, 0, "tenant set-ttl exited %d: %s", rc, tstack_cli_stderr());
+	tstack_key(key, sizeof(key), "rcache-exp");
+	t0 = tstack_now();
+	first = post(&t, key, BODY_A, 201);
+	before = scrape();
+	http_response_free(post(&t, key, BODY_A, 201));
+	r = post(&t, key, BODY_A, 201);
+	after = scrape();
+	cr_assert(tstack_now() - t0 < 0.9, "the replays took too long to test the expiry");
+	tstack_expect_header(r, "Idempotent-Replayed", "true");
+	expect_delta(before, after, HITS, 1);
+	http_response_free(r);
+
+	tstack_sleep_ms((long)((t0 + 1.2 - tstack_now()) * 1000));
+	r = post(&t, key, BODY_A, 201);
+	cr_assert_null(http_header(r, "Idempotent-Replayed"), "the expired key was replayed");
+	cr_assert_str_neq(r->body, first->body, "the expired key kept its first workflow");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1", t.id_text),
+		     2);
+	http_response_free(r);
+	http_response_free(first);
+	free(before);
+	free(after);
 }
 
 /* --- The dispatcher's textfile ---------------------------------------------- */

@@ -250,6 +250,13 @@ void tstack_tenant_create(struct tstack_tenant *t, const char *label)
 		 t->token);
 }
 
+void tstack_tenant_retoken(struct tstack_tenant *t)
+{
+	tstack_token_create(t->name, t->token, sizeof(t->token));
+	snprintf(t->auth, sizeof(t->auth), "Authorization: Bearer %s",
+		 t->token);
+}
+
 /* --- Database ---------------------------------------------------------- */
 
 static void tstack_db_close(void)

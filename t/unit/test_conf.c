@@ -42,6 +42,7 @@ Test(conf, defaults_are_the_documented_ones)
 	cr_assert_eq(c->idempotency_key, IDEM_KEY_REQUIRED);
 	cr_assert_eq(c->idempotency_ttl, 24L * 3600 * 1000);
 	cr_assert_eq(c->idempotency_wait, 5000);
+	cr_assert_eq(c->replay_cache_ttl, 1000);
 	cr_assert_eq(c->max_body, 1048576);
 	cr_assert_eq(c->listen_mode, 0660);
 	cr_assert_str_eq(c->db, "");
@@ -90,6 +91,24 @@ Test(conf, unknown_keys_and_out_of_range_values_are_errors)
 	cr_assert_eq(conf_set(c, "idempotency_key", "maybe", "test", &e), -1);
 	cr_assert_eq(conf_set(c, "log_level", "loud", "test", &e), -1);
 	cr_assert_eq(c->workers, auto_workers(), "a rejected value leaves the old one");
+	conf_free(c);
+}
+
+/* replay_cache_ttl: 0 turns the cache off; a window above a minute is
+ * refused (a revoke waits it out), naming the limit. */
+Test(conf, replay_cache_ttl_is_zero_to_one_minute)
+{
+	struct conf *c = conf_new();
+	struct err e = {0};
+
+	cr_assert_eq(conf_set(c, "replay_cache_ttl", "0", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->replay_cache_ttl, 0);
+	cr_assert_eq(conf_set(c, "replay-cache-ttl", "1m", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->replay_cache_ttl, 60000);
+	cr_assert_eq(conf_set(c, "replay_cache_ttl", "61s", "test", &e), -1);
+	cr_assert_str_eq(e.msg, "test: invalid value \"61s\" for \"replay_cache_ttl\": expected a "
+			 "duration of at most 60000 ms");
+	cr_assert_eq(c->replay_cache_ttl, 60000, "a rejected value leaves the old one");
 	conf_free(c);
 }
 
