@@ -19,7 +19,8 @@
  * Rows still being written (status 0) and expired rows are never held.
  * Memory is bounded: RCACHE_SLOTS entries, direct mapped (a new row takes
  * its slot from whatever held it), each at most RCACHE_MAX_ROW bytes of
- * values.
+ * values: about 2.2 MiB per worker when every slot holds a row that large,
+ * 80 KiB of slots otherwise, allocated by the first row held.
  */
 #ifndef IDF_RCACHE_H
 #define IDF_RCACHE_H
