@@ -245,9 +245,7 @@ void tstack_tenant_create(struct tstack_tenant *t, const char *label)
 	cr_assert_str_eq(out, t->id_text,
 			 "tenant create must print the tenant id");
 
-	tstack_token_create(t->name, t->token, sizeof(t->token));
-	snprintf(t->auth, sizeof(t->auth), "Authorization: Bearer %s",
-		 t->token);
+	tstack_tenant_retoken(t);
 }
 
 void tstack_tenant_retoken(struct tstack_tenant *t)
