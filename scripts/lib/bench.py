@@ -765,6 +765,23 @@ def plot(res, outdir):
                                                  x["ceiling"]["rate"],
                                                  "-1.2" if up_h else "1.2"))
         ymax = max(max(x["http"]["rate"], x["ceiling"]["rate"]) for x in rows) * 1.35
+        # Replays: the cache-off point, on the same axes.
+        extra = ""
+        off = [x for x in res.get("replays_nocache", []) if x["http"] and x["ceiling"]]
+        if name == "replays" and off:
+            dat_off = os.path.join(outdir, name + "-nocache.dat")
+            with open(dat_off, "w") as f:
+                f.write("# conns rate ceiling ratio\n")
+                for x in off:
+                    f.write("%d %.1f %.1f %.3f\n" % (x["conns"], x["http"]["rate"],
+                                                     x["ceiling"]["rate"], x["ratio"]))
+                    labels.append('set label "%.0f/s  x%.2f" at %d,%.1f left offset 1.2,0 '
+                                  'font "sans,9" tc rgb "#d62728"' % (
+                                      x["http"]["rate"], x["ratio"], x["conns"],
+                                      x["http"]["rate"]))
+            extra = (", \\\n     '%s' using 1:2 with points pt 9 ps 1.6 lc rgb '#d62728' "
+                     "title \"the same with replay_cache_ttl = 0: every replay asks "
+                     "PostgreSQL\"" % dat_off)
         script = """
 set terminal pngcairo size 900,540 noenhanced font "sans,10"
 set output '{png}'
@@ -779,8 +796,9 @@ set grid
 set key top left opaque box
 {labels}
 plot '{dat}' using 1:3 with linespoints lw 2 pt 7 ps 1.2 lc rgb '#888888' title "{ceil}", \\
-     '' using 1:2 with linespoints lw 2 pt 5 ps 1.2 lc rgb '#1f77b4' title "{what}"
+     '' using 1:2 with linespoints lw 2 pt 5 ps 1.2 lc rgb '#1f77b4' title "{what}"{extra}
 """.format(png=png, title=title, sub=sub, dat=dat, what=what, ceil=ceil, xlabel=xlabel,
+           extra=extra,
            xt=",".join(str(x["conns"]) for x in rows), ymax=ymax, labels="\n".join(labels),
            xmin=rows[0]["conns"] / 1.5, xmax=rows[-1]["conns"] * 1.5)
         gpf = os.path.join(outdir, name + ".gp")
