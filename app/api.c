@@ -81,7 +81,7 @@ static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_r
 		ctx->key_row = rcache_get(ctx->rcache, hash, req->idem_key, asked_at);
 		if (ctx->key_row != NULL) {
 			ctx->cached = 1;
-			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, 0));
+			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, RCACHE_COL_TENANT));
 			return 1;
 		}
 	}
