@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,7 +194,7 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 	ds = (struct db_settings){.conninfo = c->db,
 				  .application_name = appname,
 				  .lock_timeout_ms = 0,
-				  .statement_timeout_ms = 60000,
+				  .statement_timeout_ms = c->statement_timeout,
 				  .stmts = dispatch_stmts,
 				  .nstmts = D__COUNT};
 	d->db = db_open(&ds, e);
@@ -424,16 +425,30 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 
 /*
  * The pipeline. While the sink delivers batch k, PostgreSQL records batch
- * k-1 and claims batch k+1: both statements go out in one libpq pipeline
- * before the delivery starts and their results are read after it, so the
- * database and the network work at the same time. The claim of k+1 cannot
- * take a later event of a workflow in batch k: batch k is not recorded
- * yet, so its events still count as undelivered.
+ * k-1 and claims batch k+1: both go out in one libpq pipeline before the
+ * delivery starts, so the database and the network work at the same time.
+ *
+ * They are two transactions (a sync point after the recording): a claim
+ * that fails never takes a recording with it. And a reader thread takes
+ * the claim's rows off the socket while the sink works: a claim whose rows
+ * outgrow the socket buffers would otherwise stop mid-statement, its
+ * transaction open, until the delivery ends, and a delivery longer than
+ * statement_timeout would cancel it. The main thread does not touch the
+ * connection until it has joined the reader.
+ *
+ * The claim of k+1 cannot take a later event of a workflow in batch k:
+ * batch k is not recorded yet, so its events still count as undelivered.
  */
 struct step {
-	int nsent;       /* statements in the pipeline */
-	int has_claim;   /* the last one is a claim */
+	int nrecord;     /* recording statements, before the first sync */
+	int has_claim;   /* a claim follows, after its own sync */
 	double claim_at; /* when it was sent */
+	/* What the reader found. */
+	PGresult *claimed;
+	int rc;
+	struct err e;
+	pthread_t reader;
+	int reading; /* the reader thread runs */
 };
 
 static int send_stmt(struct dispatcher *d, int stmt, int n, const char *const *p, struct err *e)
@@ -445,7 +460,8 @@ static int send_stmt(struct dispatcher *d, int stmt, int n, const char *const *p
 	return 0;
 }
 
-/* Queue batch b's recording (if any) and, when claim, the next claim. */
+/* Queue batch b's recording (if any) and, when claim, the next claim,
+ * each followed by a sync: two transactions, one round trip. */
 static int step_send(struct dispatcher *d, struct batch *b, int claim, struct step *s,
 		     struct err *e)
 {
@@ -459,52 +475,54 @@ static int step_send(struct dispatcher *d, struct batch *b, int claim, struct st
 		const char *p[2] = {b->done.data, d->owner};
 		if (send_stmt(d, D_DONE, 2, p, e) < 0)
 			return -1;
-		s->nsent++;
+		s->nrecord++;
 	}
 	if (b != NULL && b->nfail) {
 		const char *p[5] = {b->ids.data, d->owner, b->errs.data, b->delays.data,
 				    b->deads.data};
 		if (send_stmt(d, D_FAIL, 5, p, e) < 0)
 			return -1;
-		s->nsent++;
+		s->nrecord++;
 	}
 	if (b != NULL && b->nrelease) {
 		const char *p[2] = {b->release.data, d->owner};
 		if (send_stmt(d, D_RELEASE, 2, p, e) < 0)
 			return -1;
-		s->nsent++;
+		s->nrecord++;
 	}
+	if (s->nrecord && !PQpipelineSync(conn))
+		return db_classify(conn, NULL, e);
 	if (claim) {
 		snprintf(batch, sizeof(batch), "%d", d->c->batch);
 		const char *p[3] = {batch, d->owner, d->lease};
 		s->claim_at = now_s();
 		if (send_stmt(d, D_CLAIM, 3, p, e) < 0)
 			return -1;
-		s->nsent++;
 		s->has_claim = 1;
+		if (!PQpipelineSync(conn))
+			return db_classify(conn, NULL, e);
 	}
-	if (!PQpipelineSync(conn))
-		return db_classify(conn, NULL, e);
 	return 0;
 }
 
-/* Read the step's results; the claim's rows (if any) go to *claimed. */
-static int step_recv(struct dispatcher *d, struct step *s, PGresult **claimed, struct err *e)
+/* Read n statements' results and the sync that ends their transaction.
+ * With keep, the last statement's result goes to *kept. Returns 0, or -1
+ * with e filled from the first failure (the rest of the segment is read
+ * all the same, so the connection stays in step). */
+static int read_segment(PGconn *conn, int n, int keep, PGresult **kept, struct err *e)
 {
-	PGconn *conn = db_conn(d->db);
 	PGresult *res;
 	int rc = 0;
 
-	*claimed = NULL;
-	for (int q = 0; q < s->nsent; q++) {
+	for (int q = 0; q < n; q++) {
 		res = PQgetResult(conn);
 		ExecStatusType st = PQresultStatus(res);
 		if (res == NULL || (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)) {
 			if (rc == 0)
 				db_classify(conn, res, e);
 			rc = -1;
-		} else if (s->has_claim && q == s->nsent - 1) {
-			*claimed = res;
+		} else if (keep && q == n - 1) {
+			*kept = res;
 			res = NULL;
 		}
 		PQclear(res);
@@ -518,13 +536,80 @@ static int step_recv(struct dispatcher *d, struct step *s, PGresult **claimed, s
 		rc = -1;
 	}
 	PQclear(res);
-	if (rc == 0 && !PQexitPipelineMode(conn))
-		rc = db_classify(conn, NULL, e);
-	if (rc < 0) {
-		PQclear(*claimed);
-		*claimed = NULL;
-	}
 	return rc;
+}
+
+/* Read the step's results into s: the claim's rows (if any) to
+ * s->claimed. The recording is read first and stands whatever the claim
+ * does. */
+static void step_read(PGconn *conn, struct step *s)
+{
+	int rc = 0;
+
+	err_clear(&s->e);
+	s->claimed = NULL;
+	if (s->nrecord && read_segment(conn, s->nrecord, 0, NULL, &s->e) < 0)
+		rc = -1;
+	if (s->has_claim &&
+	    read_segment(conn, 1, 1, &s->claimed, rc == 0 ? &s->e : &(struct err){0}) < 0)
+		rc = -1;
+	if (rc == 0 && !PQexitPipelineMode(conn))
+		rc = db_classify(conn, NULL, &s->e);
+	if (rc < 0) {
+		PQclear(s->claimed);
+		s->claimed = NULL;
+	}
+	s->rc = rc;
+}
+
+struct reader_arg {
+	PGconn *conn;
+	struct step *s;
+};
+
+static void *reader_main(void *arg)
+{
+	struct reader_arg *a = arg;
+
+	step_read(a->conn, a->s);
+	free(a);
+	return NULL;
+}
+
+/* Start reading the step's results on a thread of its own; when no thread
+ * can be had, read them here and now (the delivery then waits for the
+ * database instead of running beside it). Signals stay with the main
+ * thread, whose sleeps they cut short. */
+static void step_read_async(struct dispatcher *d, struct step *s)
+{
+	struct reader_arg *a = malloc(sizeof(*a));
+	sigset_t all, old;
+
+	if (a != NULL) {
+		*a = (struct reader_arg){.conn = db_conn(d->db), .s = s};
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &old);
+		s->reading = pthread_create(&s->reader, NULL, reader_main, a) == 0;
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (s->reading)
+			return;
+		free(a);
+	}
+	step_read(db_conn(d->db), s);
+}
+
+/* Wait for the step's results; the claim's rows (if any) go to *claimed. */
+static int step_recv(struct step *s, PGresult **claimed, struct err *e)
+{
+	if (s->reading) {
+		pthread_join(s->reader, NULL);
+		s->reading = 0;
+	}
+	*claimed = s->claimed;
+	s->claimed = NULL;
+	if (s->rc < 0)
+		*e = s->e;
+	return s->rc;
 }
 
 /* Record b (if any) and claim the next batch into *next (when claim). */
@@ -534,7 +619,10 @@ static int step_sync(struct dispatcher *d, struct batch *b, int claim, struct ba
 	struct step s;
 	PGresult *res;
 
-	if (step_send(d, b, claim, &s, e) < 0 || step_recv(d, &s, &res, e) < 0)
+	if (step_send(d, b, claim, &s, e) < 0)
+		return -1;
+	step_read(db_conn(d->db), &s);
+	if (step_recv(&s, &res, e) < 0)
 		return -1;
 	if (!claim)
 		return 0;
@@ -562,20 +650,19 @@ static int drain(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		return -1;
 	while (cur.n > 0) {
 		int more = !dispatch_stopping && !out_of_time(d);
+		int delivered;
 
 		st->claimed += cur.n;
 		/* PostgreSQL: record k-1, claim k+1 ... */
 		if (step_send(d, prev.res ? &prev : NULL, more, &s, e) < 0)
 			goto out;
+		step_read_async(d, &s);
 		/* ... while the sink delivers k. */
-		if (batch_deliver(d, &cur, e) < 0) {
-			PGresult *ignored;
-			(void)step_recv(d, &s, &ignored, e);
-			PQclear(ignored);
+		delivered = batch_deliver(d, &cur, e);
+		if (step_recv(&s, &res, delivered < 0 ? &(struct err){0} : e) < 0 || delivered < 0) {
+			PQclear(res);
 			goto out;
 		}
-		if (step_recv(d, &s, &res, e) < 0)
-			goto out;
 		batch_free(&prev);
 		if (more) {
 			if (batch_init(&next, d, res, s.claim_at, e) < 0)
