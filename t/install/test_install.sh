@@ -124,6 +124,19 @@ if [[ $inst_unitdir != no ]]; then
 	expect_line "$inst_unitdir/idemflow-dispatch.service" \
 		"ExecStart=$inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
 	expect_line "$inst_unitdir/idemflow-dispatch.timer" "OnCalendar=minutely"
+	# Hardening: systemd's own score of each service, "OK" or better.
+	if command -v systemd-analyze >/dev/null; then
+		for u in idemflow-fcgi.service idemflow-dispatch.service; do
+			level=$(systemd-analyze security --offline=yes "$DEST$inst_unitdir/$u" 2>/dev/null |
+				sed -n 's/.*Overall exposure level for [^:]*: [0-9.]* \([A-Z]*\).*/\1/p')
+			case $level in
+			SAFE | OK) ;;
+			*) fail "$u: systemd-analyze security says ${level:-nothing}, want OK or better" ;;
+			esac
+		done
+	else
+		echo "systemd-analyze not found: the units' hardening is not scored" >&2
+	fi
 fi
 cron=$inst_sysconfdir/cron.d/idemflow
 expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow-dispatch ] && $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
