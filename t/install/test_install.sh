@@ -72,7 +72,11 @@ expect_file "$inst_sysconfdir/nginx/sites-available/idemflow" 644
 expect_file "$inst_sysconfdir/cron.d/idemflow" 644
 expect_file "$inst_sysconfdir/logrotate.d/idemflow" 644
 # --without-systemdsystemunitdir installs no unit.
-[[ $inst_unitdir == no ]] || expect_file "$inst_unitdir/idemflow-fcgi.service" 644
+if [[ $inst_unitdir != no ]]; then
+	for u in idemflow-fcgi.service idemflow-dispatch.service idemflow-dispatch.timer; do
+		expect_file "$inst_unitdir/$u" 644
+	done
+fi
 expect_file "$inst_sysusersdir/idemflow.conf" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.yml" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
@@ -97,7 +101,11 @@ want=$(
 		"$inst_pkgdatadir/sql/roles.sql"
 	for f in "$top_srcdir"/sql/[0-9]*.sql; do echo "$inst_pkgdatadir/sql/${f##*/}"; done
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
-	[[ $inst_unitdir == no ]] || echo "$inst_unitdir/idemflow-fcgi.service"
+	if [[ $inst_unitdir != no ]]; then
+		for u in idemflow-fcgi.service idemflow-dispatch.service idemflow-dispatch.timer; do
+			echo "$inst_unitdir/$u"
+		done
+	fi
 )
 got=$(cd "$DEST" && find . -type f | sed 's|^\.||' | sort)
 extra=$(comm -13 <(sort <<<"$want") <(echo "$got"))
@@ -113,11 +121,27 @@ if [[ $inst_unitdir != no ]]; then
 	expect_line "$unit" "Type=simple"
 	expect_line "$unit" "User=idemflow"
 	expect_line "$unit" "RuntimeDirectory=idemflow"
+	expect_line "$inst_unitdir/idemflow-dispatch.service" \
+		"ExecStart=$inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
+	expect_line "$inst_unitdir/idemflow-dispatch.timer" "OnCalendar=minutely"
+	# Hardening: systemd's own score of each service, "OK" or better.
+	if command -v systemd-analyze >/dev/null; then
+		for u in idemflow-fcgi.service idemflow-dispatch.service; do
+			level=$(systemd-analyze security --offline=yes "$DEST$inst_unitdir/$u" 2>/dev/null |
+				sed -n 's/.*Overall exposure level for [^:]*: [0-9.]* \([A-Z]*\).*/\1/p')
+			case $level in
+			SAFE | OK) ;;
+			*) fail "$u: systemd-analyze security says ${level:-nothing}, want OK or better" ;;
+			esac
+		done
+	else
+		echo "systemd-analyze not found: the units' hardening is not scored" >&2
+	fi
 fi
 cron=$inst_sysconfdir/cron.d/idemflow
-expect_line "$cron" "* * * * *  idemflow  $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
-expect_line "$cron" "17 * * * * idemflow  $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
-expect_line "$cron" "* * * * *  idemflow  $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
+expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow-dispatch ] && $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
+expect_line "$cron" "17 * * * * idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
+expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
 grep -q 'kill-who=main --signal=USR1 idemflow-fcgi.service' "$DEST$inst_sysconfdir/logrotate.d/idemflow" ||
 	fail "logrotate does not send USR1 to idemflow-fcgi"
 if left=$(grep -rl '@[a-z]*dir@' "$DEST"); then

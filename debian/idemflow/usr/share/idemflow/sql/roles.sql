@@ -1,0 +1,106 @@
+-- roles.sql: database roles with only the privileges each program uses.
+--
+-- Not a migration: "idemflow migrate" never runs it. Run it with psql as the
+-- role that owns the schema (the one that runs "idemflow migrate"), after the
+-- first migration and again after every upgrade; it can run any number of
+-- times:
+--
+--   psql -v ON_ERROR_STOP=1 -d idemflow -f /usr/share/idemflow/sql/roles.sql
+--
+-- It creates two group roles, without LOGIN, when they are missing (that
+-- takes CREATEROLE; without it, have them created first):
+--
+--   idemflow_server      what idemflow-fcgi's statements use
+--   idemflow_dispatcher  what idemflow-dispatch's statements use
+--
+-- and grants each exactly that, table by table and, where a program reads or
+-- writes only some columns, column by column. Each program then logs in as a
+-- role of its own that is a member of its group, e.g.
+--
+--   CREATE ROLE idemflow_web LOGIN PASSWORD '...' IN ROLE idemflow_server;
+--   CREATE ROLE idemflow_cron LOGIN PASSWORD '...' IN ROLE idemflow_dispatcher;
+--
+-- named in the db setting of its own configuration file. Neither group owns
+-- anything, so neither can change the schema (no CREATE, ALTER, DROP,
+-- TRUNCATE), and neither can touch tenants or tokens: those, migrations, prune
+-- and requeue stay with the owner, through the idemflow CLI.
+--
+-- The identity columns (tenants.id, api_tokens.id, outbox.id) draw from their
+-- sequences without USAGE on them, so no sequence is granted. A serial
+-- column, if one ever comes, needs USAGE on its sequence here.
+--
+-- A migration that adds a table, or a statement that uses a table or column
+-- in a new way, adds its grant here in the same change: t/db/test_roles.c runs
+-- the server and the dispatcher as these roles and fails on any table that
+-- neither group has a decision for.
+
+\set ON_ERROR_STOP on
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_server') THEN
+        CREATE ROLE idemflow_server NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_dispatcher') THEN
+        CREATE ROLE idemflow_dispatcher NOLOGIN;
+    END IF;
+END
+$$;
+
+BEGIN;
+
+-- Start from nothing, so a privilege dropped from this file is revoked on
+-- the next run too.
+REVOKE ALL ON ALL TABLES IN SCHEMA public FROM idemflow_server, idemflow_dispatcher;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM idemflow_server, idemflow_dispatcher;
+DO $$
+DECLARE
+    t record;
+BEGIN
+    -- Column grants are not covered by REVOKE ... ON ALL TABLES.
+    FOR t IN SELECT DISTINCT table_name, grantee FROM information_schema.column_privileges
+              WHERE table_schema = 'public'
+                AND grantee IN ('idemflow_server', 'idemflow_dispatcher')
+    LOOP
+        EXECUTE format('REVOKE ALL (%s) ON %I FROM %I',
+                       (SELECT string_agg(quote_ident(column_name), ', ')
+                          FROM information_schema.columns
+                         WHERE table_schema = 'public' AND table_name = t.table_name),
+                       t.table_name, t.grantee);
+    END LOOP;
+END
+$$;
+
+GRANT USAGE ON SCHEMA public TO idemflow_server, idemflow_dispatcher;
+
+-- idemflow-fcgi (app/queries.c).
+-- GET /readyz reads the schema version.
+GRANT SELECT ON schema_migrations TO idemflow_server;
+-- Authentication: the token's digest to its tenant; never the other columns.
+GRANT SELECT (token_hash, tenant_id, revoked_at) ON api_tokens TO idemflow_server;
+-- The create statement reads the tenant's key TTL; not its name.
+GRANT SELECT (id, idempotency_ttl) ON tenants TO idemflow_server;
+-- Keys are claimed, read, and deleted when expired and taken over.
+GRANT SELECT, INSERT, DELETE ON idempotency_keys TO idemflow_server;
+-- Replay and conflict counts: an upsert, and deleted with their key.
+GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_key_stats TO idemflow_server;
+GRANT SELECT, INSERT ON workflows TO idemflow_server;
+-- Commands on running workflows (sql/005_runs.sql, run as the caller):
+-- the state, the current step and the event sequence change; the type, the
+-- input, the steps and the business key never do.
+GRANT UPDATE (state, step, last_seq, ended_at, updated_at) ON workflows TO idemflow_server;
+GRANT SELECT, INSERT, UPDATE ON jobs TO idemflow_server;
+GRANT SELECT, INSERT ON messages TO idemflow_server;
+GRANT UPDATE (step) ON messages TO idemflow_server;
+-- A command's answer is stored on its claimed key in its transaction.
+GRANT UPDATE (status, headers, body) ON idempotency_keys TO idemflow_server;
+-- Events are written with their workflow; /metrics counts pending and dead.
+GRANT SELECT, INSERT ON outbox TO idemflow_server;
+
+-- idemflow-dispatch (app/dispatch.c): claims, leases and outcomes of events,
+-- and nothing else; it cannot change an event's payload or type.
+GRANT SELECT ON outbox TO idemflow_dispatcher;
+GRANT UPDATE (lease_owner, lease_until, attempts, published_at, last_error, next_attempt_at,
+              dead_at) ON outbox TO idemflow_dispatcher;
+
+COMMIT;
