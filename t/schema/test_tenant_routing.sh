@@ -19,6 +19,7 @@ STACK_LOG_PREFIX=test_tenant_routing
 
 DIR=$(mktemp -d /tmp/idemflow-schema.XXXXXX)
 chmod 755 "$DIR"
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
 	stack_pg_stop "$DIR/pg" >/dev/null 2>&1 || true
 	stack_sweep "$DIR"
@@ -72,6 +73,7 @@ expect_fail "a foreign key from a reference table to a distributed one" \
 	"foreign key api_tokens_last_wf api_tokens(tenant_id,last_workflow) -> workflows"
 sql "ALTER TABLE api_tokens DROP COLUMN last_workflow"
 
+# shellcheck disable=SC2016 # $1 is the statement's parameter
 printf 'wf_by_id\tSELECT id FROM workflows WHERE id = $1\n' >"$DIR/extra.sql"
 expect_fail "a statement without the tenant" "statement wf_by_id on workflows" \
 	--extra-sql "$DIR/extra.sql"
