@@ -1150,27 +1150,37 @@ def readme_section(res, table, pngs, readme=None):
         "| keyed creates | `wrk`, a new `Idempotency-Key` per request, 4/16/64 connections | "
         "`pgbench -M prepared` running the statements a worker runs per create (the token "
         "check with the key lookup, then `Q_CREATE_KEYED`, taken from `app/queries.c`) over "
-        "the same unix socket, same client counts |",
+        "the same unix socket: at the same client count, and its best over all counts (more "
+        "backends slow a small machine down; the pool keeps its own); the combined ceiling "
+        "1 / (1/healthz + 1/pgbench's best) |",
         "| replays | `wrk`, one key created beforehand, 4/16/64 connections; at 16 also "
         "with `replay_cache_ttl = 0` (every replay asks PostgreSQL) | `GET /healthz` "
         "(204, no database) through the same nginx |",
-        "| memory | RSS of each worker of a fresh pool after 10k and 100k creates | no growth "
+        "| memory | RSS of each worker of a fresh pool, and the requests it served, after "
+        "10k and 100k requests: 4,096 keys with 6 KB inputs, then creates, replays and reuse "
+        "conflicts of them (fills the replay cache and the per-key statistics) | no growth "
         "beyond noise |",
-        "| scale (`--large`) | creates at 16 connections on a second database holding 5M keys "
-        "of another tenant | the same on the first database, emptied; the two alternate |",
-        "| dispatch | `scripts/bench-dispatch -n 50000 --no-amqp` | the dispatcher's SQL alone |",
+        "| scale (`--large`) | creates at 16 connections with random keys on a second "
+        "database holding 5M keys, as another tenant and as the tenant that owns them | the "
+        "same on the first database, emptied; the three alternate |",
+        "| dispatch | `scripts/bench-dispatch -n 25000 -r 2 --no-amqp` | the dispatcher's "
+        "`D_CLAIM` and `D_DONE`, taken from `app/dispatch.c`, alone; alternating rounds |",
         "",
         "Each point runs four rounds of 5 s per side, alternating (load, ceiling, ceiling,",
         "load, load, ceiling, ceiling, load), so that background load on a shared machine",
         "weighs on both sides alike; the `others` column says how much of the CPU other",
         "processes took during the run. On this machine single rounds of one side differ",
         "by up to a fifth (pgbench from 2,221 to 2,642 creates/s within one run), so a",
-        "ratio within a few hundredths of its target is a tie, not a verdict.",
+        "ratio within a few hundredths of its target is a tie, not a verdict. A target",
+        "is met only by a run without error answers whose creates wrote one row per 201",
+        "(wrk's unread answers at its stop aside). The CPU table gives milliseconds of CPU",
+        "per request by process, for creates, pgbench and `/healthz` side by side.",
         "",
         "```sh",
         "scripts/bench                  # ~7 minutes: var/bench/results.json, var/bench/*.png",
         "scripts/bench --quick          # 3 s per point, smaller memory run: a smoke test",
-        "scripts/bench --large          # adds the 5M-key measure (~10 minutes, ~8 GB of disk)",
+        "scripts/bench --large          # adds the 5M-key measures (~12 minutes, ~8 GB of disk;",
+        "                               # BENCH_LARGE_ROWS=100000 for a small one)",
         "scripts/bench --update-readme  # also rewrites this section",
         "```",
         "",
