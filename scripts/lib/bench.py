@@ -612,9 +612,11 @@ def _merge(recs):
         for k, v in r.get("status", {}).items():
             m["status"][k] = m["status"].get(k, 0) + v
         m["sent"] = (m.get("sent") or 0) + (r.get("sent") or 0)
-        if "rows" in r:
+        if "rows" in r and "rows" in m:
             m["rows"] = {k: m["rows"][k] + v if k != "ok" else m["rows"]["ok"] and v
                          for k, v in r["rows"].items()}
+        elif "rows" in r:
+            m["rows"] = dict(r["rows"])
         for k, v in r.get("cpu_s", {}).items():
             m["cpu_s"][k] = round(m["cpu_s"].get(k, 0) + v, 3)
         m["rounds"] += 1
