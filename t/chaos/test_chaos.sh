@@ -5,11 +5,16 @@
 # past their lease) and the RabbitMQ consumer are killed or restarted;
 # then every acknowledged request has exactly one workflow
 # and one workflow.created event, nothing is orphaned, every event reached
-# a sink and was applied exactly once through the consumers' inbox, the
-# clients never saw an error besides 503 (and 409 in-flight), a replay of
-# every request is byte-identical, and 20 simultaneous same-key requests
-# over both instances made 1 creation and 19 replays. scripts/chaos checks
-# and prints all of it; its exit status is this test's.
+# a sink and no event was delivered more often than the dispatchers
+# recorded attempts for it, every event a killed dispatcher had delivered
+# without recording it was delivered again, the clients never saw an error
+# besides 503 (and 409 in-flight), a replay of every request is
+# byte-identical, and 20 simultaneous same-key requests over both
+# instances made 1 creation and 19 replays. Two checks test the harness,
+# and say so: the consumers' inbox applied each event once, and every
+# fault kind hit something (a live process, a dispatcher holding
+# unrecorded events). scripts/chaos checks and prints all of it; its exit
+# status is this test's.
 #
 # scripts/chaos starts and stops its own stack (t/run-test starts nothing
 # for t/chaos). About 50 s. The JSON record (and the stack's logs, when it
