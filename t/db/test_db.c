@@ -528,3 +528,39 @@ Test(db, a_read_only_server_is_unavailable_and_the_connection_is_dropped)
 	free(ro);
 	free(ci);
 }
+
+/* The time a worker sends is its own clock's: it may be wrong. Whatever it
+ * says, a key lives its TTL from the database's now(), and a new event is
+ * due at the database's now(). */
+Test(db, lifetimes_and_due_times_come_from_the_database_clock)
+{
+	struct db *db = open_db(5000);
+	struct claim c;
+	struct err e;
+	PGresult *res;
+	char id[IDS_UUID_LEN + 1], payload[64];
+
+	/* A worker two days slow: its key would be born expired. */
+	claim_init(&c, "slow-clock", "{\"type\":\"t\"}", "1 hour");
+	c.p[7] = "2000-01-01T00:00:00.000000Z";
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	PQclear(res);
+	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
+			   " AND expires_at > now() + interval '59 minutes'"
+			   " AND created_at > now() - interval '1 minute'"),
+		     1, "the key lives an hour from now");
+	/* A worker a day fast: its events would wait a day. */
+	cr_assert_eq(ids_uuid7(id), 0);
+	snprintf(payload, sizeof(payload), "{}");
+	const char *p[8] = {tenant, id, "t", "{}", "2099-01-01T00:00:00Z",
+			    "[{\"name\":\"a\",\"job_type\":\"j\"}]", NULL, payload};
+	res = db_run(db, Q_WF_CREATE_RUN, 8, p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
+	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+			   " AND next_attempt_at <= now()"),
+		     2, "both events are due now");
+	db_close(db);
+}
