@@ -91,7 +91,9 @@ const struct db_stmt queries[Q__COUNT] = {
          "        last_seen = excluded.last_seen"},
 
     [Q_SCHEMA_VERSION] = {"schema_version",
-                          "SELECT coalesce(max(version), 0) FROM schema_migrations"},
+                          "SELECT coalesce(max(version), 0), pg_is_in_recovery(),"
+                          "       current_setting('transaction_read_only')"
+                          "  FROM schema_migrations"},
 
     /* Pending events are what the partial index outbox_due covers;
      * dead ones are few (a dead event is an incident). */

@@ -66,7 +66,8 @@ enum query_id {
 	 * (text[]), $3 replays, $4 conflicts, $5 in-flight refusals (int[]),
 	 * all of one length, each (tenant, key) once. */
 	Q_KEYSTATS_FLUSH,
-	/* -> the highest applied migration (0 when none), for GET /readyz */
+	/* -> (the highest applied migration (0 when none), in recovery,
+	 * transaction_read_only), for GET /readyz */
 	Q_SCHEMA_VERSION,
 	/* GET /metrics, one cheap statement per scrape -> (pending events,
 	 * age in seconds of the oldest pending one or 0, dead events) */
