@@ -75,7 +75,7 @@ static const char DB_PIN_SQL[] =
 /* Reconnect back-off: 100 ms after the first failed connect, doubling,
  * at most DB_RETRY_MAX_MS apart while the database stays unreachable. */
 #define DB_RETRY_FIRST_MS 100
-#define DB_RETRY_MAX_MS   3200
+#define DB_RETRY_MAX_MS   1600
 
 struct db {
 	struct db_settings s;

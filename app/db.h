@@ -59,7 +59,7 @@ unsigned long db_connect_attempts(const struct db *db);
 
 /*
  * The pause before the next connect after failures failed connects in a
- * row: 0 for none, then 100 ms doubling up to 3.2 s. A handle whose
+ * row: 0 for none, then 100 ms doubling up to 1.6 s. A handle whose
  * connection broke tries again at once, then at this pace (it never sleeps:
  * the statement fails with ERR_DB_DOWN until the pause is over).
  */

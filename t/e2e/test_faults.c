@@ -716,7 +716,7 @@ Test(faults, a_multi_host_conninfo_follows_the_writable_server_with_bounded_back
 	http_response_free(r);
 
 	/* "Promote": the same pool finds the writable server by itself,
-	 * within the back-off's cap (3.2 s) and a connect. */
+	 * within the back-off's cap (1.6 s) and a connect. */
 	snprintf(sql, sizeof(sql), "ALTER DATABASE \"%s\" RESET default_transaction_read_only",
 		 PQdb(admin));
 	exec_ok(admin, sql);
@@ -733,7 +733,7 @@ Test(faults, a_multi_host_conninfo_follows_the_writable_server_with_bounded_back
 	waited = tstack_now() - t0;
 	http_response_free(r);
 	cr_log_info("writable again after %.2f s", waited);
-	cr_assert(waited < 3.2 + 1.5, "reconnected only after %.2f s", waited);
+	cr_assert(waited < 1.6 + 1.5, "reconnected only after %.2f s", waited);
 	na = tstack_workers(p.pid, after, 8);
 	cr_assert_eq(na, nb, "the pool was not restarted");
 	for (size_t i = 0; i < nb && i < 8; i++)
