@@ -27,21 +27,52 @@ void api_problem(struct http_resp *resp, const struct http_req *req, enum proble
 	problem_write(&resp->body, kind, detail, req->path, req->request_id, NULL, NULL);
 }
 
+/*
+ * The one mapping from a database-layer error to an answer:
+ * - the connection was lost while a write could have committed: 503
+ *   outcome-unknown (only for methods that write: a GET writes nothing);
+ * - the database is unavailable (down, read-only, shutting down, out of a
+ *   resource), a serialization failure or a lock timeout: 503 unavailable,
+ *   nothing stored;
+ * - anything else is a bug: 500, nothing stored (the transaction rolled
+ *   back).
+ * Every 503 carries Retry-After.
+ */
 void api_db_error(struct api_ctx *ctx, struct http_resp *resp, const struct http_req *req,
                   const struct err *e)
 {
+	const int writes = strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0;
+	char ra[24];
+
 	ctx->err = *e;
-	if (e->code == ERR_DB_DOWN || e->code == ERR_SERIALIZE || e->code == ERR_LOCK_TIMEOUT) {
-		char ra[24];
-		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
-		buf_reset(&resp->headers);
-		http_resp_header(resp, "Retry-After", ra);
-		api_problem(resp, req, P_UNAVAILABLE,
-		            "the database is unavailable; nothing was stored, retry the same "
-		            "request later");
+	if (e->code != ERR_DB_DOWN && e->code != ERR_SERIALIZE && e->code != ERR_LOCK_TIMEOUT) {
+		api_problem(resp, req, P_INTERNAL, "the request failed; nothing was stored");
 		return;
 	}
-	api_problem(resp, req, P_INTERNAL, "the request failed; nothing was stored");
+	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+	buf_reset(&resp->headers);
+	http_resp_header(resp, "Retry-After", ra);
+	if (e->code == ERR_DB_DOWN && e->outcome_unknown && writes) {
+		api_problem(resp, req, P_OUTCOME_UNKNOWN,
+		            req->idem_key != NULL
+		                ? "the connection to the database was lost while the request was "
+		                  "being committed: it may or may not have taken effect. Send the "
+		                  "same request with the same Idempotency-Key: it is safe, and "
+		                  "answered as the first one was or run now"
+		                : "the connection to the database was lost while the request was "
+		                  "being committed: it may or may not have taken effect, and "
+		                  "without an Idempotency-Key a retry may apply it twice");
+		return;
+	}
+	if (strcmp(e->sqlstate, "25006") == 0) {
+		api_problem(resp, req, P_UNAVAILABLE,
+		            "the database is read-only (a standby, or set read-only); nothing was "
+		            "stored, retry the same request later");
+		return;
+	}
+	api_problem(resp, req, P_UNAVAILABLE,
+	            "the database is unavailable; nothing was stored, retry the same request "
+	            "later");
 }
 
 /* Resolve the bearer token to a tenant (and, when want_key, fetch the
@@ -88,6 +119,7 @@ static int authenticate(struct api_ctx *ctx, struct http_req *req, struct http_r
 	const char *p[2] = {hex, req->idem_key};
 	res = db_run(ctx->db, keyed ? Q_AUTH_KEY : Q_AUTH, keyed ? 2 : 1, p, &e);
 	if (res == NULL) {
+		e.outcome_unknown = 0; /* it only reads */
 		api_db_error(ctx, resp, req, &e);
 		return 0;
 	}
@@ -141,13 +173,16 @@ static int schema_version_direct(const struct conf *c, struct err *e)
 }
 
 /*
- * Readiness: the database answers and its schema is the one this build
- * needs. One statement per probe on the worker's own connection, with no
- * cache: reading the version is as cheap as a SELECT 1 and is itself the
- * round trip that proves the database reachable. A schema newer than the
- * build counts as ready: during an upgrade the migration runs before the
- * workers are replaced, and the old workers must keep serving meanwhile
- * (migrations only add).
+ * Readiness: the database answers, takes writes, and its schema is the one
+ * this build needs. One statement per probe on the worker's own
+ * connection, with no cache: reading the version is as cheap as a SELECT 1
+ * and is itself the round trip that proves the database reachable. A
+ * server in recovery (a standby) or read-only (a demoted primary,
+ * default_transaction_read_only) is not ready, and the worker's connection
+ * is dropped so its next statement reconnects (to the new primary, with a
+ * multi-host conninfo). A schema newer than the build counts as ready:
+ * during an upgrade the migration runs before the workers are replaced, and
+ * the old workers must keep serving meanwhile (migrations only add).
  */
 static void readyz(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp)
 {
@@ -155,16 +190,29 @@ static void readyz(struct api_ctx *ctx, const struct http_req *req, struct http_
 	char detail[128], ra[24];
 	struct err e, direct;
 	PGresult *res = db_run(ctx->db, Q_SCHEMA_VERSION, 0, NULL, &e);
+	const char *read_only = NULL;
 	int version;
 
 	if (res != NULL) {
 		version = atoi(PQgetvalue(res, 0, 0));
+		if (strcmp(PQgetvalue(res, 0, 1), "t") == 0)
+			read_only = "in recovery (a standby)";
+		else if (strcmp(PQgetvalue(res, 0, 2), "on") == 0)
+			read_only = "read-only (transaction_read_only is on)";
 		PQclear(res);
 	} else {
 		ctx->err = e; /* for the log line */
 		version = schema_version_direct(ctx->conf, &direct);
 		if (version < 0)
 			e = direct;
+	}
+	if (read_only != NULL) {
+		db_reset(ctx->db);
+		snprintf(detail, sizeof(detail), "the database is %s", read_only);
+		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+		http_resp_header(resp, "Retry-After", ra);
+		api_problem(resp, req, P_UNAVAILABLE, detail);
+		return;
 	}
 	if (res != NULL && version >= latest) {
 		resp->status = 200;

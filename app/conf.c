@@ -388,6 +388,28 @@ static int is_stop_flag(const char *a)
 	return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0 || strcmp(a, "--version") == 0;
 }
 
+/* A key's lifetime against the waits of the requests that use it: a
+ * key must outlive every request that may still hold or wait for it. */
+#define TTL_WAIT_FACTOR      10 /* times idempotency_wait */
+#define TTL_STATEMENT_FACTOR 2  /* times statement_timeout */
+
+int conf_check(const struct conf *c, struct err *e)
+{
+	long min = TTL_WAIT_FACTOR * c->idempotency_wait;
+
+	if (TTL_STATEMENT_FACTOR * c->statement_timeout > min)
+		min = TTL_STATEMENT_FACTOR * c->statement_timeout;
+	if (c->idempotency_ttl < min)
+		return err_set(e, ERR_CONFIG,
+			       "invalid value for \"idempotency_ttl\": %ld ms is shorter than %ld ms, "
+			       "%d times idempotency_wait (%ld ms) and %d times statement_timeout "
+			       "(%ld ms): a key must outlive every request that may still hold or "
+			       "wait for it",
+			       c->idempotency_ttl, min, TTL_WAIT_FACTOR, c->idempotency_wait,
+			       TTL_STATEMENT_FACTOR, c->statement_timeout);
+	return 0;
+}
+
 struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e)
 {
 	struct conf *c = conf_new();
@@ -456,6 +478,8 @@ struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e)
 		if (conf_set(c, name, val, a, e) < 0)
 			goto fail;
 	}
+	if (conf_check(c, e) < 0)
+		goto fail;
 	*next = i;
 	return c;
 fail:

@@ -98,6 +98,15 @@ int conf_load_file(struct conf *c, const char *path, struct err *e) MUSTCHECK;
  */
 struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e) MUSTCHECK;
 
+/*
+ * Checks across keys, after every key is set (conf_from_args() runs it):
+ * idempotency_ttl must be at least 10 times idempotency_wait and twice
+ * statement_timeout, so that no key expires while a request that claimed
+ * it may still commit or a duplicate still wait for it. Returns 0, or -1
+ * with e (ERR_CONFIG) naming the setting.
+ */
+int conf_check(const struct conf *c, struct err *e) MUSTCHECK;
+
 /* Print every key with its default and description, for --help. */
 void conf_usage(FILE *out);
 

@@ -12,6 +12,7 @@ int err_set(struct err *e, enum err_code code, const char *fmt, ...)
 		return -1;
 	e->code = code;
 	e->sqlstate[0] = '\0';
+	e->outcome_unknown = 0;
 	va_start(ap, fmt);
 	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
 	va_end(ap);
@@ -24,6 +25,7 @@ void err_clear(struct err *e)
 		return;
 	e->code = ERR_NONE;
 	e->sqlstate[0] = '\0';
+	e->outcome_unknown = 0;
 	e->msg[0] = '\0';
 }
 

@@ -27,11 +27,15 @@ enum err_code {
 struct err {
 	enum err_code code;
 	char sqlstate[6]; /* "" unless PostgreSQL reported one */
+	/* ERR_DB_DOWN only: the connection was lost while a statement that
+	 * could commit was on its way or running, so it may have committed.
+	 * 0 when it is known that nothing was committed. */
+	int outcome_unknown;
 	char msg[256];
 };
 
-/* Fill *e (may be NULL) with a code and a printf-style message. Returns -1 so
- * callers can write `return err_set(e, ...)`. */
+/* Fill *e (may be NULL) with a code and a printf-style message (no SQLSTATE,
+ * outcome known). Returns -1 so callers can write `return err_set(e, ...)`. */
 int err_set(struct err *e, enum err_code code, const char *fmt, ...) PRINTFLIKE(3, 4);
 
 /* Put context in front of e's message: "<prefix>: <message>". */

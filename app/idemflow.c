@@ -770,7 +770,9 @@ int main(int argc, char **argv)
 		conf_free(c);
 		return EX_USAGE;
 	}
-	conn = db_connect_simple(c->db, "idemflow-cli", &e);
+	/* Six tries over about 3 s: a failover in progress is waited out,
+	 * a database that stays down is "try later" (75). */
+	conn = db_connect_retry(c->db, "idemflow-cli", 6, &e);
 	if (conn == NULL) {
 		conf_free(c);
 		return fail(EX_TEMPFAIL, &e);

@@ -28,6 +28,7 @@ static const struct problem_def defs[P__COUNT] = {
     [P_STATE_CONFLICT] = {409, "state-conflict", "State Conflict"},
     [P_INVALID_TRANSITION] = {422, "invalid-transition", "Invalid Transition"},
     [P_MESSAGE_REUSED] = {409, "message-id-reused", "Message Id Reused"},
+    [P_OUTCOME_UNKNOWN] = {503, "outcome-unknown", "Outcome Unknown"},
 };
 
 const struct problem_def *problem_def(enum problem_kind kind)

@@ -9,7 +9,7 @@
 	"WITH k AS ("                                                                              \
 	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"       \
 	"                                headers, body, created_at, expires_at, request_bytes_fp)" \
-	"  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, $8, $8::timestamptz + coalesce("               \
+	"  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, now(), now() + coalesce("                      \
 	"    (SELECT idempotency_ttl FROM tenants WHERE id = $1), $9::interval), $15)"             \
 	"  ON CONFLICT (tenant_id, key) DO NOTHING"                                                \
 	"  RETURNING tenant_id"                                                                    \
@@ -20,7 +20,7 @@
 	"), o AS ("                                                                                \
 	"  INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"              \
 	"                      created_at, next_attempt_at)"                                       \
-	"  SELECT $13, tenant_id, id, 1, 'workflow.created', $14, $8, $8 FROM w"                   \
+	"  SELECT $13, tenant_id, id, 1, 'workflow.created', $14, $8, now() FROM w"                \
 	"  RETURNING 1"                                                                            \
 	")"                                                                                        \
 	" SELECT 'created', NULL::bytea, NULL::smallint, NULL::text, NULL::text, false FROM "      \
@@ -56,7 +56,7 @@ const struct db_stmt queries[Q__COUNT] = {
          ")"
          " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload, created_at,"
          "                     next_attempt_at)"
-         " SELECT $6, tenant_id, id, 1, 'workflow.created', $7, $2, $2 FROM w"},
+         " SELECT $6, tenant_id, id, 1, 'workflow.created', $7, $2, now() FROM w"},
 
     [Q_KEY_GET] = {"key_get",
                    "SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"
@@ -91,7 +91,9 @@ const struct db_stmt queries[Q__COUNT] = {
          "        last_seen = excluded.last_seen"},
 
     [Q_SCHEMA_VERSION] = {"schema_version",
-                          "SELECT coalesce(max(version), 0) FROM schema_migrations"},
+                          "SELECT coalesce(max(version), 0), pg_is_in_recovery(),"
+                          "       current_setting('transaction_read_only')"
+                          "  FROM schema_migrations"},
 
     /* Pending events are what the partial index outbox_due covers;
      * dead ones are few (a dead event is an incident). */

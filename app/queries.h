@@ -33,8 +33,10 @@ enum query_id {
 	 * One statement, hence one transaction: claim the key, insert the
 	 * workflow and its workflow.created event, store the response.
 	 * $1 tenant_id, $2 key, $3 method, $4 path, $5 fingerprint (bytea hex),
-	 * $6 stored headers, $7 stored body, $8 created_at, $9 key ttl (interval;
-	 * the tenant's idempotency_ttl wins when set),
+	 * $6 stored headers, $7 stored body, $8 the workflow's created_at (as
+	 * the answer shows it), $9 key ttl (interval; the tenant's
+	 * idempotency_ttl wins when set; counted from the database's now(), as
+	 * is the event's due time: no worker's clock decides a lifetime),
 	 * $10 workflow id, $11 type, $12 input (canonical JSON), $13 event_id,
 	 * $14 event payload.
 	 * -> rows of (outcome, fingerprint, status, headers, body, expired):
@@ -45,7 +47,7 @@ enum query_id {
 	Q_CREATE_KEYED,
 	/* Unkeyed create (idempotency_key = optional), workflow and event only:
 	 * $1 tenant_id, $2 created_at, $3 id, $4 type, $5 input, $6 event_id,
-	 * $7 payload. */
+	 * $7 payload (the event is due at the database's now()). */
 	Q_CREATE_UNKEYED,
 	/* $1 tenant_id, $2 key -> the 'existing' row of Q_CREATE_KEYED */
 	Q_KEY_GET,
@@ -64,7 +66,8 @@ enum query_id {
 	 * (text[]), $3 replays, $4 conflicts, $5 in-flight refusals (int[]),
 	 * all of one length, each (tenant, key) once. */
 	Q_KEYSTATS_FLUSH,
-	/* -> the highest applied migration (0 when none), for GET /readyz */
+	/* -> (the highest applied migration (0 when none), in recovery,
+	 * transaction_read_only), for GET /readyz */
 	Q_SCHEMA_VERSION,
 	/* GET /metrics, one cheap statement per scrape -> (pending events,
 	 * age in seconds of the oldest pending one or 0, dead events) */

@@ -3,8 +3,10 @@
  *
  * Proves that the unique index alone settles a race of 20 concurrent claims
  * of one key, and that a failure anywhere in the statement leaves no
- * workflow, no event and no key behind. Needs $DATABASE_URL (a migrated
- * database), which t/run-test provides.
+ * workflow, no event and no key behind; that every connection pins the
+ * session settings the SQL depends on, whatever defaults it is given; and
+ * that reconnects back off. Needs $DATABASE_URL (a migrated database),
+ * which t/run-test provides.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -318,5 +320,247 @@ Test(db, the_fault_injection_statement_fails_after_writing_and_leaves_nothing)
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
 	PQclear(res);
+	db_close(db);
+}
+
+/* Defaults that an ALTER DATABASE ... SET could make, given here as the
+ * session's startup options (the same precedence for a session). */
+#define HOSTILE                                                                                    \
+	" options='-c bytea_output=escape -c default_transaction_isolation=serializable"          \
+	" -c DateStyle=SQL,DMY -c IntervalStyle=sql_standard -c TimeZone=Asia/Kathmandu"           \
+	" -c search_path=pg_catalog -c extra_float_digits=-15 -c synchronous_commit=off"           \
+	" -c transform_null_equals=on -c client_encoding=LATIN1'"
+
+static const char *const pinned[][2] = {
+    {"bytea_output", "hex"},
+    {"default_transaction_isolation", "read committed"},
+    {"DateStyle", "ISO, MDY"},
+    {"IntervalStyle", "postgres"},
+    {"TimeZone", "UTC"},
+    {"search_path", "public"},
+    {"extra_float_digits", "1"},
+    {"synchronous_commit", "on"},
+    {"transform_null_equals", "off"},
+    {"client_encoding", "UTF8"},
+};
+
+static void expect_pinned(PGconn *conn)
+{
+	for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++) {
+		struct err e;
+		const char *p[1] = {pinned[i][0]};
+		PGresult *res = db_exec(conn, "SELECT current_setting($1)", 1, p, &e);
+		cr_assert_not_null(res, "%s", e.msg);
+		cr_assert_str_eq(PQgetvalue(res, 0, 0), pinned[i][1], "%s", pinned[i][0]);
+		PQclear(res);
+	}
+}
+
+static char *hostile_conninfo(const char *extra)
+{
+	char *s;
+
+	cr_assert(asprintf(&s, "%s%s%s", getenv("DATABASE_URL"), HOSTILE, extra) > 0);
+	return s;
+}
+
+Test(db, every_connection_pins_the_settings_the_sql_depends_on)
+{
+	char *ci = hostile_conninfo("");
+	struct db_settings s = {.conninfo = ci, .application_name = "test_db",
+				.lock_timeout_ms = 1234, .statement_timeout_ms = 5678,
+				.stmts = queries, .nstmts = Q__COUNT};
+	struct err e;
+	struct db *db = db_open(&s, &e);
+	PGconn *simple;
+	PGresult *res;
+
+	cr_assert_not_null(db);
+	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
+	expect_pinned(db_conn(db));
+	res = db_exec(db_conn(db),
+		      "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),"
+		      "       current_setting('idle_in_transaction_session_timeout'),"
+		      "       current_setting('default_transaction_read_only')",
+		      0, NULL, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), "1234ms");
+	cr_assert_str_eq(PQgetvalue(res, 0, 1), "5678ms");
+	cr_assert_str_eq(PQgetvalue(res, 0, 2), "10s", "a frozen worker holds its locks 10 s at most");
+	cr_assert_str_eq(PQgetvalue(res, 0, 3), "off");
+	PQclear(res);
+	db_close(db);
+
+	/* The CLI's connections too. */
+	simple = db_connect_simple(ci, "test_db", &e);
+	cr_assert_not_null(simple, "%s", e.msg);
+	expect_pinned(simple);
+	PQfinish(simple);
+	free(ci);
+}
+
+/* The value of a connection option as libpq uses it, or "". */
+static char *conn_option(PGconn *conn, const char *name)
+{
+	PQconninfoOption *opts = PQconninfo(conn);
+	char *v = NULL;
+
+	for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++)
+		if (strcmp(o->keyword, name) == 0)
+			v = strdup(o->val != NULL ? o->val : "");
+	PQconninfoFree(opts);
+	cr_assert_not_null(v, "no option %s", name);
+	return v;
+}
+
+static void expect_option(PGconn *conn, const char *name, const char *want)
+{
+	char *v = conn_option(conn, name);
+
+	cr_assert_str_eq(v, want, "%s", name);
+	free(v);
+}
+
+Test(db, keepalives_are_on_and_several_hosts_look_for_the_primary)
+{
+	const char *host = getenv("PGHOST"), *port = getenv("PGPORT");
+	char multi[1024];
+	struct err e;
+	PGconn *c;
+
+	c = db_connect_simple(getenv("DATABASE_URL"), "test_db", &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	expect_option(c, "keepalives", "1");
+	expect_option(c, "keepalives_idle", "10");
+	expect_option(c, "keepalives_interval", "5");
+	expect_option(c, "keepalives_count", "3");
+	expect_option(c, "connect_timeout", "3");
+	expect_option(c, "target_session_attrs", "any"); /* one host */
+	PQfinish(c);
+
+	/* The conninfo's own values win. */
+	snprintf(multi, sizeof(multi), "%s keepalives_idle=42 connect_timeout=7",
+		 getenv("DATABASE_URL"));
+	c = db_connect_simple(multi, "test_db", &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	expect_option(c, "keepalives_idle", "42");
+	expect_option(c, "connect_timeout", "7");
+	PQfinish(c);
+
+	/* Several hosts (the first one refuses): read-write unless told. */
+	snprintf(multi, sizeof(multi), "host=127.0.0.1,%s port=1,%s dbname=%s user=%s", host, port,
+		 getenv("PGDATABASE"), getenv("PGUSER"));
+	c = db_connect_simple(multi, "test_db", &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	expect_option(c, "target_session_attrs", "read-write");
+	PQfinish(c);
+	snprintf(multi, sizeof(multi),
+		 "host=127.0.0.1,%s port=1,%s dbname=%s user=%s target_session_attrs=any", host,
+		 port, getenv("PGDATABASE"), getenv("PGUSER"));
+	c = db_connect_simple(multi, "test_db", &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	expect_option(c, "target_session_attrs", "any");
+	PQfinish(c);
+}
+
+Test(db, reconnects_back_off_from_100_ms_to_at_most_1600_ms)
+{
+	static const long want[] = {0, 100, 200, 400, 800, 1600, 1600, 1600, 1600};
+	struct db_settings s = {.conninfo = "host=127.0.0.1 port=1 dbname=x connect_timeout=1",
+				.application_name = "test_db", .stmts = queries,
+				.nstmts = Q__COUNT};
+	struct timespec t0, t;
+	struct err e;
+	struct db *db;
+	double elapsed;
+
+	for (int i = 0; i < 9; i++)
+		cr_assert_eq(db_backoff_ms(i), want[i], "after %d failures", i);
+	cr_assert_eq(db_backoff_ms(1000), 1600);
+
+	/* Against a dead address, statements fail at once; connects are
+	 * tried at 0, 100, 300, 700 and 1500 ms: 5 in 1.6 s, not one per
+	 * statement (nor one per 100 ms). */
+	db = db_open(&s, &e);
+	cr_assert_not_null(db);
+	cr_assert_eq(e.code, ERR_DB_DOWN);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		PGresult *res = db_run(db, Q_SCHEMA_VERSION, 0, NULL, &e);
+		cr_assert_null(res);
+		cr_assert_eq(e.code, ERR_DB_DOWN);
+		cr_assert_eq(e.outcome_unknown, 0, "nothing was sent");
+		usleep(5000);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		elapsed = (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9;
+	} while (elapsed < 1.6);
+	cr_assert(db_connect_attempts(db) >= 3 && db_connect_attempts(db) <= 6,
+		  "%lu connects in 1.6 s", db_connect_attempts(db));
+	db_close(db);
+}
+
+Test(db, a_read_only_server_is_unavailable_and_the_connection_is_dropped)
+{
+	char *ci = hostile_conninfo(""), *ro;
+	struct claim c;
+	struct err e;
+	PGresult *res;
+
+	cr_assert(asprintf(&ro, "%s options='-c default_transaction_read_only=on'",
+			   getenv("DATABASE_URL")) > 0);
+	struct db_settings s = {.conninfo = ro, .application_name = "test_db",
+				.lock_timeout_ms = 5000, .stmts = queries, .nstmts = Q__COUNT};
+	struct db *db = db_open(&s, &e);
+	cr_assert_not_null(db);
+	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
+	claim_init(&c, "ro-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	cr_assert_null(res);
+	cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
+	cr_assert_str_eq(e.sqlstate, "25006");
+	cr_assert_eq(e.outcome_unknown, 0, "refused: nothing was committed");
+	/* The next statement connects again. */
+	res = db_run(db, Q_SCHEMA_VERSION, 0, NULL, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
+	cr_assert_eq(db_reconnects(db), 1);
+	db_close(db);
+	free(ro);
+	free(ci);
+}
+
+/* The time a worker sends is its own clock's: it may be wrong. Whatever it
+ * says, a key lives its TTL from the database's now(), and a new event is
+ * due at the database's now(). */
+Test(db, lifetimes_and_due_times_come_from_the_database_clock)
+{
+	struct db *db = open_db(5000);
+	struct claim c;
+	struct err e;
+	PGresult *res;
+	char id[IDS_UUID_LEN + 1], payload[64];
+
+	/* A worker two days slow: its key would be born expired. */
+	claim_init(&c, "slow-clock", "{\"type\":\"t\"}", "1 hour");
+	c.p[7] = "2000-01-01T00:00:00.000000Z";
+	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	PQclear(res);
+	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
+			   " AND expires_at > now() + interval '59 minutes'"
+			   " AND created_at > now() - interval '1 minute'"),
+		     1, "the key lives an hour from now");
+	/* A worker a day fast: its events would wait a day. */
+	cr_assert_eq(ids_uuid7(id), 0);
+	snprintf(payload, sizeof(payload), "{}");
+	const char *p[8] = {tenant, id, "t", "{}", "2099-01-01T00:00:00Z",
+			    "[{\"name\":\"a\",\"job_type\":\"j\"}]", NULL, payload};
+	res = db_run(db, Q_WF_CREATE_RUN, 8, p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
+	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+			   " AND next_attempt_at <= now()"),
+		     2, "both events are due now");
 	db_close(db);
 }

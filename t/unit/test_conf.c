@@ -195,3 +195,35 @@ Test(conf, a_lone_dash_is_an_unknown_option)
 	for (int i = 0; i < 4; i++)
 		free(argv[i]);
 }
+
+/* A key must outlive every request that may hold or wait for it: a TTL
+ * under 10 x idempotency_wait or 2 x statement_timeout is refused,
+ * naming the settings, by every program (conf_from_args). */
+Test(conf, a_key_ttl_shorter_than_the_waits_is_refused)
+{
+	struct err e = {0};
+	int next = 0;
+	struct conf *c;
+
+	unsetenv("DATABASE_URL");
+	unsetenv("IDEMFLOW_CONFIG");
+	char *short_wait[] = {"prog", "--idempotency_wait", "5s", "--idempotency_ttl", "49s", NULL};
+	cr_assert_null(conf_from_args(5, short_wait, &next, &e));
+	cr_assert_eq(e.code, ERR_CONFIG);
+	cr_assert(strstr(e.msg, "\"idempotency_ttl\"") != NULL, "%s", e.msg);
+	cr_assert(strstr(e.msg, "idempotency_wait (5000 ms)") != NULL, "%s", e.msg);
+	char *short_stmt[] = {"prog", "--idempotency_wait", "1s", "--statement_timeout", "30s",
+			      "--idempotency_ttl", "59s", NULL};
+	cr_assert_null(conf_from_args(7, short_stmt, &next, &e));
+	cr_assert(strstr(e.msg, "statement_timeout (30000 ms)") != NULL, "%s", e.msg);
+	char *enough[] = {"prog", "--idempotency_wait", "5s", "--idempotency_ttl", "1m", NULL};
+	c = conf_from_args(5, enough, &next, &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	cr_assert_eq(c->idempotency_ttl, 60000);
+	conf_free(c);
+	/* The defaults pass: 24 h against 5 s and 30 s. */
+	char *none[] = {"prog", NULL};
+	c = conf_from_args(1, none, &next, &e);
+	cr_assert_not_null(c, "%s", e.msg);
+	conf_free(c);
+}
