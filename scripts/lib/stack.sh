@@ -351,20 +351,24 @@ stack_nginx_bin() {
 	fi
 }
 
-# stack_nginx_render TEMPLATE OUT PREFIX PORT SOCKET: fill in the template.
+# stack_nginx_render TEMPLATE OUT PREFIX PORT SOCKET [METRICS_PORT]: fill in
+# the template.
 stack_nginx_render() {
 	local template=$1 out=$2 user_line='# user: nginx runs as the invoking user'
 	stack_is_root && user_line='user www-data;'
 	sed -e "s|@PREFIX@|$(stack_sed_escape "$3")|g" \
 		-e "s|@PORT@|$(stack_sed_escape "$4")|g" \
 		-e "s|@SOCKET@|$(stack_sed_escape "$5")|g" \
+		-e "s|@METRICS_PORT@|$(stack_sed_escape "${6:-}")|g" \
 		-e "s|@USER_LINE@|$(stack_sed_escape "$user_line")|g" \
 		-- "$template" >"$out"
 }
 
 # stack_nginx_start DIR PORT SOCKET TEMPLATE: run nginx with prefix DIR/nginx on
 # 127.0.0.1:PORT in front of unix:SOCKET. An empty PORT picks a free one
-# (retried on a clash). Sets STACK_NGINX_PREFIX and STACK_NGINX_PORT.
+# (retried on a clash). GET /metrics by address is on a port of its own,
+# always a free one. Sets STACK_NGINX_PREFIX, STACK_NGINX_PORT and
+# STACK_NGINX_METRICS_PORT.
 stack_nginx_start() {
 	local dir=$1 port=$2 sock=$3 template=$4 prefix try tenths nginx
 	nginx=$(stack_nginx_bin) || return 1
@@ -373,8 +377,9 @@ stack_nginx_start() {
 	install -d -m 755 -- "$prefix" "$prefix/tmp" || return 1
 	for try in 1 2 3; do
 		STACK_NGINX_PORT=${port:-$(stack_free_port)} || return 1
-		stack_nginx_render "$template" "$prefix/nginx.conf" "$prefix" "$STACK_NGINX_PORT" "$sock" ||
-			return 1
+		STACK_NGINX_METRICS_PORT=$(stack_free_port) || return 1
+		stack_nginx_render "$template" "$prefix/nginx.conf" "$prefix" "$STACK_NGINX_PORT" "$sock" \
+			"$STACK_NGINX_METRICS_PORT" || return 1
 		if "$nginx" -p "$prefix/" -c nginx.conf -e "$prefix/error.log" 2>"$prefix/start.err"; then
 			tenths=100
 			until stack_port_open "$STACK_NGINX_PORT"; do
@@ -388,7 +393,8 @@ stack_nginx_start() {
 			return 0
 		fi
 		# Only a port taken between stack_free_port and bind() is worth a retry.
-		if [[ -n $port ]] || ! grep -q 'Address already in use' "$prefix/start.err"; then
+		if ! grep -q 'Address already in use' "$prefix/start.err" ||
+			{ [[ -n $port ]] && grep -q "127.0.0.1:$port failed" "$prefix/start.err"; }; then
 			break
 		fi
 		stack_log "nginx could not bind port $STACK_NGINX_PORT (attempt $try)"

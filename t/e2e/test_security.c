@@ -623,7 +623,13 @@ static void rl_start(void)
 {
 	const char *dir = tstack_env("IDEMFLOW_STACK_DIR");
 	char src[700], dst[700], old_prefix[600], cmd[2400], line[4096];
+	char main_listen[64], metrics_listen[64];
 	FILE *in, *out;
+
+	snprintf(main_listen, sizeof(main_listen), "listen 127.0.0.1:%s;",
+	         tstack_env("IDEMFLOW_PORT"));
+	snprintf(metrics_listen, sizeof(metrics_listen), "listen 127.0.0.1:%s;",
+	         tstack_env("IDEMFLOW_METRICS_PORT"));
 
 	snprintf(old_prefix, sizeof(old_prefix), "%s/nginx", dir);
 	snprintf(rl.prefix, sizeof(rl.prefix), "%s/nginx-ratelimit", dir);
@@ -638,10 +644,12 @@ static void rl_start(void)
 	int zone = 0, limit = 0;
 	while (fgets(line, sizeof(line), in)) {
 		char *at;
-		if (strstr(line, "# limit_req_zone ") != NULL) {
-			fputs("limit_req_zone $http_authorization zone=idemflow_per_token:1m "
-			      "rate=1r/m;\n",
-			      out);
+		if ((at = strstr(line, "# limit_req_zone ")) != NULL) {
+			/* The shipped key, at a rate a test can count on. */
+			char *rate = strstr(at, " zone=");
+			cr_assert_not_null(rate, "%s", line);
+			fprintf(out, "%.*s zone=idemflow_per_token:1m rate=1r/m;\n",
+			        (int)(rate - (at + 2)), at + 2);
 			zone = 1;
 			continue;
 		}
@@ -650,8 +658,12 @@ static void rl_start(void)
 			limit = 1;
 			continue;
 		}
-		if (strstr(line, "listen 127.0.0.1:") != NULL) {
+		if (strstr(line, main_listen) != NULL) {
 			fprintf(out, "listen 127.0.0.1:%s;\n", rl.port);
+			continue;
+		}
+		if (strstr(line, metrics_listen) != NULL) {
+			fprintf(out, "listen 127.0.0.1:%d;\n", free_port());
 			continue;
 		}
 		/* Every path under the old prefix moves to ours. */
@@ -724,6 +736,92 @@ Test(rate_limit, the_per_token_example_refuses_with_429_per_token, .fini = rl_st
 		cr_assert_eq(r->status, 204);
 		http_response_free(r);
 	}
+}
+
+/*
+ * The limit is per token, not per spelling of the header: the app reads
+ * "Bearer" in any case followed by any number of spaces, so a client that
+ * varies them must not get a budget per variant.
+ */
+Test(rate_limit, variants_of_the_bearer_scheme_share_the_token_budget, .fini = rl_stop)
+{
+	struct tstack_tenant a;
+	char path[80], uuid[37], variants[4][200];
+	const char *tok;
+	int ok = 0, limited = 0;
+
+	tstack_tenant_create(&a, "rl-variants");
+	tok = a.auth + strlen("Authorization: Bearer ");
+	snprintf(variants[0], sizeof(variants[0]), "Authorization: Bearer %s", tok);
+	snprintf(variants[1], sizeof(variants[1]), "Authorization: bearer %s", tok);
+	snprintf(variants[2], sizeof(variants[2]), "Authorization: BEARER    %s", tok);
+	snprintf(variants[3], sizeof(variants[3]), "authorization: bEaReR  %s", tok);
+	rl_start();
+	tstack_uuid(uuid);
+	snprintf(path, sizeof(path), COLLECTION "/%s", uuid);
+	for (int i = 0; i < 12; i++) {
+		const char *h[] = {variants[i % 4], NULL};
+		struct http_response *r = http_request("GET", path, h, NULL, 0);
+
+		cr_assert_not_null(r, "%s", http_error());
+		if (r->status == 404) {
+			ok++;
+		} else {
+			tstack_expect_problem(r, 429, "/problems/too-many-requests", path);
+			limited++;
+		}
+		http_response_free(r);
+	}
+	/* Every variant is the token (the app answered 404, not 401), and
+	 * all of them together get one budget: one a minute plus 2. */
+	cr_assert_eq(ok, 3, "%d passed, %d refused", ok, limited);
+	cr_assert_eq(limited, 9);
+}
+
+/* --- /metrics behind nginx ---------------------------------------------- */
+
+static struct http_response *get_on(const char *port, const char *path)
+{
+	char *saved = strdup(tstack_env("IDEMFLOW_PORT"));
+	struct http_response *r;
+
+	setenv("IDEMFLOW_PORT", port, 1);
+	r = http_request("GET", path, NULL, NULL, 0);
+	setenv("IDEMFLOW_PORT", saved, 1);
+	free(saved);
+	cr_assert_not_null(r, "GET %s on port %s: %s", path, port, http_error());
+	return r;
+}
+
+/*
+ * A TLS proxy on the same host makes every client of the site 127.0.0.1,
+ * so the site's client address must not open /metrics: there it takes the
+ * metrics_token. Scrapers by address use the loopback metrics listener,
+ * which serves /metrics and nothing else.
+ */
+Test(operator, metrics_by_address_only_on_the_metrics_listener)
+{
+	struct http_response *r;
+
+	/* From 127.0.0.1 through the site, as every client behind a local
+	 * proxy would be. */
+	r = get_on(tstack_env("IDEMFLOW_PORT"), "/metrics");
+	tstack_expect_problem(r, 403, "/problems/forbidden", "/metrics");
+	cr_assert_null(strstr(r->body, "idemflow_"), "metrics leaked: %s", r->body);
+	http_response_free(r);
+
+	r = get_on(tstack_env("IDEMFLOW_METRICS_PORT"), "/metrics");
+	cr_assert_eq(r->status, 200, "metrics listener: %d %.300s", r->status, r->body);
+	cr_assert_not_null(strstr(r->body, "\nidemflow_workers "), "%.300s", r->body);
+	http_response_free(r);
+
+	/* Nothing of the API on the metrics listener. */
+	r = get_on(tstack_env("IDEMFLOW_METRICS_PORT"), "/healthz");
+	tstack_expect_problem(r, 404, "/problems/not-found", "/healthz");
+	http_response_free(r);
+	r = get_on(tstack_env("IDEMFLOW_METRICS_PORT"), COLLECTION);
+	tstack_expect_problem(r, 404, "/problems/not-found", COLLECTION);
+	http_response_free(r);
 }
 
 TSTACK_SEQUENTIAL
