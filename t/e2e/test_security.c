@@ -20,6 +20,8 @@
 #include <netinet/in.h>
 
 #include <criterion/criterion.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <json-c/json.h>
 
 #include "fp.h"
@@ -822,6 +824,82 @@ Test(operator, metrics_by_address_only_on_the_metrics_listener)
 	r = get_on(tstack_env("IDEMFLOW_METRICS_PORT"), COLLECTION);
 	tstack_expect_problem(r, 404, "/problems/not-found", COLLECTION);
 	http_response_free(r);
+}
+
+/* --- The local stack's secrets ------------------------------------------- */
+
+/* Run a shell command; its exit status, and its output in out. */
+static int sh(char *out, size_t outsz, const char *cmd)
+{
+	FILE *f = popen(cmd, "r");
+	size_t n;
+	int st;
+
+	cr_assert_not_null(f, "%s", cmd);
+	n = fread(out, 1, outsz - 1, f);
+	out[n] = '\0';
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/*
+ * The stack t/run-test starts (scripts/lib/stack.sh, as scripts/run does):
+ * its configuration and PostgreSQL password file are the owner's alone,
+ * its FastCGI socket is writable by nginx's workers but not by everyone,
+ * and its PostgreSQL lets in the stack's owner, not every local user.
+ */
+Test(local_stack, secrets_are_private_and_postgres_trusts_only_the_owner)
+{
+	struct stat st;
+	char cmd[2048], out[4096];
+	int rc;
+
+	cr_assert_eq(stat(tstack_env("IDEMFLOW_CONF"), &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0600, "idemflow.conf has mode %o", st.st_mode & 0777);
+	cr_assert_eq(stat(tstack_env("PGPASSFILE"), &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0600, "pgpass has mode %o", st.st_mode & 0777);
+
+	cr_assert_eq(stat(tstack_env("IDEMFLOW_FCGI_SOCKET"), &st), 0);
+	cr_assert(S_ISSOCK(st.st_mode));
+	cr_assert_eq(st.st_mode & 0007, 0, "the FastCGI socket is open to everyone: %o",
+	             st.st_mode & 0777);
+	if (geteuid() == 0) {
+		/* nginx's workers (www-data) connect through the group. */
+		struct group *g = getgrnam("www-data");
+		cr_assert_not_null(g);
+		cr_assert_eq(st.st_gid, g->gr_gid, "socket group %u", (unsigned)st.st_gid);
+		cr_assert_eq(st.st_mode & 0060, 0060, "mode %o", st.st_mode & 0777);
+	}
+
+	/* The owner, over the socket (peer) and over TCP (the password). */
+	snprintf(cmd, sizeof(cmd), "'%s/psql' -XAtq -w -c 'SELECT 42' 2>&1",
+	         tstack_env("IDEMFLOW_PG_BINDIR"));
+	rc = sh(out, sizeof(out), cmd);
+	cr_assert(rc == 0 && strcmp(out, "42\n") == 0, "owner over the socket: %d %s", rc, out);
+	snprintf(cmd, sizeof(cmd), "'%s/psql' -XAtq -w -h 127.0.0.1 -c 'SELECT 42' 2>&1",
+	         tstack_env("IDEMFLOW_PG_BINDIR"));
+	rc = sh(out, sizeof(out), cmd);
+	cr_assert(rc == 0 && strcmp(out, "42\n") == 0, "owner over TCP: %d %s", rc, out);
+
+	/* Over TCP without the password: refused. */
+	snprintf(cmd, sizeof(cmd),
+	         "PGPASSFILE=/dev/null '%s/psql' -XAtq -w -h 127.0.0.1 -c 'SELECT 42' 2>&1",
+	         tstack_env("IDEMFLOW_PG_BINDIR"));
+	rc = sh(out, sizeof(out), cmd);
+	cr_assert_neq(rc, 0, "TCP without a password got in: %s", out);
+	cr_assert_not_null(strstr(out, "no password supplied"), "%s", out);
+
+	/* Another local user, over the socket: refused. */
+	if (geteuid() == 0) {
+		snprintf(cmd, sizeof(cmd),
+		         "cd / && PGPASSFILE=/dev/null runuser -u nobody -- '%s/psql' -XAtq -w -c"
+		         " 'SELECT 42' 2>&1",
+		         tstack_env("IDEMFLOW_PG_BINDIR"));
+		rc = sh(out, sizeof(out), cmd);
+		cr_assert_neq(rc, 0, "user nobody got in: %s", out);
+		cr_assert_not_null(strstr(out, "Peer authentication failed for user \"postgres\""),
+		                   "%s", out);
+	}
 }
 
 TSTACK_SEQUENTIAL
