@@ -209,10 +209,11 @@ _stack_pg_write_conf() {
 }
 
 # _stack_pg_write_hba: who may connect, re-written at every start (an older
-# cluster trusted every local user). Over the socket only the stack's owner
-# (the invoking user, and postgres when root) as the superuser postgres, by
-# peer; over TCP the password in $STACK_PG_DIR/pgpass (mode 0600, exported
-# as PGPASSFILE). Nobody else on the host gets in.
+# cluster trusted every local user). The superuser postgres: over the socket
+# only the stack's owner (the invoking user, and postgres when root), by
+# peer; over TCP with the password in $STACK_PG_DIR/pgpass (mode 0600,
+# exported as PGPASSFILE). Any other role by its password. Nobody else on
+# the host gets in.
 _stack_pg_write_hba() {
 	local owner
 	owner=$(id -un) || return 1
@@ -220,7 +221,8 @@ _stack_pg_write_hba() {
 		echo "# written by scripts/lib/stack.sh: the stack's owner only"
 		echo "local all         postgres                peer map=stack"
 		echo "local replication postgres                peer map=stack"
-		echo "host  all         postgres  127.0.0.1/32  scram-sha-256"
+		echo "local all         all                     scram-sha-256"
+		echo "host  all         all       127.0.0.1/32  scram-sha-256"
 		echo "host  replication postgres  127.0.0.1/32  scram-sha-256"
 	} >"$STACK_PG_DATA/pg_hba.conf" || return 1
 	{

@@ -29,6 +29,8 @@
 
 #define COLLECTION "/v1/workflows"
 #define JSON_CT    "Content-Type: application/json"
+/* The login roles' password: the stack lets other roles in by password. */
+#define ROLE_PASSWORD "roles-test-pw"
 
 /* Run a program with argv, stdout and stderr to log; its exit status. */
 static int run(const char *const *argv, const char *log)
@@ -87,12 +89,16 @@ static void roles_apply(void)
 	            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_cron')"
 	            " THEN CREATE ROLE idemflow_cron LOGIN IN ROLE idemflow_dispatcher;"
 	            " END IF; END $$");
+	/* Other roles than the stack's superuser log in by password. */
+	tstack_exec(tstack_db(), "ALTER ROLE idemflow_web PASSWORD '" ROLE_PASSWORD "'");
+	tstack_exec(tstack_db(), "ALTER ROLE idemflow_cron PASSWORD '" ROLE_PASSWORD "'");
 }
 
 /* $DATABASE_URL as another user (the last keyword wins in libpq). */
 static void conninfo_as(char *out, size_t size, const char *user)
 {
-	snprintf(out, size, "%s user=%s", tstack_env("DATABASE_URL"), user);
+	snprintf(out, size, "%s user=%s password=" ROLE_PASSWORD, tstack_env("DATABASE_URL"),
+	         user);
 }
 
 TestSuite(roles, .init = roles_apply, .timeout = 90);

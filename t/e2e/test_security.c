@@ -899,6 +899,14 @@ Test(local_stack, secrets_are_private_and_postgres_trusts_only_the_owner)
 		cr_assert_neq(rc, 0, "user nobody got in: %s", out);
 		cr_assert_not_null(strstr(out, "Peer authentication failed for user \"postgres\""),
 		                   "%s", out);
+		/* Nor as another role without its password. */
+		snprintf(cmd, sizeof(cmd),
+		         "cd / && PGPASSFILE=/dev/null runuser -u nobody -- '%s/psql' -XAtq -w"
+		         " -U nobody -c 'SELECT 42' 2>&1",
+		         tstack_env("IDEMFLOW_PG_BINDIR"));
+		rc = sh(out, sizeof(out), cmd);
+		cr_assert_neq(rc, 0, "user nobody got in as nobody: %s", out);
+		cr_assert_not_null(strstr(out, "no password supplied"), "%s", out);
 	}
 }
 
