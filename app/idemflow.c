@@ -5,7 +5,8 @@
  * Results go to stdout (a new token is the only thing printed by
  * "token create", so scripts can capture it); diagnostics go to stderr.
  * Exit codes follow sysexits.h: 64 usage, 65 bad data (unknown tenant,
- * duplicate name), 75 database unreachable (try later), 78 configuration.
+ * duplicate name), 75 try later (database unreachable, an outbox event
+ * held by a dispatcher), 78 configuration.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -44,8 +45,11 @@ static void usage(FILE *out)
 	    "  outbox list [--pending|--dead|--published] [--limit N]\n"
 	    "                                 list outbox events (default: undelivered)\n"
 	    "  outbox show ID                 one event in full (numeric id or event id)\n"
-	    "  outbox requeue ID | --dead     revive a dead or pending event: attempts\n"
-	    "                                 start again from zero, due now\n"
+	    "  outbox requeue ID [--force] | --dead\n"
+	    "                                 revive a dead or pending event: attempts\n"
+	    "                                 start again from zero, due now; an event a\n"
+	    "                                 dispatcher holds is refused (exit 75) unless\n"
+	    "                                 --force\n"
 	    "  prune [--outbox-retention D] [--prune-batch N]\n"
 	    "                                 delete expired idempotency keys and delivered\n"
 	    "                                 events older than outbox_retention (for cron)\n"
@@ -292,6 +296,62 @@ static int cmd_token(PGconn *conn, const struct conf *c, int argc, char **argv)
 /* An outbox event named by its numeric id or its event id. */
 #define OUTBOX_WHERE "(CASE WHEN $1 ~ '^[0-9]+$' THEN id = $1::bigint ELSE event_id = $1 END)"
 
+/*
+ * outbox requeue ID [--force]: the event is due now with a full set of
+ * attempts. An event whose lease has not run out may be on the network
+ * right now: clearing the lease would let a second dispatcher claim it
+ * while the first still delivers it, and the first's outcome would no
+ * longer be recorded. So it is refused (EX_TEMPFAIL: the lease ends by
+ * itself) unless force, which warns. Reading the lease and requeueing are
+ * one statement on the locked row, so a claim cannot slip in between.
+ */
+static int outbox_requeue(PGconn *conn, const char *id, int force)
+{
+	const char *p[2] = {id, force ? "t" : "f"};
+	struct err e;
+	PGresult *res;
+	int rc = EX_OK;
+
+	res = db_exec(conn,
+	              "WITH ev AS ("
+	              "  SELECT id, lease_owner, lease_until > now() AS held,"
+	              "         to_char(lease_until AT TIME ZONE 'UTC',"
+	              "                 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS until"
+	              "    FROM outbox WHERE " OUTBOX_WHERE " AND published_at IS NULL"
+	              "     FOR UPDATE),"
+	              " up AS ("
+	              "  UPDATE outbox o SET dead_at = NULL, attempts = 0,"
+	              "         next_attempt_at = now(), lease_owner = NULL, lease_until = NULL"
+	              "    FROM ev WHERE o.id = ev.id AND ($2::bool OR NOT coalesce(ev.held, false))"
+	              "  RETURNING o.id)"
+	              " SELECT coalesce(ev.held, false), coalesce(ev.lease_owner, ''), ev.until,"
+	              "        up.id IS NOT NULL"
+	              "   FROM ev LEFT JOIN up ON up.id = ev.id",
+	              2, p, &e);
+	if (res == NULL)
+		return fail(db_exit(&e), &e);
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: no undelivered outbox event \"%s\"\n", id);
+		rc = EX_DATAERR;
+	} else if (strcmp(PQgetvalue(res, 0, 3), "t") != 0) {
+		fprintf(stderr,
+		        "idemflow: outbox event \"%s\" is held by dispatcher \"%s\" until %s and "
+		        "may be in delivery; requeue it after that, or with --force\n",
+		        id, PQgetvalue(res, 0, 1), PQgetvalue(res, 0, 2));
+		rc = EX_TEMPFAIL;
+	} else {
+		if (strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+			fprintf(stderr,
+			        "idemflow: warning: broke the lease of dispatcher \"%s\" on outbox "
+			        "event \"%s\" (until %s): the event may be delivered twice, and "
+			        "that dispatcher's outcome for it is not recorded\n",
+			        PQgetvalue(res, 0, 1), id, PQgetvalue(res, 0, 2));
+		printf("requeued 1 event(s)\n");
+	}
+	PQclear(res);
+	return rc;
+}
+
 static int cmd_outbox(PGconn *conn, int argc, char **argv)
 {
 	struct err e;
@@ -364,34 +424,24 @@ static int cmd_outbox(PGconn *conn, int argc, char **argv)
 		PQclear(res);
 		return EX_OK;
 	}
-	if (argc == 2 && strcmp(argv[0], "requeue") == 0) {
-		/* A requeued event gets a full set of attempts again. */
-		const char *p[1] = {argv[1]};
-		if (strcmp(argv[1], "--dead") == 0)
-			res = db_exec(conn,
-			              "UPDATE outbox SET dead_at = NULL, attempts = 0,"
-			              "       next_attempt_at = now(), lease_owner = NULL,"
-			              "       lease_until = NULL"
-			              " WHERE dead_at IS NOT NULL",
-			              0, NULL, &e);
-		else
-			res = db_exec(conn,
-			              "UPDATE outbox SET dead_at = NULL, attempts = 0,"
-			              "       next_attempt_at = now(), lease_owner = NULL,"
-			              "       lease_until = NULL"
-			              " WHERE " OUTBOX_WHERE " AND published_at IS NULL",
-			              1, p, &e);
+	if (argc == 2 && strcmp(argv[0], "requeue") == 0 && strcmp(argv[1], "--dead") == 0) {
+		/* A dead event is never held: the statement that makes it dead
+		 * clears its lease. Each gets a full set of attempts again. */
+		res = db_exec(conn,
+		              "UPDATE outbox SET dead_at = NULL, attempts = 0,"
+		              "       next_attempt_at = now(), lease_owner = NULL,"
+		              "       lease_until = NULL"
+		              " WHERE dead_at IS NOT NULL",
+		              0, NULL, &e);
 		if (res == NULL)
 			return fail(db_exit(&e), &e);
-		if (strcmp(argv[1], "--dead") != 0 && strcmp(PQcmdTuples(res), "0") == 0) {
-			fprintf(stderr, "idemflow: no undelivered outbox event \"%s\"\n", argv[1]);
-			PQclear(res);
-			return EX_DATAERR;
-		}
 		printf("requeued %s event(s)\n", PQcmdTuples(res));
 		PQclear(res);
 		return EX_OK;
 	}
+	if ((argc == 2 || (argc == 3 && strcmp(argv[2], "--force") == 0)) &&
+	    strcmp(argv[0], "requeue") == 0 && argv[1][0] != '-')
+		return outbox_requeue(conn, argv[1], argc == 3);
 	usage(stderr);
 	return EX_USAGE;
 }

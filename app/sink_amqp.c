@@ -6,6 +6,9 @@
  * go on a channel in publisher-confirm mode, then the broker's basic.ack /
  * basic.nack frames decide each event: only a confirmed message counts as
  * delivered, because only then has the broker taken responsibility for it.
+ * Messages are mandatory: one that no queue receives (no binding matches)
+ * comes back as basic.return before its ack, and is a failed attempt, not a
+ * delivery, since nobody will ever read it.
  *
  * The connection is opened on the first delivery and kept between batches.
  * Anything that leaves a message's fate unknown (lost connection, no confirm
@@ -47,7 +50,7 @@ struct amqp_sink {
 };
 
 /* Where each event of a batch stands while its confirm is awaited. */
-enum ev_state { EV_PENDING, EV_ACKED, EV_NACKED, EV_SKIPPED };
+enum ev_state { EV_PENDING, EV_ACKED, EV_NACKED, EV_RETURNED, EV_SKIPPED };
 
 static double now_ms(void)
 {
@@ -381,10 +384,10 @@ static int publish_one(struct amqp_sink *as, const struct sink_event *ev, const 
 	props.timestamp = (uint64_t)time(NULL);
 	props.app_id = amqp_cstring_bytes("idemflow");
 	props.headers = (amqp_table_t){.num_entries = nh, .entries = hdrs};
-	/* mandatory off: a message no queue is bound for is still confirmed.
-	 * Routing is the broker operator's business, not a delivery failure. */
+	/* mandatory: a message no queue is bound for comes back (basic.return)
+	 * instead of vanishing, since the broker confirms it all the same. */
 	return amqp_basic_publish(as->conn, AMQP_CHANNEL, amqp_cstring_bytes(as->exchange),
-	                          amqp_cstring_bytes(rk), 0, 0, &props,
+	                          amqp_cstring_bytes(rk), 1, 0, &props,
 	                          bytes_of(ev->payload, ev->payload_len));
 }
 
@@ -402,6 +405,7 @@ struct flight {
 	struct sink_outcome *outs;
 	size_t n;
 	enum ev_state *state;
+	char *returned;  /* 1 once the broker returned the event: its ack is no delivery */
 	size_t *tag_idx; /* delivery tag - first_tag -> event index */
 	double *sent_at; /* now_ms() of each publish, for latency_ms */
 	uint64_t first_tag;
@@ -411,6 +415,8 @@ struct flight {
 	int polite;    /* after a failure: the connection may still be closed politely */
 	int code;      /* the broker's reply code when it closed something */
 	char why[256]; /* the failure, for every event it leaves unsettled */
+	int ret_code;  /* of the basic.return whose header frame comes next, or 0 */
+	char ret_why[256];
 };
 
 /* Settle the pending events up to delivery tag `tag` (only that one unless
@@ -426,10 +432,32 @@ static void settle(struct flight *fl, uint64_t end_tag, uint64_t tag, int multip
 		size_t i = fl->tag_idx[t - fl->first_tag];
 		if (fl->state[i] != EV_PENDING)
 			continue;
-		fl->state[i] = to;
+		fl->state[i] = to == EV_ACKED && fl->returned[i] ? EV_RETURNED : to;
 		fl->outs[i].latency_ms = now_ms() - fl->sent_at[i];
 		fl->pending--;
 		fl->settled++;
+	}
+}
+
+/* The header frame of a basic.return: mark the event it names (by
+ * message_id, the event id) as returned, with the reason. */
+static void returned(struct flight *fl, const amqp_basic_properties_t *p)
+{
+	int code = fl->ret_code;
+
+	fl->ret_code = 0;
+	if (p == NULL || !(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG))
+		return;
+	for (size_t i = 0; i < fl->n; i++) {
+		const char *id = fl->evs[i].event_id;
+
+		if (fl->state[i] != EV_PENDING || fl->returned[i] ||
+		    strlen(id) != p->message_id.len ||
+		    memcmp(id, p->message_id.bytes, p->message_id.len) != 0)
+			continue;
+		fl->returned[i] = 1;
+		outcome_set(&fl->outs[i], SINK_RETRY, code, fl->ret_why);
+		return;
 	}
 }
 
@@ -458,9 +486,27 @@ static enum fl_result await_confirms(struct amqp_sink *as, struct flight *fl)
 			         amqp_error_string2(st));
 			return FL_LOST;
 		}
+		if (f.frame_type == AMQP_FRAME_HEADER && fl->ret_code != 0) {
+			returned(fl, f.payload.properties.decoded);
+			continue;
+		}
 		if (f.frame_type != AMQP_FRAME_METHOD)
-			continue; /* content of a basic.return: nothing to do */
+			continue; /* a returned message's body: the header named it */
 		switch (f.payload.method.id) {
+		case AMQP_BASIC_RETURN_METHOD: {
+			/* e.g. 312 NO_ROUTE; the header frame that follows carries
+			 * the message_id, which says which event it was. */
+			const amqp_basic_return_t *m = f.payload.method.decoded;
+			fl->ret_code = m->reply_code ? m->reply_code : -1;
+			snprintf(fl->ret_why, sizeof(fl->ret_why),
+			         "RabbitMQ returned the message: %d %.*s (no queue is bound to "
+			         "exchange \"%.*s\" for routing key \"%.*s\")",
+			         m->reply_code, (int)m->reply_text.len,
+			         (const char *)m->reply_text.bytes, (int)m->exchange.len,
+			         (const char *)m->exchange.bytes, (int)m->routing_key.len,
+			         (const char *)m->routing_key.bytes);
+			break;
+		}
 		case AMQP_BASIC_ACK_METHOD: {
 			const amqp_basic_ack_t *m = f.payload.method.decoded;
 			settle(fl, as->next_tag, m->delivery_tag, m->multiple, EV_ACKED);
@@ -568,7 +614,8 @@ static int amqp_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 	fl.state = calloc(n, sizeof(*fl.state));
 	fl.tag_idx = calloc(n, sizeof(*fl.tag_idx));
 	fl.sent_at = calloc(n, sizeof(*fl.sent_at));
-	if (fl.state == NULL || fl.tag_idx == NULL || fl.sent_at == NULL) {
+	fl.returned = calloc(n, sizeof(*fl.returned));
+	if (fl.state == NULL || fl.tag_idx == NULL || fl.sent_at == NULL || fl.returned == NULL) {
 		snprintf(fl.why, sizeof(fl.why), "out of memory");
 		goto out;
 	}
@@ -604,6 +651,7 @@ out:
 	free(fl.state);
 	free(fl.tag_idx);
 	free(fl.sent_at);
+	free(fl.returned);
 	return 0;
 }
 

@@ -7,11 +7,13 @@
 --
 --   psql -v ON_ERROR_STOP=1 -d idemflow -f /usr/share/idemflow/sql/roles.sql
 --
--- It creates two group roles, without LOGIN, when they are missing (that
+-- It creates three group roles, without LOGIN, when they are missing (that
 -- takes CREATEROLE; without it, have them created first):
 --
---   idemflow_server      what idemflow-fcgi's statements use
---   idemflow_dispatcher  what idemflow-dispatch's statements use
+--   idemflow_server       what idemflow-fcgi's statements use
+--   idemflow_dispatcher   what idemflow-dispatch's statements use
+--   idemflow_maintenance  what the cron jobs "idemflow prune" and
+--                         "idemflow reap" use
 --
 -- and grants each exactly that, table by table and, where a program reads or
 -- writes only some columns, column by column. Each program then logs in as a
@@ -19,11 +21,13 @@
 --
 --   CREATE ROLE idemflow_web LOGIN PASSWORD '...' IN ROLE idemflow_server;
 --   CREATE ROLE idemflow_cron LOGIN PASSWORD '...' IN ROLE idemflow_dispatcher;
+--   CREATE ROLE idemflow_maint LOGIN PASSWORD '...' IN ROLE idemflow_maintenance;
 --
--- named in the db setting of its own configuration file. Neither group owns
--- anything, so neither can change the schema (no CREATE, ALTER, DROP,
--- TRUNCATE), and neither can touch tenants or tokens: those, migrations, prune
--- and requeue stay with the owner, through the idemflow CLI.
+-- the names the shipped pg_service.conf gives each program's service (the
+-- systemd unit and the cron jobs set PGSERVICE). No group owns anything, so
+-- none can change the schema (no CREATE, ALTER, DROP, TRUNCATE), and none
+-- can touch tenants or tokens: those, migrations and requeue stay with the
+-- owner, through the idemflow CLI.
 --
 -- The identity columns (tenants.id, api_tokens.id, outbox.id) draw from their
 -- sequences without USAGE on them, so no sequence is granted. A serial
@@ -44,6 +48,9 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_dispatcher') THEN
         CREATE ROLE idemflow_dispatcher NOLOGIN;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_maintenance') THEN
+        CREATE ROLE idemflow_maintenance NOLOGIN;
+    END IF;
 END
 $$;
 
@@ -51,8 +58,10 @@ BEGIN;
 
 -- Start from nothing, so a privilege dropped from this file is revoked on
 -- the next run too.
-REVOKE ALL ON ALL TABLES IN SCHEMA public FROM idemflow_server, idemflow_dispatcher;
-REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM idemflow_server, idemflow_dispatcher;
+REVOKE ALL ON ALL TABLES IN SCHEMA public
+    FROM idemflow_server, idemflow_dispatcher, idemflow_maintenance;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA public
+    FROM idemflow_server, idemflow_dispatcher, idemflow_maintenance;
 DO $$
 DECLARE
     t record;
@@ -60,7 +69,8 @@ BEGIN
     -- Column grants are not covered by REVOKE ... ON ALL TABLES.
     FOR t IN SELECT DISTINCT table_name, grantee FROM information_schema.column_privileges
               WHERE table_schema = 'public'
-                AND grantee IN ('idemflow_server', 'idemflow_dispatcher')
+                AND grantee IN ('idemflow_server', 'idemflow_dispatcher',
+                                'idemflow_maintenance')
     LOOP
         EXECUTE format('REVOKE ALL (%s) ON %I FROM %I',
                        (SELECT string_agg(quote_ident(column_name), ', ')
@@ -71,7 +81,7 @@ BEGIN
 END
 $$;
 
-GRANT USAGE ON SCHEMA public TO idemflow_server, idemflow_dispatcher;
+GRANT USAGE ON SCHEMA public TO idemflow_server, idemflow_dispatcher, idemflow_maintenance;
 
 -- idemflow-fcgi (app/queries.c).
 -- GET /readyz reads the schema version.
@@ -102,5 +112,19 @@ GRANT SELECT, INSERT ON outbox TO idemflow_server;
 GRANT SELECT ON outbox TO idemflow_dispatcher;
 GRANT UPDATE (lease_owner, lease_until, attempts, published_at, last_error, next_attempt_at,
               dead_at) ON outbox TO idemflow_dispatcher;
+
+-- idemflow prune and idemflow reap (app/idemflow.c, sql/005_runs.sql's
+-- idemflow_reap): expired keys with their counts, and delivered events
+-- past retention, are deleted; expired job leases are handed back. Prune
+-- deletes by ctid, a system column that only a table-wide SELECT covers;
+-- rows are picked FOR UPDATE, which PostgreSQL allows only with UPDATE on
+-- some column: the least useful one of each table.
+GRANT SELECT, DELETE ON idempotency_keys TO idemflow_maintenance;
+GRANT UPDATE (expires_at) ON idempotency_keys TO idemflow_maintenance;
+GRANT SELECT (tenant_id, key), DELETE ON idempotency_key_stats TO idemflow_maintenance;
+GRANT SELECT, DELETE ON outbox TO idemflow_maintenance;
+GRANT UPDATE (last_error) ON outbox TO idemflow_maintenance;
+GRANT SELECT (tenant_id, workflow_id, step, state, due_at) ON jobs TO idemflow_maintenance;
+GRANT UPDATE (state, due_at, updated_at) ON jobs TO idemflow_maintenance;
 
 COMMIT;

@@ -119,6 +119,17 @@ stack_as_pg() {
 	fi
 }
 
+# stack_fcgi_dir DIR: DIR will hold the idemflow-fcgi socket, made with
+# listen_mode 0660 (never world-writable). nginx's workers must still
+# connect: when root they run as www-data, so DIR gets group www-data and
+# the setgid bit, and the socket made in it inherits the group. Otherwise
+# nginx runs as the same user as idemflow-fcgi and needs nothing.
+stack_fcgi_dir() {
+	if stack_is_root; then
+		chgrp www-data -- "$1" && chmod g+s -- "$1"
+	fi
+}
+
 # stack_install_dir USER DIR MODE: create DIR owned by USER when root (the
 # servers run as their own users then), by the caller otherwise.
 stack_install_dir() {
@@ -166,6 +177,7 @@ stack_conninfo_value() {
 
 _stack_pg_initdb() {
 	local fast=$1 out=$STACK_PG_DIR/initdb.log
+	# trust only until the first start: _stack_pg_write_hba replaces it.
 	local -a args=(-D "$STACK_PG_DATA" -U postgres -A trust --no-locale -E UTF8 --no-instructions)
 	[[ $fast == fast ]] && args+=(--no-sync)
 	if ! stack_as_pg "$STACK_PG_BINDIR/initdb" "${args[@]}" >"$out" 2>&1; then
@@ -193,6 +205,47 @@ _stack_pg_write_conf() {
 		fi
 	} >"$STACK_PG_DATA/stack.conf"
 	chmod 644 "$STACK_PG_DATA/stack.conf"
+	_stack_pg_write_hba || return 1
+}
+
+# _stack_pg_write_hba: who may connect, re-written at every start (an older
+# cluster trusted every local user). The superuser postgres: over the socket
+# only the stack's owner (the invoking user, and postgres when root), by
+# peer; over TCP with the password in $STACK_PG_DIR/pgpass (mode 0600,
+# exported as PGPASSFILE). Any other role by its password. Nobody else on
+# the host gets in.
+_stack_pg_write_hba() {
+	local owner
+	owner=$(id -un) || return 1
+	{
+		echo "# written by scripts/lib/stack.sh: the stack's owner only"
+		echo "local all         postgres                peer map=stack"
+		echo "local replication postgres                peer map=stack"
+		echo "local all         all                     scram-sha-256"
+		echo "host  all         all       127.0.0.1/32  scram-sha-256"
+		echo "host  replication postgres  127.0.0.1/32  scram-sha-256"
+	} >"$STACK_PG_DATA/pg_hba.conf" || return 1
+	{
+		echo "stack $owner postgres"
+		[[ $owner == postgres ]] || echo "stack postgres postgres"
+	} >"$STACK_PG_DATA/pg_ident.conf" || return 1
+	chmod 600 "$STACK_PG_DATA/pg_hba.conf" "$STACK_PG_DATA/pg_ident.conf"
+	stack_is_root && chown postgres:postgres "$STACK_PG_DATA/pg_hba.conf" \
+		"$STACK_PG_DATA/pg_ident.conf"
+	if [[ ! -s $STACK_PG_DIR/pgpass ]]; then
+		(umask 077 && printf '*:*:*:postgres:%s\n' "$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')" \
+			>"$STACK_PG_DIR/pgpass") || return 1
+	fi
+}
+
+# _stack_pg_password: give postgres the password of $STACK_PG_DIR/pgpass
+# (over the socket, by peer).
+_stack_pg_password() {
+	local pw
+	pw=$(cut -d: -f5- -- "$STACK_PG_DIR/pgpass") || return 1
+	printf "SET log_statement = 'none'; ALTER ROLE postgres PASSWORD '%s';\n" "$pw" |
+		"$STACK_PG_BINDIR/psql" -h "$STACK_PG_SOCKDIR" -p "$STACK_PG_PORT" -U postgres \
+			-d postgres -XAtq -v ON_ERROR_STOP=1 >/dev/null
 }
 
 _stack_pg_createdb() {
@@ -229,6 +282,7 @@ stack_pg_start() {
 		_stack_pg_write_conf "$mode"
 		if stack_as_pg "$STACK_PG_BINDIR/pg_ctl" -D "$STACK_PG_DATA" -l "$STACK_PG_LOG" \
 			-w -t 60 start >/dev/null; then
+			_stack_pg_password || { stack_tail "$STACK_PG_LOG"; return 1; }
 			_stack_pg_createdb || { stack_tail "$STACK_PG_LOG"; return 1; }
 			_stack_pg_export
 			return 0
@@ -241,6 +295,7 @@ stack_pg_start() {
 
 _stack_pg_export() {
 	export PGHOST=$STACK_PG_SOCKDIR PGPORT=$STACK_PG_PORT PGUSER=postgres PGDATABASE=idemflow
+	export PGPASSFILE=$STACK_PG_DIR/pgpass
 	DATABASE_URL="host=$(stack_conninfo_value "$STACK_PG_SOCKDIR") port=$STACK_PG_PORT"
 	DATABASE_URL+=" dbname=idemflow user=postgres"
 	export DATABASE_URL
@@ -351,20 +406,24 @@ stack_nginx_bin() {
 	fi
 }
 
-# stack_nginx_render TEMPLATE OUT PREFIX PORT SOCKET: fill in the template.
+# stack_nginx_render TEMPLATE OUT PREFIX PORT SOCKET [METRICS_PORT]: fill in
+# the template.
 stack_nginx_render() {
 	local template=$1 out=$2 user_line='# user: nginx runs as the invoking user'
 	stack_is_root && user_line='user www-data;'
 	sed -e "s|@PREFIX@|$(stack_sed_escape "$3")|g" \
 		-e "s|@PORT@|$(stack_sed_escape "$4")|g" \
 		-e "s|@SOCKET@|$(stack_sed_escape "$5")|g" \
+		-e "s|@METRICS_PORT@|$(stack_sed_escape "${6:-}")|g" \
 		-e "s|@USER_LINE@|$(stack_sed_escape "$user_line")|g" \
 		-- "$template" >"$out"
 }
 
 # stack_nginx_start DIR PORT SOCKET TEMPLATE: run nginx with prefix DIR/nginx on
 # 127.0.0.1:PORT in front of unix:SOCKET. An empty PORT picks a free one
-# (retried on a clash). Sets STACK_NGINX_PREFIX and STACK_NGINX_PORT.
+# (retried on a clash). GET /metrics by address is on a port of its own,
+# always a free one. Sets STACK_NGINX_PREFIX, STACK_NGINX_PORT and
+# STACK_NGINX_METRICS_PORT.
 stack_nginx_start() {
 	local dir=$1 port=$2 sock=$3 template=$4 prefix try tenths nginx
 	nginx=$(stack_nginx_bin) || return 1
@@ -373,8 +432,9 @@ stack_nginx_start() {
 	install -d -m 755 -- "$prefix" "$prefix/tmp" || return 1
 	for try in 1 2 3; do
 		STACK_NGINX_PORT=${port:-$(stack_free_port)} || return 1
-		stack_nginx_render "$template" "$prefix/nginx.conf" "$prefix" "$STACK_NGINX_PORT" "$sock" ||
-			return 1
+		STACK_NGINX_METRICS_PORT=$(stack_free_port) || return 1
+		stack_nginx_render "$template" "$prefix/nginx.conf" "$prefix" "$STACK_NGINX_PORT" "$sock" \
+			"$STACK_NGINX_METRICS_PORT" || return 1
 		if "$nginx" -p "$prefix/" -c nginx.conf -e "$prefix/error.log" 2>"$prefix/start.err"; then
 			tenths=100
 			until stack_port_open "$STACK_NGINX_PORT"; do
@@ -388,7 +448,8 @@ stack_nginx_start() {
 			return 0
 		fi
 		# Only a port taken between stack_free_port and bind() is worth a retry.
-		if [[ -n $port ]] || ! grep -q 'Address already in use' "$prefix/start.err"; then
+		if ! grep -q 'Address already in use' "$prefix/start.err" ||
+			{ [[ -n $port ]] && grep -q "127.0.0.1:$port failed" "$prefix/start.err"; }; then
 			break
 		fi
 		stack_log "nginx could not bind port $STACK_NGINX_PORT (attempt $try)"

@@ -5,9 +5,9 @@
  * event, persistent, with the event id as message_id (what consumers
  * deduplicate on) and the payload byte for byte; a redelivery carries the
  * same message_id; every broker-side failure (nothing listening, a silent
- * peer, a refused login, a nack, an exchange deleted under a live
- * connection, a connection cut or gone quiet) is a per-event retry with a
- * clear reason, and the sink recovers by itself; an exchange someone else
+ * peer, a refused login, a nack, a message no queue receives, an exchange
+ * deleted under a live connection, a connection cut or gone quiet) is a
+ * per-event retry with a clear reason, and the sink recovers by itself; an exchange someone else
  * set up is used as it is; a bad URL is a configuration error.
  * Needs $IDEMFLOW_AMQP_URL, a private node that t/run-test starts.
  */
@@ -505,6 +505,61 @@ Test(amqp_sink, nacked_events_are_retried_and_acked_ones_are_not)
 	amqpc_close(&full);
 }
 
+/*
+ * Publisher confirms alone do not say anybody will read a message: the
+ * broker confirms a message that no binding routes anywhere and drops it.
+ * Published as mandatory, such a message comes back (basic.return, 312
+ * NO_ROUTE) and the event is a retry; routed ones in the same batch are
+ * delivered, and the channel goes on.
+ */
+Test(amqp_sink, event_no_queue_receives_is_a_retry_not_a_delivery)
+{
+	static struct batch b;
+	char exchange[64], want[256];
+	struct amqpc c;
+	struct amqpc_msg m;
+	struct sink *s;
+
+	/* An exchange with no queue bound at all. */
+	unique(exchange, sizeof(exchange), "unbound");
+	s = sink_with(tstack_env("IDEMFLOW_AMQP_URL"), exchange, "ev.{type}", "10s");
+	batch_fill(&b, 3, "unbound");
+	deliver(s, &b);
+	expect_all(&b, SINK_RETRY);
+	for (size_t i = 0; i < b.n; i++) {
+		snprintf(want, sizeof(want),
+		         "RabbitMQ returned the message: 312 NO_ROUTE (no queue is bound to "
+		         "exchange \"%s\" for routing key \"ev.%s\")",
+		         exchange, types[i % 2]);
+		cr_assert_str_eq(b.out[i].error, want, "event %zu", i);
+		cr_assert_eq(b.out[i].status, 312);
+		cr_assert_eq(b.out[i].retry_after_s, -1);
+	}
+
+	/* A queue for one of the two types: a mixed batch on the same
+	 * connection, each event decided by its own fate. */
+	consumer_open(&c, exchange, "ev.workflow.created");
+	batch_fill(&b, 4, "half");
+	deliver(s, &b);
+	for (size_t i = 0; i < b.n; i++) {
+		if (i % 2 == 0) {
+			cr_assert_eq(b.out[i].result, SINK_OK, "event %zu: %s", i, b.out[i].error);
+			cr_assert_str_eq(b.out[i].error, "");
+		} else {
+			cr_assert_eq(b.out[i].result, SINK_RETRY, "event %zu", i);
+			cr_assert_eq(b.out[i].status, 312, "event %zu: %s", i, b.out[i].error);
+		}
+	}
+	for (size_t i = 0; i < b.n; i += 2) {
+		receive(&c, &m);
+		cr_assert_str_eq(m.message_id, b.id[i]);
+		amqpc_msg_free(&m);
+	}
+	cr_assert_eq(amqpc_drain(&c, 300), 0);
+	s->close(s);
+	amqpc_close(&c);
+}
+
 Test(amqp_sink, exchange_deleted_under_the_sink_is_a_retry_then_it_recovers)
 {
 	static struct batch b;
@@ -539,11 +594,13 @@ Test(amqp_sink, exchange_deleted_under_the_sink_is_a_retry_then_it_recovers)
 	}
 
 	/* The next batch reconnects and declares the exchange again; were it
-	 * still missing, this would be another 404. */
+	 * still missing, this would be another 404. The deletion took the old
+	 * binding with it: the broker returns the messages, nobody got them. */
 	batch_fill(&b, 2, "after");
 	deliver(s, &b);
-	expect_all(&b, SINK_OK);
-	/* The deletion took the old binding with it. */
+	expect_all(&b, SINK_RETRY);
+	for (size_t i = 0; i < b.n; i++)
+		cr_assert_eq(b.out[i].status, 312, "event %zu: %s", i, b.out[i].error);
 	cr_assert_eq(amqpc_drain(&c, 300), 0);
 	amqpc_close(&c);
 
@@ -653,8 +710,11 @@ Test(amqp_sink, exchange_set_up_with_another_type_is_used_as_it_is)
 	s = sink_with(tstack_env("IDEMFLOW_AMQP_URL"), exchange, "{type}", "10s");
 	batch_fill(&b, 2, "direct");
 	deliver(s, &b);
-	expect_all(&b, SINK_OK);
-	/* A direct exchange routes on the exact key: only the first one. */
+	/* A direct exchange routes on the exact key: only the first one; the
+	 * second reaches no queue and is not delivered. */
+	cr_assert_eq(b.out[0].result, SINK_OK, "%s", b.out[0].error);
+	cr_assert_eq(b.out[1].result, SINK_RETRY);
+	cr_assert_eq(b.out[1].status, 312, "%s", b.out[1].error);
 	receive(&c, &m);
 	cr_assert_str_eq(m.message_id, b.id[0]);
 	cr_assert_str_eq(m.routing_key, "workflow.created");
@@ -742,5 +802,42 @@ Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_i
 		amqpc_msg_free(&m);
 	}
 	cr_assert_eq(amqpc_drain(&c, 300), 0, "no message arrived twice");
+
+	/* An event whose routing key no binding matches: attempt 1 is a
+	 * failure with the broker's reason, the last attempt makes it dead,
+	 * and it is never marked published. */
+	tstack_exec(tstack_db(),
+		    "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+		    " updated_at) VALUES ($1::bigint, gen_random_uuid(), 't', '{}', now(), now())"
+		    " RETURNING tenant_id, id)"
+		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+		    " SELECT id::text || '.1', tenant_id, id, 1, 'nobody.listens', '{}' FROM w",
+		    t.id_text);
+	snprintf(cmd, sizeof(cmd),
+		 "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
+		 " --routing-key 'none.{type}' --max-attempts 2 --log-level error",
+		 tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
+		 tstack_env("IDEMFLOW_AMQP_URL"), exchange);
+	rc = system(cmd);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+				  " AND type = 'nobody.listens' AND attempts = 1"
+				  " AND published_at IS NULL AND dead_at IS NULL"
+				  " AND next_attempt_at > now()"
+				  " AND last_error LIKE 'RabbitMQ returned the message: 312 NO_ROUTE%'",
+				  t.id_text),
+		     1, "an unroutable event is a failed attempt, to be retried");
+	tstack_exec(tstack_db(),
+		    "UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
+		    " AND type = 'nobody.listens'",
+		    t.id_text);
+	rc = system(cmd);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+				  " AND type = 'nobody.listens' AND attempts = 2"
+				  " AND published_at IS NULL AND dead_at IS NOT NULL",
+				  t.id_text),
+		     1, "dead after its last attempt, never published");
+	cr_assert_eq(amqpc_drain(&c, 300), 0, "the unroutable event reached nobody");
 	amqpc_close(&c);
 }

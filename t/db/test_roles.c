@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +30,8 @@
 
 #define COLLECTION "/v1/workflows"
 #define JSON_CT    "Content-Type: application/json"
+/* The login roles' password: the stack lets other roles in by password. */
+#define ROLE_PASSWORD "roles-test-pw"
 
 /* Run a program with argv, stdout and stderr to log; its exit status. */
 static int run(const char *const *argv, const char *log)
@@ -86,13 +89,21 @@ static void roles_apply(void)
 	            " THEN CREATE ROLE idemflow_web LOGIN IN ROLE idemflow_server; END IF;"
 	            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_cron')"
 	            " THEN CREATE ROLE idemflow_cron LOGIN IN ROLE idemflow_dispatcher;"
+	            " END IF;"
+	            " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idemflow_maint')"
+	            " THEN CREATE ROLE idemflow_maint LOGIN IN ROLE idemflow_maintenance;"
 	            " END IF; END $$");
+	tstack_exec(tstack_db(), "ALTER ROLE idemflow_maint PASSWORD '" ROLE_PASSWORD "'");
+	/* Other roles than the stack's superuser log in by password. */
+	tstack_exec(tstack_db(), "ALTER ROLE idemflow_web PASSWORD '" ROLE_PASSWORD "'");
+	tstack_exec(tstack_db(), "ALTER ROLE idemflow_cron PASSWORD '" ROLE_PASSWORD "'");
 }
 
 /* $DATABASE_URL as another user (the last keyword wins in libpq). */
 static void conninfo_as(char *out, size_t size, const char *user)
 {
-	snprintf(out, size, "%s user=%s", tstack_env("DATABASE_URL"), user);
+	snprintf(out, size, "%s user=%s password=" ROLE_PASSWORD, tstack_env("DATABASE_URL"),
+	         user);
 }
 
 TestSuite(roles, .init = roles_apply, .timeout = 90);
@@ -424,6 +435,190 @@ Test(roles, neither_role_can_change_the_schema_the_tenants_or_the_tokens)
 		expect_refused("idemflow_web", server_refused[i]);
 	for (size_t i = 0; i < sizeof(dispatcher_refused) / sizeof(dispatcher_refused[0]); i++)
 		expect_refused("idemflow_cron", dispatcher_refused[i]);
+}
+
+/* --- The shipped deployment ---------------------------------------------- */
+
+/* The line of the generated file path that contains needle, newline cut. */
+static char *line_with(const char *path, const char *needle)
+{
+	char *text = slurp(path), *p = strstr(text, needle), *out;
+
+	cr_assert_not_null(p, "%s has no line with %s", path, needle);
+	while (p > text && p[-1] != '\n')
+		p--;
+	out = strndup(p, strcspn(p, "\n"));
+	free(text);
+	return out;
+}
+
+/*
+ * A shell command from an installed command line: the program from this
+ * build, our configuration and pid file in place of the installed ones,
+ * the installed service file (make install copies it verbatim), a pgpass
+ * with the login roles' passwords, and nothing in the environment that
+ * names a database user: the service must.
+ */
+static void installed_command(char *out, size_t outsz, const char *line, const char *conf,
+                              const char *pidfile, const char *pgpass)
+{
+	const char *srcdir = getenv("top_srcdir");
+	char *copy = strdup(line), *save = NULL;
+	size_t n;
+
+	n = (size_t)snprintf(out, outsz,
+	                     "exec env -u DATABASE_URL -u PGUSER -u PGDATABASE -u IDEMFLOW_CONFIG"
+	                     " PGSERVICEFILE='%s/scripts/dist/pg_service.conf' PGPASSFILE='%s'",
+	                     srcdir && *srcdir ? srcdir : ".", pgpass);
+	for (char *w = strtok_r(copy, " ", &save), *prev = NULL; w != NULL;
+	     prev = w, w = strtok_r(NULL, " ", &save)) {
+		const char *word = w;
+		char prog[600];
+
+		if (strcmp(w, "|") == 0)
+			break; /* "| logger ...": the output is ours */
+		if (prev != NULL && strcmp(prev, "--config") == 0)
+			word = conf;
+		else if (prev != NULL && strcmp(prev, "--pid-file") == 0)
+			word = pidfile;
+		else if (strchr(w, '/') != NULL && strstr(w, "/idemflow") != NULL &&
+		         w[0] == '/' && strrchr(w, '/')[1] == 'i') {
+			snprintf(prog, sizeof(prog), "%s", tstack_env(strstr(w, "idemflow-dispatch")
+			                                                  ? "IDEMFLOW_DISPATCH"
+			                                                  : strstr(w, "idemflow-fcgi")
+			                                                        ? "IDEMFLOW_FCGI"
+			                                                        : "IDEMFLOW_CLI"));
+			word = prog;
+		}
+		n += (size_t)snprintf(out + n, outsz - n, " %s", word);
+		cr_assert(n < outsz);
+	}
+	free(copy);
+}
+
+static int sh_run(const char *cmd, const char *log)
+{
+	const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+
+	return run(argv, log);
+}
+
+/*
+ * What make install ships, run as it is: the systemd unit's idemflow-fcgi,
+ * the cron jobs' idemflow-dispatch, prune and reap, each through the
+ * service its unit names in the shipped pg_service.conf. Each logs in as
+ * its own role, and each role's privileges are enough for its program.
+ */
+Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop)
+{
+	const char *builddir = getenv("top_builddir");
+	char unit[600], cron[600], conf[512], pgpass[512], log[512], cmd[4096], key[128];
+	char *exec, *line, *text;
+	struct tstack_tenant t;
+	FILE *f;
+	int rc;
+
+	snprintf(unit, sizeof(unit), "%s/scripts/dist/idemflow-fcgi.service",
+	         builddir && *builddir ? builddir : ".");
+	snprintf(cron, sizeof(cron), "%s/scripts/dist/idemflow.cron",
+	         builddir && *builddir ? builddir : ".");
+	tstack_pool_paths(&own, "shipped");
+	stack_path(pgpass, sizeof(pgpass), "pgpass");
+	f = fopen(pgpass, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "*:*:*:idemflow_web:%s\n*:*:*:idemflow_cron:%s\n*:*:*:idemflow_maint:%s\n",
+	        ROLE_PASSWORD, ROLE_PASSWORD, ROLE_PASSWORD);
+	fclose(f);
+	cr_assert_eq(chmod(pgpass, 0600), 0);
+	/* The operator's idemflow.conf: no db (the services decide), the
+	 * stack's socket for the server, an exec sink for the dispatcher. */
+	stack_path(conf, sizeof(conf), "shipped.conf");
+	f = fopen(conf, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "listen = %s\nworkers = 1\nsink = exec\nexec = cat >/dev/null\n"
+	           "outbox_retention = 1h\n", own.sock);
+	fclose(f);
+
+	/* The server, as systemd starts it. */
+	exec = line_with(unit, "ExecStart=");
+	line = line_with(unit, "Environment=PGSERVICEFILE=");
+	cr_assert_not_null(strstr(line, " PGSERVICE=idemflow-server"), "%s", line);
+	free(line);
+	{
+		char with_env[1024];
+		snprintf(with_env, sizeof(with_env), "PGSERVICE=idemflow-server %s",
+		         exec + strlen("ExecStart="));
+		installed_command(cmd, sizeof(cmd), with_env, conf, own.pidfile, pgpass);
+	}
+	free(exec);
+	const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+	tstack_pool_run(&own, argv, 10000);
+	double deadline = tstack_now() + 10;
+	while (tstack_count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'idemflow_web'"
+	                    " AND application_name LIKE '%-worker-%'") != 1) {
+		cr_assert(tstack_now() < deadline, "no worker logged in as idemflow_web; see %s",
+		          own.log);
+		tstack_sleep_ms(20);
+	}
+	tstack_tenant_create(&t, "shipped");
+	tstack_key(key, sizeof(key), "shipped");
+	expect_status(req("POST", COLLECTION, t.auth, key, "{\"type\":\"shipped\"}"), 201,
+	              "create through the shipped unit");
+	/* An expired key and a delivered event past retention, for prune. */
+	tstack_exec(tstack_db(),
+	            "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"
+	            " WHERE tenant_id = $1",
+	            t.id_text);
+
+	/* The cron jobs, line by line, as cron runs them. */
+	line = line_with(cron, "PGSERVICEFILE=");
+	free(line);
+	static const struct {
+		const char *needle, *service, *log;
+	} jobs[] = {
+	    {"idemflow-dispatch --config", "PGSERVICE=idemflow-dispatch ", "dispatch"},
+	    {" reap |", "PGSERVICE=idemflow-maintenance ", "reap"},
+	};
+	for (size_t i = 0; i < 2; i++) {
+		char *job = line_with(cron, jobs[i].needle), *start = strstr(job, "PGSERVICE=");
+
+		cr_assert_not_null(start, "%s", job);
+		cr_assert_eq(strncmp(start, jobs[i].service, strlen(jobs[i].service)), 0, "%s", job);
+		installed_command(cmd, sizeof(cmd), start, conf, "", pgpass);
+		stack_path(log, sizeof(log), jobs[i].log);
+		rc = sh_run(cmd, log);
+		text = slurp(log);
+		cr_assert_eq(rc, 0, "%s exited %d: %s", cmd, rc, text);
+		cr_assert_null(strstr(text, "permission denied"), "%s", text);
+		free(text);
+		free(job);
+	}
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+	                          " AND published_at IS NOT NULL",
+	                          t.id_text),
+	             1, "the cron dispatcher delivered the event");
+	tstack_exec(tstack_db(),
+	            "UPDATE outbox SET published_at = now() - interval '2 hours' WHERE tenant_id = $1",
+	            t.id_text);
+
+	line = line_with(cron, " prune |");
+	installed_command(cmd, sizeof(cmd), strstr(line, "PGSERVICE="), conf, "", pgpass);
+	cr_assert_not_null(strstr(line, "PGSERVICE=idemflow-maintenance "), "%s", line);
+	free(line);
+	stack_path(log, sizeof(log), "prune");
+	rc = sh_run(cmd, log);
+	text = slurp(log);
+	cr_assert_eq(rc, 0, "prune exited %d: %s", rc, text);
+	free(text);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1",
+	                          t.id_text),
+	             0, "prune deleted the expired key");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1", t.id_text), 0,
+	             "prune deleted the delivered event");
+
+	text = slurp(own.log);
+	cr_assert_null(strstr(text, "permission denied"), "%s", text);
+	free(text);
 }
 
 TSTACK_SEQUENTIAL

@@ -410,6 +410,73 @@ Test(dispatch, an_event_goes_dead_after_max_attempts_and_requeue_revives_it)
 	free(id);
 }
 
+/*
+ * A dispatcher's lease says "this event may be on the network now". A
+ * requeue that cleared it would let a second run deliver the event while
+ * the first still does, and the first's outcome would be lost. So the CLI
+ * refuses while the lease runs (exit 75, the row untouched), requeues once
+ * it has run out, and breaks it only with --force, saying so.
+ */
+Test(dispatch, requeue_refuses_an_event_a_dispatcher_holds_unless_forced)
+{
+	char *id, out[256], want[512], until[32];
+	const char *p[1];
+	PGresult *res;
+	int rc;
+
+	seed(1, 1);
+	id = event_id_of("true");
+	p[0] = id;
+	res = sql("UPDATE outbox SET lease_owner = 'host-a:4242:1', attempts = 1,"
+		  "       lease_until = date_trunc('second', now()) + interval '1 hour'"
+		  " WHERE event_id = $1"
+		  " RETURNING to_char(lease_until AT TIME ZONE 'UTC',"
+		  "                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+		  1, p);
+	snprintf(until, sizeof(until), "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+
+	rc = tstack_cli(out, sizeof(out), "outbox", "requeue", id, NULL);
+	cr_assert_eq(rc, 75, "exit %d: %s", rc, tstack_cli_stderr());
+	cr_assert_str_eq(out, "");
+	snprintf(want, sizeof(want),
+		 "idemflow: outbox event \"%s\" is held by dispatcher \"host-a:4242:1\" until %s"
+		 " and may be in delivery; requeue it after that, or with --force\n",
+		 id, until);
+	cr_assert_str_eq(tstack_cli_stderr(), want);
+	cr_assert_eq(count_where("lease_owner = 'host-a:4242:1' AND lease_until > now()"
+				 " AND attempts = 1"),
+		     1, "the refused requeue changed the event");
+
+	rc = tstack_cli(out, sizeof(out), "outbox", "requeue", id, "--force", NULL);
+	cr_assert_eq(rc, 0, "exit %d: %s", rc, tstack_cli_stderr());
+	cr_assert_str_eq(out, "requeued 1 event(s)");
+	snprintf(want, sizeof(want),
+		 "idemflow: warning: broke the lease of dispatcher \"host-a:4242:1\" on outbox"
+		 " event \"%s\" (until %s): the event may be delivered twice, and that"
+		 " dispatcher's outcome for it is not recorded\n",
+		 id, until);
+	cr_assert_str_eq(tstack_cli_stderr(), want);
+	cr_assert_eq(count_where("lease_owner IS NULL AND lease_until IS NULL AND attempts = 0"
+				 " AND next_attempt_at <= now()"),
+		     1);
+
+	/* A lease that has run out holds nothing: no force needed, no warning. */
+	PQclear(sql("UPDATE outbox SET lease_owner = 'host-b:1:1', attempts = 2,"
+		    "       lease_until = now() - interval '1 second' WHERE event_id = $1",
+		    1, p));
+	rc = tstack_cli(out, sizeof(out), "outbox", "requeue", id, NULL);
+	cr_assert_eq(rc, 0, "exit %d: %s", rc, tstack_cli_stderr());
+	cr_assert_str_eq(out, "requeued 1 event(s)");
+	cr_assert_str_eq(tstack_cli_stderr(), "");
+	cr_assert_eq(count_where("lease_owner IS NULL AND attempts = 0"), 1);
+
+	/* And the event is delivered as usual. */
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+	free(id);
+}
+
 Test(dispatch, a_4xx_answer_makes_the_event_dead_at_once_and_logged_as_error)
 {
 	char *id;

@@ -536,10 +536,17 @@ Test(metrics, a_bad_allowlist_stops_the_server_at_start_with_exit_78)
 			   "the error must name the key and the entry: %s", text);
 }
 
+/* On nginx's metrics listener (the site itself passes no client address:
+ * t/e2e/test_security.c). */
 Test(metrics, nginx_passes_the_client_address_and_loopback_may_scrape)
 {
-	struct http_response *r = http_request("GET", "/metrics", NULL, NULL, 0);
+	char *saved = strdup(tstack_env("IDEMFLOW_PORT"));
+	struct http_response *r;
 
+	setenv("IDEMFLOW_PORT", tstack_env("IDEMFLOW_METRICS_PORT"), 1);
+	r = http_request("GET", "/metrics", NULL, NULL, 0);
+	setenv("IDEMFLOW_PORT", saved, 1);
+	free(saved);
 	cr_assert_not_null(r, "GET /metrics: %s", http_error());
 	cr_assert_eq(r->status, 200, "GET /metrics through nginx: %d: %.300s", r->status, r->body);
 	tstack_expect_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");

@@ -20,6 +20,8 @@
 #include <netinet/in.h>
 
 #include <criterion/criterion.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <json-c/json.h>
 
 #include "fp.h"
@@ -623,7 +625,13 @@ static void rl_start(void)
 {
 	const char *dir = tstack_env("IDEMFLOW_STACK_DIR");
 	char src[700], dst[700], old_prefix[600], cmd[2400], line[4096];
+	char main_listen[64], metrics_listen[64];
 	FILE *in, *out;
+
+	snprintf(main_listen, sizeof(main_listen), "listen 127.0.0.1:%s;",
+	         tstack_env("IDEMFLOW_PORT"));
+	snprintf(metrics_listen, sizeof(metrics_listen), "listen 127.0.0.1:%s;",
+	         tstack_env("IDEMFLOW_METRICS_PORT"));
 
 	snprintf(old_prefix, sizeof(old_prefix), "%s/nginx", dir);
 	snprintf(rl.prefix, sizeof(rl.prefix), "%s/nginx-ratelimit", dir);
@@ -638,10 +646,12 @@ static void rl_start(void)
 	int zone = 0, limit = 0;
 	while (fgets(line, sizeof(line), in)) {
 		char *at;
-		if (strstr(line, "# limit_req_zone ") != NULL) {
-			fputs("limit_req_zone $http_authorization zone=idemflow_per_token:1m "
-			      "rate=1r/m;\n",
-			      out);
+		if ((at = strstr(line, "# limit_req_zone ")) != NULL) {
+			/* The shipped key, at a rate a test can count on. */
+			char *rate = strstr(at, " zone=");
+			cr_assert_not_null(rate, "%s", line);
+			fprintf(out, "%.*s zone=idemflow_per_token:1m rate=1r/m;\n",
+			        (int)(rate - (at + 2)), at + 2);
 			zone = 1;
 			continue;
 		}
@@ -650,8 +660,12 @@ static void rl_start(void)
 			limit = 1;
 			continue;
 		}
-		if (strstr(line, "listen 127.0.0.1:") != NULL) {
+		if (strstr(line, main_listen) != NULL) {
 			fprintf(out, "listen 127.0.0.1:%s;\n", rl.port);
+			continue;
+		}
+		if (strstr(line, metrics_listen) != NULL) {
+			fprintf(out, "listen 127.0.0.1:%d;\n", free_port());
 			continue;
 		}
 		/* Every path under the old prefix moves to ours. */
@@ -723,6 +737,244 @@ Test(rate_limit, the_per_token_example_refuses_with_429_per_token, .fini = rl_st
 		cr_assert_not_null(r, "%s", http_error());
 		cr_assert_eq(r->status, 204);
 		http_response_free(r);
+	}
+}
+
+/*
+ * The limit is per token, not per spelling of the header: the app reads
+ * "Bearer" in any case followed by any number of spaces, so a client that
+ * varies them must not get a budget per variant.
+ */
+Test(rate_limit, variants_of_the_bearer_scheme_share_the_token_budget, .fini = rl_stop)
+{
+	struct tstack_tenant a;
+	char path[80], uuid[37], variants[4][200];
+	const char *tok;
+	int ok = 0, limited = 0;
+
+	tstack_tenant_create(&a, "rl-variants");
+	tok = a.auth + strlen("Authorization: Bearer ");
+	snprintf(variants[0], sizeof(variants[0]), "Authorization: Bearer %s", tok);
+	snprintf(variants[1], sizeof(variants[1]), "Authorization: bearer %s", tok);
+	snprintf(variants[2], sizeof(variants[2]), "Authorization: BEARER    %s", tok);
+	snprintf(variants[3], sizeof(variants[3]), "authorization: bEaReR  %s", tok);
+	rl_start();
+	tstack_uuid(uuid);
+	snprintf(path, sizeof(path), COLLECTION "/%s", uuid);
+	for (int i = 0; i < 12; i++) {
+		const char *h[] = {variants[i % 4], NULL};
+		struct http_response *r = http_request("GET", path, h, NULL, 0);
+
+		cr_assert_not_null(r, "%s", http_error());
+		if (r->status == 404) {
+			ok++;
+		} else {
+			tstack_expect_problem(r, 429, "/problems/too-many-requests", path);
+			limited++;
+		}
+		http_response_free(r);
+	}
+	/* Every variant is the token (the app answered 404, not 401), and
+	 * all of them together get one budget: one a minute plus 2. */
+	cr_assert_eq(ok, 3, "%d passed, %d refused", ok, limited);
+	cr_assert_eq(limited, 9);
+}
+
+/* --- /metrics behind nginx ---------------------------------------------- */
+
+static struct http_response *get_on(const char *port, const char *path)
+{
+	char *saved = strdup(tstack_env("IDEMFLOW_PORT"));
+	struct http_response *r;
+
+	setenv("IDEMFLOW_PORT", port, 1);
+	r = http_request("GET", path, NULL, NULL, 0);
+	setenv("IDEMFLOW_PORT", saved, 1);
+	free(saved);
+	cr_assert_not_null(r, "GET %s on port %s: %s", path, port, http_error());
+	return r;
+}
+
+/*
+ * A TLS proxy on the same host makes every client of the site 127.0.0.1,
+ * so the site's client address must not open /metrics: there it takes the
+ * metrics_token. Scrapers by address use the loopback metrics listener,
+ * which serves /metrics and nothing else.
+ */
+Test(operator, metrics_by_address_only_on_the_metrics_listener)
+{
+	struct http_response *r;
+
+	/* From 127.0.0.1 through the site, as every client behind a local
+	 * proxy would be. */
+	r = get_on(tstack_env("IDEMFLOW_PORT"), "/metrics");
+	tstack_expect_problem(r, 403, "/problems/forbidden", "/metrics");
+	cr_assert_null(strstr(r->body, "idemflow_"), "metrics leaked: %s", r->body);
+	http_response_free(r);
+
+	r = get_on(tstack_env("IDEMFLOW_METRICS_PORT"), "/metrics");
+	cr_assert_eq(r->status, 200, "metrics listener: %d %.300s", r->status, r->body);
+	cr_assert_not_null(strstr(r->body, "\nidemflow_workers "), "%.300s", r->body);
+	http_response_free(r);
+
+	/* Nothing of the API on the metrics listener. */
+	r = get_on(tstack_env("IDEMFLOW_METRICS_PORT"), "/healthz");
+	tstack_expect_problem(r, 404, "/problems/not-found", "/healthz");
+	http_response_free(r);
+	r = get_on(tstack_env("IDEMFLOW_METRICS_PORT"), COLLECTION);
+	tstack_expect_problem(r, 404, "/problems/not-found", COLLECTION);
+	http_response_free(r);
+}
+
+/* --- A token revoked while its request is in flight ---------------------- */
+
+struct inflight {
+	const char *auth, *key;
+	struct http_response *r;
+};
+
+static void *inflight_create(void *arg)
+{
+	static const char body[] = "{\"type\":\"inflight\"}";
+	struct inflight *f = arg;
+	char kh[200];
+	const char *h[] = {f->auth, "Content-Type: application/json", kh, NULL};
+
+	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", f->key);
+	f->r = http_request("POST", COLLECTION, h, body, sizeof(body) - 1);
+	return NULL;
+}
+
+/*
+ * The bound the README states: the token check is a request's first
+ * statement, its write a later one, and a revoke does not reach back into
+ * a request already past its check. Such a request (here held on its key
+ * while the revoke commits) still completes its write; every request that
+ * checks the token after the revoke is refused.
+ */
+Test(tokens, a_revoke_does_not_stop_a_request_already_past_its_token_check)
+{
+	struct tstack_tenant t;
+	struct inflight f;
+	pthread_t th;
+	char key[128], out[256], uuid[37], path[80];
+	const char *tok;
+	PGconn *hold = tstack_db_connect();
+	struct http_response *r;
+	int rc;
+
+	tstack_tenant_create(&t, "inflight");
+	tok = t.auth + strlen("Authorization: Bearer ");
+	tstack_key(key, sizeof(key), "inflight");
+	tstack_key_hold(hold, &t, key);
+	f = (struct inflight){.auth = t.auth, .key = key};
+	cr_assert_eq(pthread_create(&th, NULL, inflight_create, &f), 0);
+	cr_assert_neq(tstack_blocked_worker(hold, 900), 0, "the create never reached its write");
+	/* No replay cache wait: the revoke returns as soon as it committed. */
+	rc = tstack_cli(out, sizeof(out), "--replay-cache-ttl", "0", "token", "revoke", tok, NULL);
+	cr_assert_eq(rc, 0, "revoke: %s", tstack_cli_stderr());
+	tstack_exec(hold, "ROLLBACK");
+	PQfinish(hold);
+	pthread_join(th, NULL);
+	cr_assert_not_null(f.r, "%s", http_error());
+	cr_assert_eq(f.r->status, 201, "the request in flight: %d %s", f.r->status, f.r->body);
+	http_response_free(f.r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows w JOIN api_tokens a"
+	                          "  ON a.tenant_id = w.tenant_id"
+	                          " WHERE w.tenant_id = $1 AND a.revoked_at IS NOT NULL",
+	                          t.id_text),
+	             1);
+
+	tstack_uuid(uuid);
+	snprintf(path, sizeof(path), COLLECTION "/%s", uuid);
+	const char *h[] = {t.auth, NULL};
+	r = http_request("GET", path, h, NULL, 0);
+	cr_assert_not_null(r, "%s", http_error());
+	cr_assert_eq(r->status, 401, "after the revoke: %d %s", r->status, r->body);
+	http_response_free(r);
+}
+
+/* --- The local stack's secrets ------------------------------------------- */
+
+/* Run a shell command; its exit status, and its output in out. */
+static int sh(char *out, size_t outsz, const char *cmd)
+{
+	FILE *f = popen(cmd, "r");
+	size_t n;
+	int st;
+
+	cr_assert_not_null(f, "%s", cmd);
+	n = fread(out, 1, outsz - 1, f);
+	out[n] = '\0';
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/*
+ * The stack t/run-test starts (scripts/lib/stack.sh, as scripts/run does):
+ * its configuration and PostgreSQL password file are the owner's alone,
+ * its FastCGI socket is writable by nginx's workers but not by everyone,
+ * and its PostgreSQL lets in the stack's owner, not every local user.
+ */
+Test(local_stack, secrets_are_private_and_postgres_trusts_only_the_owner)
+{
+	struct stat st;
+	char cmd[2048], out[4096];
+	int rc;
+
+	cr_assert_eq(stat(tstack_env("IDEMFLOW_CONF"), &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0600, "idemflow.conf has mode %o", st.st_mode & 0777);
+	cr_assert_eq(stat(tstack_env("PGPASSFILE"), &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0600, "pgpass has mode %o", st.st_mode & 0777);
+
+	cr_assert_eq(stat(tstack_env("IDEMFLOW_FCGI_SOCKET"), &st), 0);
+	cr_assert(S_ISSOCK(st.st_mode));
+	cr_assert_eq(st.st_mode & 0007, 0, "the FastCGI socket is open to everyone: %o",
+	             st.st_mode & 0777);
+	if (geteuid() == 0) {
+		/* nginx's workers (www-data) connect through the group. */
+		struct group *g = getgrnam("www-data");
+		cr_assert_not_null(g);
+		cr_assert_eq(st.st_gid, g->gr_gid, "socket group %u", (unsigned)st.st_gid);
+		cr_assert_eq(st.st_mode & 0060, 0060, "mode %o", st.st_mode & 0777);
+	}
+
+	/* The owner, over the socket (peer) and over TCP (the password). */
+	snprintf(cmd, sizeof(cmd), "'%s/psql' -XAtq -w -c 'SELECT 42' 2>&1",
+	         tstack_env("IDEMFLOW_PG_BINDIR"));
+	rc = sh(out, sizeof(out), cmd);
+	cr_assert(rc == 0 && strcmp(out, "42\n") == 0, "owner over the socket: %d %s", rc, out);
+	snprintf(cmd, sizeof(cmd), "'%s/psql' -XAtq -w -h 127.0.0.1 -c 'SELECT 42' 2>&1",
+	         tstack_env("IDEMFLOW_PG_BINDIR"));
+	rc = sh(out, sizeof(out), cmd);
+	cr_assert(rc == 0 && strcmp(out, "42\n") == 0, "owner over TCP: %d %s", rc, out);
+
+	/* Over TCP without the password: refused. */
+	snprintf(cmd, sizeof(cmd),
+	         "PGPASSFILE=/dev/null '%s/psql' -XAtq -w -h 127.0.0.1 -c 'SELECT 42' 2>&1",
+	         tstack_env("IDEMFLOW_PG_BINDIR"));
+	rc = sh(out, sizeof(out), cmd);
+	cr_assert_neq(rc, 0, "TCP without a password got in: %s", out);
+	cr_assert_not_null(strstr(out, "no password supplied"), "%s", out);
+
+	/* Another local user, over the socket: refused. */
+	if (geteuid() == 0) {
+		snprintf(cmd, sizeof(cmd),
+		         "cd / && PGPASSFILE=/dev/null runuser -u nobody -- '%s/psql' -XAtq -w -c"
+		         " 'SELECT 42' 2>&1",
+		         tstack_env("IDEMFLOW_PG_BINDIR"));
+		rc = sh(out, sizeof(out), cmd);
+		cr_assert_neq(rc, 0, "user nobody got in: %s", out);
+		cr_assert_not_null(strstr(out, "Peer authentication failed for user \"postgres\""),
+		                   "%s", out);
+		/* Nor as another role without its password. */
+		snprintf(cmd, sizeof(cmd),
+		         "cd / && PGPASSFILE=/dev/null runuser -u nobody -- '%s/psql' -XAtq -w"
+		         " -U nobody -c 'SELECT 42' 2>&1",
+		         tstack_env("IDEMFLOW_PG_BINDIR"));
+		rc = sh(out, sizeof(out), cmd);
+		cr_assert_neq(rc, 0, "user nobody got in as nobody: %s", out);
+		cr_assert_not_null(strstr(out, "no password supplied"), "%s", out);
 	}
 }
 

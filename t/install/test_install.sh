@@ -68,6 +68,7 @@ done
 expect_file "$inst_pkgdatadir/sql/roles.sql" 644
 expect_file "$inst_sysconfdir/idemflow/idemflow.conf.example" 644
 expect_file "$inst_sysconfdir/idemflow/idemflow.conf" 644
+expect_file "$inst_sysconfdir/idemflow/pg_service.conf" 644
 expect_file "$inst_sysconfdir/nginx/sites-available/idemflow" 644
 expect_file "$inst_sysconfdir/cron.d/idemflow" 644
 expect_file "$inst_sysconfdir/logrotate.d/idemflow" 644
@@ -92,6 +93,7 @@ want=$(
 		"$inst_sbindir/idemflow-fcgi" \
 		"$inst_sysconfdir/idemflow/idemflow.conf.example" \
 		"$inst_sysconfdir/idemflow/idemflow.conf" \
+		"$inst_sysconfdir/idemflow/pg_service.conf" \
 		"$inst_sysconfdir/nginx/sites-available/idemflow" \
 		"$inst_sysconfdir/cron.d/idemflow" "$inst_sysconfdir/logrotate.d/idemflow" \
 		"$inst_sysusersdir/idemflow.conf" \
@@ -137,11 +139,21 @@ if [[ $inst_unitdir != no ]]; then
 	else
 		echo "systemd-analyze not found: the units' hardening is not scored" >&2
 	fi
+	# Each program its own database role (t/db/test_roles.c runs them).
+	expect_line "$unit" "Environment=PGSERVICEFILE=$inst_sysconfdir/idemflow/pg_service.conf PGSERVICE=idemflow-server"
+	expect_line "$inst_unitdir/idemflow-dispatch.service" \
+		"Environment=PGSERVICEFILE=$inst_sysconfdir/idemflow/pg_service.conf PGSERVICE=idemflow-dispatch"
 fi
 cron=$inst_sysconfdir/cron.d/idemflow
-expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow-dispatch ] && $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
-expect_line "$cron" "17 * * * * idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
-expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
+expect_line "$cron" "PGSERVICEFILE=$inst_sysconfdir/idemflow/pg_service.conf"
+expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow-dispatch ] && PGSERVICE=idemflow-dispatch $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
+expect_line "$cron" "17 * * * * idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
+expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
+svc=$inst_sysconfdir/idemflow/pg_service.conf
+cmp -s "$top_srcdir/scripts/dist/pg_service.conf" "$DEST$svc" || fail "$svc is not the sample"
+for s in idemflow-server idemflow-dispatch idemflow-maintenance; do
+	expect_line "$svc" "[$s]"
+done
 grep -q 'kill-who=main --signal=USR1 idemflow-fcgi.service' "$DEST$inst_sysconfdir/logrotate.d/idemflow" ||
 	fail "logrotate does not send USR1 to idemflow-fcgi"
 if left=$(grep -rl '@[a-z]*dir@' "$DEST"); then
