@@ -67,7 +67,7 @@ check "lintian reports no warning" bash -c "! grep -q '^W: ' '$WORK/lintian.txt'
 step "contents"
 dpkg-deb -c "$DEB" | awk '{ print $6 }' | sed 's|^\.||' | grep -v '/$' | sort >"$WORK/files"
 for f in /usr/bin/idemflow /usr/bin/idemflow-dispatch /usr/sbin/idemflow-fcgi \
-	/etc/idemflow/idemflow.conf /etc/cron.d/idemflow /etc/logrotate.d/idemflow \
+	/etc/idemflow/idemflow.conf /etc/idemflow/pg_service.conf /etc/cron.d/idemflow /etc/logrotate.d/idemflow \
 	/etc/nginx/sites-available/idemflow /lib/systemd/system/idemflow-fcgi.service \
 	/lib/systemd/system/idemflow-dispatch.service /lib/systemd/system/idemflow-dispatch.timer \
 	/usr/lib/sysusers.d/idemflow.conf /usr/share/idemflow/sql/001_init.sql \
