@@ -77,7 +77,8 @@ struct dispatcher {
 	const struct conf *c;
 	struct sink *sink;
 	struct db *db;
-	char owner[128];
+	char owner[128];     /* host:pid */
+	unsigned long claims; /* claims made: each leases under owner:n */
 	char lease[32];
 	long delays[DISPATCH_BACKOFF_MAX];
 	int ndelays;
@@ -262,6 +263,7 @@ static double now_s(void)
 /* A claimed batch, from its claim to the statements that record it. */
 struct batch {
 	PGresult *res; /* the claim's rows; the events point into it */
+	char owner[160]; /* the lease owner of this claim alone */
 	int n;
 	double lease_end; /* when our lease on these events runs out (monotonic s) */
 	struct sink_event *evs;
@@ -289,10 +291,11 @@ static void batch_free(struct batch *b)
 
 /* Take over a claim's result (res is owned by b from now on). */
 static int batch_init(struct batch *b, const struct dispatcher *d, PGresult *res,
-		      double claimed_at, struct err *e)
+		      const char *owner, double claimed_at, struct err *e)
 {
 	memset(b, 0, sizeof(*b));
 	b->res = res;
+	snprintf(b->owner, sizeof(b->owner), "%s", owner);
 	b->n = PQntuples(res);
 	/* The lease was granted by the database a moment after claimed_at:
 	 * counting from claimed_at errs on the safe side. */
@@ -443,6 +446,12 @@ struct step {
 	int nrecord;     /* recording statements, before the first sync */
 	int has_claim;   /* a claim follows, after its own sync */
 	double claim_at; /* when it was sent */
+	/* The claim's lease owner: host:pid:n, new for every claim. With one
+	 * owner per process, a claim could take over events of the batch
+	 * before it whose lease ran out, and that batch's release (WHERE
+	 * lease_owner = $2) would then clear the new lease while the events
+	 * are being delivered. */
+	char owner[160];
 	/* What the reader found. */
 	PGresult *claimed;
 	int rc;
@@ -472,20 +481,20 @@ static int step_send(struct dispatcher *d, struct batch *b, int claim, struct st
 	if (!PQenterPipelineMode(conn))
 		return db_classify(conn, NULL, e);
 	if (b != NULL && b->ndone) {
-		const char *p[2] = {b->done.data, d->owner};
+		const char *p[2] = {b->done.data, b->owner};
 		if (send_stmt(d, D_DONE, 2, p, e) < 0)
 			return -1;
 		s->nrecord++;
 	}
 	if (b != NULL && b->nfail) {
-		const char *p[5] = {b->ids.data, d->owner, b->errs.data, b->delays.data,
+		const char *p[5] = {b->ids.data, b->owner, b->errs.data, b->delays.data,
 				    b->deads.data};
 		if (send_stmt(d, D_FAIL, 5, p, e) < 0)
 			return -1;
 		s->nrecord++;
 	}
 	if (b != NULL && b->nrelease) {
-		const char *p[2] = {b->release.data, d->owner};
+		const char *p[2] = {b->release.data, b->owner};
 		if (send_stmt(d, D_RELEASE, 2, p, e) < 0)
 			return -1;
 		s->nrecord++;
@@ -494,7 +503,8 @@ static int step_send(struct dispatcher *d, struct batch *b, int claim, struct st
 		return db_classify(conn, NULL, e);
 	if (claim) {
 		snprintf(batch, sizeof(batch), "%d", d->c->batch);
-		const char *p[3] = {batch, d->owner, d->lease};
+		snprintf(s->owner, sizeof(s->owner), "%s:%lu", d->owner, ++d->claims);
+		const char *p[3] = {batch, s->owner, d->lease};
 		s->claim_at = now_s();
 		if (send_stmt(d, D_CLAIM, 3, p, e) < 0)
 			return -1;
@@ -626,7 +636,7 @@ static int step_sync(struct dispatcher *d, struct batch *b, int claim, struct ba
 		return -1;
 	if (!claim)
 		return 0;
-	return batch_init(next, d, res, s.claim_at, e);
+	return batch_init(next, d, res, s.owner, s.claim_at, e);
 }
 
 static int out_of_time(const struct dispatcher *d)
@@ -665,7 +675,7 @@ static int drain(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		}
 		batch_free(&prev);
 		if (more) {
-			if (batch_init(&next, d, res, s.claim_at, e) < 0)
+			if (batch_init(&next, d, res, s.owner, s.claim_at, e) < 0)
 				goto out;
 		} else {
 			memset(&next, 0, sizeof(next));
