@@ -23,8 +23,8 @@
  *   acked  every 201 a client received is a committed effect;
  *   cache  a replay cache hit answers the key's live row: the row the
  *          entry was made from is still there and has not expired;
- *   replay a replay answers the stored response of a committed effect,
- *          and only to a request with the same fingerprint;
+ *   replay a replay answers the stored response of a committed effect
+ *          (2xx to the same fingerprint, 409 reused to another);
  *   and no request hangs (no invalid end state).
  *
  * Broken variants (-D NAME), each rejected by spin with a counterexample:
