@@ -1,0 +1,509 @@
+/*
+ * outbox.pml - the outbox protocol: dispatchers with leases, recording,
+ * requeue and per-workflow order (app/dispatch.c, app/idemflow.c).
+ *
+ * Each step says which code or SQL it stands for; t/model/README.md has
+ * the whole map, the bounds and what spin prints for each broken variant.
+ *
+ * Each SQL statement is one atomic step. The claim takes its rows FOR
+ * UPDATE SKIP LOCKED and PostgreSQL re-checks a locked row's WHERE clause
+ * on its newest version (READ COMMITTED), so two claims can neither take
+ * one row nor both miss a lease; an UPDATE's WHERE is evaluated on the row
+ * it changes. The claim's NOT EXISTS reads its statement's snapshot, which
+ * can only miss a publication that committed meanwhile: it holds an event
+ * back longer, never shorter.
+ *
+ * Time is a clock process that ticks. A time is kept as the ticks left
+ * until it passes: a lease (lease_until - now()), and the dispatcher's own
+ * reckoning of it (struct batch's lease_end - now_s()). The dispatcher
+ * counts its lease from the moment it sent the claim, before the database
+ * granted it, so its count never ends after the database's; the model
+ * starts both together, the case least favourable to the dispatcher. A
+ * sink call returns within its timeout (curl's timeout, the AMQP confirm
+ * wait, the exec sink's kill); that is the one timing assumption of the
+ * safety checks.
+ *
+ * Broken variants (-D NAME), each rejected by spin with a counterexample:
+ *   NO_OWNER_GUARD       d_done, d_fail, d_release without "lease_owner = $2"
+ *   OWNER_PER_PROCESS    one lease_owner for all claims of a process
+ *   NO_NOT_EXISTS        d_claim without its NOT EXISTS over earlier events
+ *   NO_LEASE_GUARD       batch_deliver without its lease_end check
+ *   SAME_TX              recording and the next claim in one transaction
+ *   REQUEUE_CLEARS_LEASE outbox requeue that clears a live lease
+ * -DLIVENESS builds the liveness check instead (ltl live; pan -a -f),
+ * and its broken variant:
+ *   LEASE_NEVER_ENDS     d_claim without "OR o.lease_until < now()" 
+ */
+
+#define ND 2		/* dispatchers */
+#ifndef NE
+#define NE 3		/* events: 2 or 3 */
+#endif
+#ifndef BATCH
+#define BATCH 1		/* --batch */
+#endif
+#define LEASE 3		/* --lease, in ticks */
+#define TIMEOUT 1	/* --timeout */
+#define MARGIN 1	/* DISPATCH_LEASE_MARGIN_S */
+#define MAXATT 2	/* --max-attempts */
+#ifndef MAXDEATHS
+#define MAXDEATHS 1	/* dispatcher deaths in a run of the model */
+#endif
+#ifndef MAXCFAIL
+#define MAXCFAIL 1	/* claims that fail (statement_timeout, a lost connection) */
+#endif
+#ifndef MAXREQUEUE
+#define MAXREQUEUE 1	/* idemflow outbox requeue */
+#endif
+#define NONE 255
+
+/* The events: 0 = (workflow 0, seq 1), 1 = (workflow 0, seq 2),
+ * 2 = (workflow 1, seq 1); with -DNE=2, events 0 and 1; with -DNE=2
+ * -DTWO_WORKFLOWS, event 1 is (workflow 1, seq 1). E2(x) is x when
+ * there is an event 2, else false; E2T(x) is x, else true. */
+#ifdef TWO_WORKFLOWS
+#define WF(e) (e)
+#define SEQ(e) 1
+#else
+#define WF(e) ((e) == 2 -> 1 : 0)
+#define SEQ(e) ((e) == 1 -> 2 : 1)
+#endif
+#if NE == 3
+#define E2(x) (x)
+#define E2T(x) (x)
+#else
+#define E2(x) false
+#define E2T(x) true
+#endif
+#define EARLIER(p, e) (WF(p) == WF(e) && SEQ(p) < SEQ(e))
+#define LOWEST(b) (((b) & 1) -> 0 : (((b) & 2) -> 1 : 2))
+
+/* The outbox rows (sql/001_init.sql, sql/002_dispatch.sql). A failed
+ * delivery's backoff is not modelled: next_attempt_at <= now() always. */
+bit published[NE];	/* published_at IS NOT NULL */
+bit dead[NE];		/* dead_at IS NOT NULL */
+#ifdef LIVENESS
+byte attempts[NE];	/* attempts, counted up to MAXATT */
+#endif
+byte owner[NE];		/* lease_owner: 0 = NULL, else a claim's token */
+byte lleft[NE];		/* lease_until - now(); 0: NULL or passed */
+
+/* The dispatchers' batches (struct batch in app/dispatch.c) as sets of
+ * events: cur is being delivered, nxt was claimed ahead, prv was
+ * delivered and waits to be recorded. */
+byte cur[ND], nxt[ND], prv[ND];
+byte curleft[ND], nxtleft[ND];		/* lease_end - now_s() of cur and nxt */
+byte curtok[ND], nxttok[ND], prvtok[ND];	/* the lease_owner each was claimed as */
+bit cc[ND];				/* the process's claims, modulo 2 */
+byte sinkev[ND] = NONE;			/* the event in the sink's hands, or NONE */
+bit dl[ND];				/* the sink has had it for TIMEOUT */
+byte deaths, cfails, requeues;
+
+/* d_claim: "AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.workflow_id =
+ * o.workflow_id AND p.seq < o.seq AND p.published_at IS NULL)". */
+#ifdef NO_NOT_EXISTS
+#define HELD_BACK(e) false
+#else
+#define HELD_BACK(e) ((EARLIER(0, e) && !published[0]) || \
+                      (EARLIER(1, e) && !published[1]) || \
+                      E2(EARLIER(2, e) && !published[2]))
+#endif
+
+/* d_claim's WHERE: "o.published_at IS NULL AND o.dead_at IS NULL AND
+ * o.next_attempt_at <= now() AND (o.lease_until IS NULL OR o.lease_until <
+ * now()) AND NOT EXISTS (...)". */
+#ifdef LEASE_NEVER_ENDS
+/* Without "OR o.lease_until < now()": only rows with no lease. */
+#define ELIGIBLE(e) (!published[e] && !dead[e] && owner[e] == 0 && !HELD_BACK(e))
+#else
+#define ELIGIBLE(e) (!published[e] && !dead[e] && lleft[e] == 0 && !HELD_BACK(e))
+#endif
+
+/* attempts: counted when an attempt starts (d_claim), given back by
+ * d_release, zeroed by requeue; batch_outcome makes a failure dead when
+ * SINK_DEAD or attempt >= max_attempts. The safety checks neither count
+ * nor let an event die: to them a dead event is one that fails for ever,
+ * and none of their properties tells the two apart. The liveness check
+ * counts. */
+#ifdef LIVENESS
+#define CLAIM_ATTEMPT(e) \
+	if :: attempts[e] < MAXATT -> attempts[e]++ :: else -> skip fi
+#define RELEASE_ATTEMPT(e) \
+	if :: attempts[e] > 0 -> attempts[e]-- :: else -> skip fi
+#define REQUEUE_ATTEMPTS(e) attempts[e] = 0
+#define LAST_ATTEMPT(e) (attempts[e] >= MAXATT)
+#else
+#define CLAIM_ATTEMPT(e) skip
+#define RELEASE_ATTEMPT(e) skip
+#define REQUEUE_ATTEMPTS(e) skip
+#define LAST_ATTEMPT(e) false
+#endif
+
+/* d_done, d_fail, d_release: "WHERE ... AND lease_owner = $2". */
+#ifdef NO_OWNER_GUARD
+#define OWNS(d, e) true
+#else
+#define OWNS(d, e) (owner[e] == prvtok[d])
+#endif
+
+/* $2 of d_claim, d_done, d_fail and d_release, the lease_owner: its own
+ * for every claim ("host:pid:n", n counting the process's claims; two
+ * values suffice here, as a batch is recorded before the claim after the
+ * next one). OWNER_PER_PROCESS: one for every claim of a process
+ * ("host:pid", dispatch_new's d->owner). */
+#ifdef OWNER_PER_PROCESS
+#define TOKEN(d) (1 + 2 * (d))
+#else
+#define TOKEN(d) (1 + 2 * (d) + cc[d])
+#endif
+
+/* batch_deliver: a chunk starts only if "now_s() + timeout + margin <=
+ * b->lease_end". */
+#ifdef NO_LEASE_GUARD
+#define LEASE_OK(d) true
+#else
+#define LEASE_OK(d) (curleft[d] >= TIMEOUT + MARGIN)
+#endif
+
+/* Property "order": when a delivery of e starts, every earlier event of
+ * its workflow is published and in no sink's hands. */
+#define DONE_BEFORE(p, e) (!EARLIER(p, e) || (published[p] && sinkev[0] != p && sinkev[1] != p))
+#define ORDER_OK(e) (DONE_BEFORE(0, e) && DONE_BEFORE(1, e) && E2T(DONE_BEFORE(2, e)))
+
+/* Property "lease": an event in a sink's hands is leased to the batch
+ * that dispatcher claimed it in, and the lease has not run out; so no
+ * two dispatchers ever deliver one event at once. Only a tick, a claim, a
+ * recording and a requeue change what it reads: each asserts it. */
+#define HOLDS(d) (sinkev[d] == NONE || (owner[sinkev[d]] == curtok[d] && lleft[sinkev[d]] > 0))
+#define LEASES_HELD (HOLDS(0) && HOLDS(1))
+
+#define SINK_DUE(d) (sinkev[d] != NONE && dl[d])
+#ifdef LIVENESS
+/* Liveness assumes a running dispatcher's own steps take no time against
+ * the lease: time passes during sink calls and while no running
+ * dispatcher holds events, so only a dead dispatcher's leases run out
+ * (t/model/README.md says why). */
+#define BUSY(d) ((cur[d] | nxt[d] | prv[d]) != 0 && sinkev[d] == NONE)
+#define CAN_TICK (!SINK_DUE(0) && !SINK_DUE(1) && !BUSY(0) && !BUSY(1))
+#else
+#define CAN_TICK (!SINK_DUE(0) && !SINK_DUE(1))
+#endif
+
+active proctype clock()
+{
+	byte i;
+end:
+	do
+	:: d_step {
+		CAN_TICK ->
+		for (i : 0 .. NE - 1) {
+			if
+			:: lleft[i] > 0 -> lleft[i]--
+			:: else -> skip
+			fi
+		};
+		for (i : 0 .. ND - 1) {
+			if
+			:: curleft[i] > 0 -> curleft[i]--
+			:: else -> skip
+			fi;
+			if
+			:: nxtleft[i] > 0 -> nxtleft[i]--
+			:: else -> skip
+			fi;
+			/* A sink call returns within its timeout: the clock
+			 * waits for a call that has had TIMEOUT. */
+			if
+			:: sinkev[i] != NONE -> dl[i] = 1
+			:: else -> skip
+			fi
+		};
+		i = 0;
+		assert(LEASES_HELD)
+	   }
+	od
+}
+
+/* app/dispatch.c, D_CLAIM (d_claim): "WITH due AS (SELECT o.id FROM
+ * outbox o WHERE ... ORDER BY o.next_attempt_at, o.id LIMIT $1 FOR UPDATE
+ * SKIP LOCKED) UPDATE outbox o SET lease_owner = $2, lease_until = now() +
+ * $3::interval, attempts = o.attempts + 1 FROM due WHERE o.id = due.id
+ * RETURNING o.id, ..., o.attempts, o.payload". next_attempt_at is not
+ * modelled, so any 1 to BATCH eligible rows may come back (at least one
+ * if any is eligible). batch_init: b->lease_end = claimed_at + lease; the
+ * rows come back whole before any delivery. */
+inline claim_body(b, bleft, btok)
+{
+	b = 0;
+	n = 0;
+	for (i : 0 .. NE - 1) {
+		if
+		:: ELIGIBLE(i) && n < BATCH ->
+			if
+			:: b = b | (1 << i); n++
+			:: skip
+			fi
+		:: else -> skip
+		fi
+	};
+	for (i : 0 .. NE - 1) {
+		if
+		:: b == 0 && ELIGIBLE(i) -> b = 1 << i
+		:: else -> skip
+		fi
+	};
+	if
+	:: b != 0 ->
+		btok = TOKEN(d);
+		cc[d] = 1 - cc[d];
+		bleft = LEASE
+	:: else -> skip
+	fi;
+	for (i : 0 .. NE - 1) {
+		if
+		:: b & (1 << i) ->
+			owner[i] = btok;
+			lleft[i] = LEASE;
+			CLAIM_ATTEMPT(i)
+		:: else -> skip
+		fi
+	};
+	i = 0;
+	n = 0;
+	assert(LEASES_HELD)
+}
+
+/* The recording of prv, in a transaction of its own: D_DONE (d_done)
+ * "UPDATE outbox SET published_at = now(), lease_owner = NULL,
+ * lease_until = NULL WHERE id = ANY($1::bigint[]) AND lease_owner = $2";
+ * D_FAIL (d_fail) "UPDATE outbox o SET last_error = f.err,
+ * next_attempt_at = ..., dead_at = CASE WHEN f.dead THEN now() END,
+ * lease_owner = NULL, lease_until = NULL FROM unnest(...) WHERE o.id =
+ * f.id AND o.lease_owner = $2"; D_RELEASE (d_release) "UPDATE outbox SET
+ * lease_owner = NULL, lease_until = NULL, attempts = attempts - 1 WHERE id
+ * = ANY($1::bigint[]) AND lease_owner = $2". A row whose lease passed to
+ * another claim is left alone: that claim's dispatcher records it. */
+inline record_body()
+{
+	for (i : 0 .. NE - 1) {
+		if
+		:: (prv[d] & (1 << i)) && OWNS(d, i) ->
+			if
+			:: p_ok & (1 << i) -> published[i] = 1
+			:: p_fail & (1 << i) -> dead[i] = (p_dead >> i) & 1
+			:: else -> RELEASE_ATTEMPT(i)	/* released */
+			fi;
+			owner[i] = 0;
+			lleft[i] = 0
+		:: else -> skip
+		fi
+	};
+	prv[d] = 0;
+	prvtok[d] = 0;
+	p_ok = 0;
+	p_fail = 0;
+	p_dead = 0;
+	i = 0;
+	assert(LEASES_HELD)
+}
+
+/* A dispatcher killed (SIGKILL, a crash, a failed recording) between two
+ * of its steps: everything it held stays leased until the leases run out;
+ * cron or systemd starts it again. */
+#define MAY_DIE if :: deaths < MAXDEATHS -> deaths++; goto died :: true -> skip fi
+
+proctype dispatcher(byte d)
+{
+	byte i, n;
+	byte p_ok, p_fail, p_dead;	/* cur's, then prv's outcomes (batch_outcome) */
+	byte todo;			/* cur's events not handed to the sink yet */
+
+	/* app/dispatch.c, drain(): one run, as cron starts it (--once) or
+	 * dispatch_run's loop goes round (--loop). */
+newrun:
+	/* step_sync(d, NULL, 1, &cur): the first claim, alone. A failed
+	 * statement ends the run (drain returns -1). */
+	if
+	:: cfails < MAXCFAIL -> cfails++; goto claim_failed
+	:: atomic { claim_body(cur[d], curleft[d], curtok[d]) }
+	fi;
+	do
+	:: cur[d] == 0 -> break		/* "while (cur.n > 0)" */
+	:: else ->
+		MAY_DIE;
+#ifdef SAME_TX
+		/* As before the fix: record k-1 and claim k+1 in one
+		 * implicit transaction; a failed claim rolls the recording
+		 * back with it. */
+		if
+		:: cfails < MAXCFAIL -> cfails++; goto claim_failed
+		:: atomic { record_body(); claim_body(nxt[d], nxtleft[d], nxttok[d]) }
+		fi;
+#else
+		/* Record batch k-1 in a transaction of its own, committed
+		 * before the next claim ... */
+		atomic { record_body() };
+		/* ... then claim batch k+1, its rows read whole before batch
+		 * k goes out. */
+		if
+		:: cfails < MAXCFAIL -> cfails++; goto claim_failed
+		:: atomic { claim_body(nxt[d], nxtleft[d], nxttok[d]) }
+		fi;
+#endif
+		MAY_DIE;
+		/* batch_deliver(d, &cur): one event a chunk (the exec sink;
+		 * an http chunk never holds two events of one workflow). */
+		todo = cur[d];
+		do
+		:: atomic {
+			/* The check "now_s() + timeout + margin > b->lease_end"
+			 * and d->sink->deliver(...) starting are one step: the
+			 * moment between them is what the margin is for. */
+			todo != 0 && LEASE_OK(d) ->
+			i = LOWEST(todo);
+			todo = todo & ~(1 << i);
+			assert(ORDER_OK(i));
+			sinkev[d] = i;
+			dl[d] = 0
+		   };
+		   MAY_DIE;
+		   /* ... the sink returns; batch_outcome decides dead. */
+		   atomic {
+			if
+			:: p_ok = p_ok | (1 << i)		/* SINK_OK */
+			:: p_fail = p_fail | (1 << i);	/* SINK_RETRY */
+			   if
+			   :: LAST_ATTEMPT(i) -> p_dead = p_dead | (1 << i)
+			   :: else -> skip
+			   fi
+#ifdef LIVENESS
+			:: p_fail = p_fail | (1 << i); p_dead = p_dead | (1 << i)	/* SINK_DEAD */
+#endif
+			fi;
+			sinkev[d] = NONE;
+			dl[d] = 0;
+			i = 0
+		   }
+		:: atomic {
+			/* Past the lease's margin: the rest is not attempted
+			 * and goes back by d_release (neither done nor failed). */
+			todo != 0 && !LEASE_OK(d) -> todo = 0
+		   }
+		:: atomic {
+			/* prev = cur; cur = next. */
+			todo == 0 ->
+			prv[d] = cur[d];
+			prvtok[d] = curtok[d];
+			cur[d] = nxt[d];
+			curleft[d] = nxtleft[d];
+			curtok[d] = nxttok[d];
+			nxt[d] = 0;
+			nxtleft[d] = 0;
+			nxttok[d] = 0;
+			break
+		   }
+		od
+	od;
+	/* "The last delivered batch is recorded on its own." */
+	atomic { record_body() };
+	goto newrun;
+
+claim_failed:
+	/* Property "recording": a run that ends on a failed statement has
+	 * recorded every event it delivered (unless the lease had passed to
+	 * another claim). What it holds undelivered is left to its leases. */
+	atomic {
+		assert((p_ok | p_fail) == 0);
+		cur[d] = 0;
+		nxt[d] = 0;
+		prv[d] = 0;
+		curleft[d] = 0;
+		nxtleft[d] = 0;
+		curtok[d] = 0;
+		nxttok[d] = 0;
+		prvtok[d] = 0;
+		p_ok = 0;
+		p_fail = 0;
+		p_dead = 0
+	};
+	goto newrun;
+
+died:
+	atomic {
+		sinkev[d] = NONE;
+		dl[d] = 0;
+		cur[d] = 0;
+		nxt[d] = 0;
+		prv[d] = 0;
+		curleft[d] = 0;
+		nxtleft[d] = 0;
+		curtok[d] = 0;
+		nxttok[d] = 0;
+		prvtok[d] = 0;
+		p_ok = 0;
+		p_fail = 0;
+		p_dead = 0;
+		todo = 0;
+		n = 0;
+		i = 0
+	};
+	goto newrun
+}
+
+/* app/idemflow.c, cmd_outbox, "requeue ID": "UPDATE outbox SET dead_at =
+ * NULL, attempts = 0, next_attempt_at = now(), lease_owner = NULL,
+ * lease_until = NULL WHERE <id> AND published_at IS NULL", refusing an
+ * event under a live lease ("AND (lease_until IS NULL OR lease_until <
+ * now())"). REQUEUE_CLEARS_LEASE: the statement without that condition,
+ * as it stands today. */
+#ifdef REQUEUE_CLEARS_LEASE
+#define REQUEUE_OK(e) (!published[e])
+#else
+#define REQUEUE_OK(e) (!published[e] && lleft[e] == 0)
+#endif
+
+active proctype requeue()
+{
+	byte e;
+end:
+	do
+	:: atomic {
+		requeues < MAXREQUEUE ->
+		requeues++;
+		select (e : 0 .. NE - 1);
+		if
+		:: REQUEUE_OK(e) ->
+			dead[e] = 0;
+			REQUEUE_ATTEMPTS(e);
+			owner[e] = 0;
+			lleft[e] = 0
+		:: else -> skip
+		fi;
+		e = 0;
+		assert(LEASES_HELD)
+	   }
+	od
+}
+
+init
+{
+	atomic {
+		run dispatcher(0);
+		run dispatcher(1)
+	}
+}
+
+#ifdef LIVENESS
+/* Every event ends published, or dead, or held back by a dead earlier
+ * event of its workflow (README: a dead event holds its workflow's later
+ * events until it is requeued), and stays so. Written out for the
+ * layouts (ltl reads "->" as implication). */
+#if defined(TWO_WORKFLOWS)
+#define SETTLED_ALL ((published[0] || dead[0]) && (published[1] || dead[1]))
+#else
+#define SETTLED_ALL ((published[0] || dead[0]) && \
+                     (published[1] || dead[1] || dead[0]) && \
+                     E2T(published[2] || dead[2]))
+#endif
+ltl live { <> [] SETTLED_ALL }
+#endif

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# t/model/run-spin.sh - model-check the key claim and the outbox with spin.
+#
+# Every check builds one model with spin -a and some -D options, compiles
+# pan and runs it: a correct build must end with "errors: 0", a broken
+# variant with errors > 0 (spin found its counterexample). One line per
+# check. Exit 0 when every check came out as expected, 1 otherwise, 77
+# (skipped) when spin or a C compiler is missing. t/model/README.md says
+# what each model and variant is.
+#
+#   t/model/run-spin.sh            every check
+#   t/model/run-spin.sh -k NAME    the checks whose name contains NAME
+#   t/model/run-spin.sh -l         list the checks
+#   SPIN_KEEP=1                    keep the build directories (and trails)
+set -uo pipefail
+
+HERE=$(cd "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+CC=${CC:-cc}
+only=
+list=0
+while getopts "k:lh" o; do
+	case $o in
+	k) only=$OPTARG ;;
+	l) list=1 ;;
+	*) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
+	esac
+done
+
+if ! command -v spin >/dev/null 2>&1; then
+	echo "1..0 # SKIP spin is not installed (scripts/deps installs it)"
+	exit 77
+fi
+if ! command -v "$CC" >/dev/null 2>&1; then
+	echo "1..0 # SKIP no C compiler ($CC) for spin's pan"
+	exit 77
+fi
+
+# name|model|expect (ok, or fail: a counterexample is required)|spin -D options|
+# pan compile options|pan run options
+#
+# The outbox is checked in two layouts (README: why): "order", events 1
+# and 2 of one workflow with every fault (a death, a failed claim, a
+# requeue); "pipe", one event in each of two workflows, so that a
+# dispatcher holds two batches at once, with a failed claim. Broken
+# variants are searched breadth-first (-DBFS), which finds them fast and
+# prints the shortest counterexample.
+SAFE="-O1 -DSAFETY"
+BFS="-O0 -DSAFETY -DBFS"
+LIVE="-O1"
+CHECKS=(
+	"keyclaim|keyclaim.pml|ok||$SAFE|"
+	"keyclaim-reuse|keyclaim.pml|ok|-DREUSE|$SAFE|"
+	"keyclaim-no-on-conflict|keyclaim.pml|fail|-DNO_ON_CONFLICT|$BFS|"
+	"keyclaim-ack-before-commit|keyclaim.pml|fail|-DACK_BEFORE_COMMIT|$BFS|"
+	"keyclaim-prune-no-cutoff|keyclaim.pml|fail|-DPRUNE_NO_CUTOFF|$BFS|"
+	"keyclaim-rcache-no-expiry-cap|keyclaim.pml|fail|-DRCACHE_NO_EXPIRY_CAP|$BFS|"
+	"keyclaim-rcache-from-answer|keyclaim.pml|fail|-DRCACHE_FROM_ANSWER|$BFS|"
+	"outbox-order|outbox.pml|ok|-DNE=2|$SAFE|"
+	"outbox-pipe|outbox.pml|ok|-DNE=2 -DTWO_WORKFLOWS -DMAXDEATHS=0 -DMAXREQUEUE=0|$SAFE|"
+	"outbox-liveness|outbox.pml|ok|-DLIVENESS -DNE=2|$LIVE|-a -f"
+	"outbox-liveness-lease-never-ends|outbox.pml|fail|-DLIVENESS -DNE=2 -DLEASE_NEVER_ENDS|$LIVE|-a -f"
+	"outbox-no-owner-guard|outbox.pml|fail|-DNE=2 -DNO_OWNER_GUARD|$BFS|"
+	"outbox-owner-per-process|outbox.pml|fail|-DNE=2 -DOWNER_PER_PROCESS|$BFS|"
+	"outbox-no-not-exists|outbox.pml|fail|-DNE=2 -DNO_NOT_EXISTS|$BFS|"
+	"outbox-no-lease-guard|outbox.pml|fail|-DNE=2 -DNO_LEASE_GUARD|$BFS|"
+	"outbox-same-tx|outbox.pml|fail|-DNE=2 -DTWO_WORKFLOWS -DMAXDEATHS=0 -DMAXREQUEUE=0 -DSAME_TX|$BFS|"
+	"outbox-requeue-clears-lease|outbox.pml|fail|-DNE=2 -DREQUEUE_CLEARS_LEASE|$BFS|"
+)
+
+if ((list)); then
+	for c in "${CHECKS[@]}"; do
+		IFS='|' read -r name model expect dopts _ _ <<<"$c"
+		printf '%-32s %-12s %-4s %s\n' "$name" "$model" "$expect" "$dopts"
+	done
+	exit 0
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/idemflow-spin.XXXXXX")
+cleanup() { [[ -n ${SPIN_KEEP:-} ]] || rm -rf -- "$WORK"; }
+trap cleanup EXIT
+
+# property NAME from pan's first error line (the models' properties).
+property() {
+	case $1 in
+	*"life==0"*) echo "once" ;;
+	*acked*) echo "acked" ;;
+	*rcgen*) echo "cache" ;;
+	*"committed[g]"* | *"FP(c)"*) echo "replay" ;;
+	*"p_ok|p_fail"*) echo "recording" ;;
+	*"owner[sinkev"*) echo "lease" ;;
+	*"published[0]"*) echo "order" ;;
+	*"acceptance cycle"*) echo "live" ;;
+	*) echo "?" ;;
+	esac
+}
+
+failed=0
+n=0
+for c in "${CHECKS[@]}"; do
+	IFS='|' read -r name model expect dopts ccopts runopts <<<"$c"
+	[[ -z $only || $name == *"$only"* ]] || continue
+	n=$((n + 1))
+	dir=$WORK/$name
+	mkdir -p -- "$dir"
+	cp -- "$HERE/$model" "$dir/"
+	t0=$(date +%s.%N)
+	# shellcheck disable=SC2086 # option lists
+	if ! (cd "$dir" && spin $dopts -a "$model" >spin.log 2>&1); then
+		echo "not ok $n - $name: spin -a failed"
+		sed 's/^/# /' "$dir/spin.log"
+		failed=1
+		continue
+	fi
+	# Bounded memory (MB) and depth: a model that outgrows them fails.
+	# shellcheck disable=SC2086
+	if ! (cd "$dir" && $CC -w $ccopts -DMEMLIM=1024 -o pan pan.c >cc.log 2>&1); then
+		echo "not ok $n - $name: compiling pan failed"
+		sed 's/^/# /' "$dir/cc.log"
+		failed=1
+		continue
+	fi
+	# shellcheck disable=SC2086
+	(cd "$dir" && ./pan -m1000000 $runopts >pan.log 2>&1)
+	t1=$(date +%s.%N)
+	errors=$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' "$dir/pan.log" | tail -1)
+	states=$(sed -n 's/^ *\([0-9][0-9]*\) states, stored.*/\1/p' "$dir/pan.log" | tail -1)
+	what=$(grep -m1 -E '^pan:[0-9]+: ' "$dir/pan.log")
+	secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+	line="$name: errors: ${errors:-?}, states ${states:-?}, ${secs} s"
+	ok=0
+	# A correct build must have searched everything; a counterexample
+	# counts however deep the search went.
+	if [[ -z $errors ]]; then
+		ok=0
+	elif [[ $expect == ok && $errors == 0 ]] &&
+		! grep -q -E 'max search depth too small|out of memory' "$dir/pan.log"; then
+		ok=1
+	elif [[ $expect == fail && $errors -gt 0 ]]; then
+		ok=1
+		depth=$(sed -n 's/.*(at depth \([0-9]*\)).*/\1/p' <<<"$what")
+		line="$line, property $(property "$what") broken at depth ${depth:-?}"
+	fi
+	if ((ok)); then
+		echo "ok $n - $line"
+	else
+		echo "not ok $n - $line (expected $([[ $expect == ok ]] && echo 'errors: 0' || echo 'a counterexample'))"
+		tail -n 20 "$dir/pan.log" | sed 's/^/# /'
+		failed=1
+	fi
+done
+echo "1..$n"
+exit "$failed"
