@@ -601,8 +601,17 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 /* --- Readiness ---------------------------------------------------------- */
 
 
-/* More requests than workers (3), so every worker answers. */
-#define EVERY_WORKER 6
+/* Bursts twice as wide as the pool (3 workers), until the request log
+ * shows that every worker answered. */
+#define BURST 6
+#define MAX_BURSTS 50
+
+static struct http_response *send_readyz(int i, void *arg)
+{
+	(void)i;
+	(void)arg;
+	return http_request("GET", "/readyz", NULL, NULL, 0);
+}
 
 static void expect_ready(const struct http_response *r, int version)
 {
@@ -632,13 +641,22 @@ static void expect_not_ready(const struct http_response *r, const char *detail)
 	json_object_put(v);
 }
 
+static void check_ready(const struct http_response *r, int i, void *arg)
+{
+	(void)i;
+	expect_ready(r, *(const int *)arg);
+}
+
+static void check_not_ready(const struct http_response *r, int i, void *arg)
+{
+	(void)i;
+	expect_not_ready(r, arg);
+}
+
 static void expect_ready_everywhere(int version)
 {
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		struct http_response *r = get("/readyz");
-		expect_ready(r, version);
-		http_response_free(r);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_ready, &version);
 }
 
 /* Poll /readyz until it answers 200 (workers reconnect at their own pace),
@@ -680,11 +698,8 @@ Test(readyz, turns_503_while_postgresql_is_down_and_200_when_it_returns)
 	expect_ready_again(migrate_latest());
 
 	tstack_pg_ctl("stop");
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		r = get("/readyz");
-		expect_not_ready(r, "database unreachable");
-		http_response_free(r);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_not_ready, "database unreachable");
 	/* /healthz is liveness: the processes are fine. */
 	r = get("/healthz");
 	cr_assert_eq(r->status, 204);
@@ -737,7 +752,6 @@ Test(readyz, turns_503_while_the_schema_is_behind_the_build,
 {
 	char v[16], newer[16], detail[128];
 	PGconn *c = tstack_db_connect();
-	struct http_response *r;
 	int latest = migrate_latest();
 
 	snprintf(v, sizeof(v), "%d", latest);
@@ -747,11 +761,8 @@ Test(readyz, turns_503_while_the_schema_is_behind_the_build,
 	tstack_exec(c, "DELETE FROM schema_migrations WHERE version = $1", v);
 	snprintf(detail, sizeof(detail),
 		 "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		r = get("/readyz");
-		expect_not_ready(r, detail);
-		http_response_free(r);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_not_ready, detail);
 	restore_latest_migration();
 	expect_ready_everywhere(latest);
 
@@ -785,12 +796,8 @@ Test(readyz, names_the_schema_version_when_the_build_is_newer_than_its_schema,
 		    " WHERE application_name LIKE '%-worker-%'");
 	snprintf(detail, sizeof(detail),
 		 "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		struct http_response *r = get("/readyz");
-		expect_not_ready(r, detail);
-		http_response_free(r);
-		tstack_sleep_ms(20);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_not_ready, detail);
 	restore_latest_migration();
 	expect_ready_again(latest);
 	PQfinish(c);
