@@ -491,6 +491,15 @@ static void post_expect(const struct tstack_tenant *t, const char *key, const ch
 	http_response_free(r);
 }
 
+static void post_conflict(const struct tstack_tenant *t, const char *key, const char *body,
+			  const char *type)
+{
+	struct http_response *r = post(t, key, body);
+
+	tstack_expect_problem(r, 409, type, "/v1/workflows");
+	http_response_free(r);
+}
+
 Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 {
 	struct tstack_tenant t, other;
@@ -511,14 +520,15 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 		post_expect(&t, a, BODY, 201);
 	/* B: created, then reused twice for other requests. */
 	post_expect(&t, b, BODY, 201);
-	post_expect(&t, b, "{\"type\":\"ops\",\"input\":{\"n\":2}}", 409);
-	post_expect(&t, b, "{\"type\":\"other\"}", 409);
+	post_conflict(&t, b, "{\"type\":\"ops\",\"input\":{\"n\":2}}",
+		      "/problems/idempotency-key-reused");
+	post_conflict(&t, b, "{\"type\":\"other\"}", "/problems/idempotency-key-reused");
 	/* C: created once. */
 	post_expect(&t, c, BODY, 201);
 	/* E: sent while another request holds it (409 in flight), then
 	 * created once the holder gives up. */
 	tstack_key_hold(holder, &t, e);
-	post_expect(&t, e, BODY, 409);
+	post_conflict(&t, e, BODY, "/problems/idempotency-key-in-flight");
 	tstack_exec(holder, "ROLLBACK");
 	post_expect(&t, e, BODY, 201);
 	/* D: created two days ago, outside a 24 h window; replayed now. */

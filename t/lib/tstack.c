@@ -893,6 +893,15 @@ static char *tstack_slurp(const char *path)
 	return text;
 }
 
+int tstack_file_contains(const char *path, const char *needle)
+{
+	char *text = tstack_slurp(path);
+	int found = strstr(text, needle) != NULL;
+
+	free(text);
+	return found;
+}
+
 long tstack_worker_of(const char *log, const char *request_id)
 {
 	char needle[96];

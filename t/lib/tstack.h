@@ -112,6 +112,9 @@ pid_t tstack_blocked_worker(PGconn *holder, long timeout_ms);
  */
 long tstack_worker_of(const char *log, const char *request_id);
 
+/* 1 when the file at path contains needle (0 when it is missing). */
+int tstack_file_contains(const char *path, const char *needle);
+
 /*
  * A claim about every worker, shown rather than assumed: with
  * EPOLLEXCLUSIVE, requests sent one after another may all reach the same
