@@ -619,5 +619,150 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 	free(id);
 }
 
+/* Each claim of an event, as the claims wrote it (lease_owner set): a
+ * trigger fills test_claims until claims_stop(). */
+static void claims_start(void)
+{
+	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
+	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
+		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
+		    " RETURN NEW; END$$",
+		    0, NULL));
+	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
+		    " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
+		    " test_claim_note()",
+		    0, NULL));
+}
+
+static void claims_stop(void)
+{
+	PQclear(sql("DROP TRIGGER IF EXISTS test_claim_note ON outbox", 0, NULL));
+	PQclear(sql("DROP FUNCTION IF EXISTS test_claim_note()", 0, NULL));
+	PQclear(sql("DROP TABLE IF EXISTS test_claims", 0, NULL));
+}
+
+Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_untouched,
+     .fini = claims_stop)
+{
+	struct receiver_delivery *d;
+	size_t n;
+	long claims;
+
+	seed(10, 1);
+	/* Half a second per delivery, one at a time, a 3 s lease that must
+	 * end a 1 s timeout plus a 1 s margin early: a batch of 10 cannot
+	 * be delivered within one lease. */
+	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 500}"), 0);
+	claims_start();
+	const char *slow[] = {"--batch", "10", "--parallel", "1", "--timeout", "1s",
+			      "--lease", "3s", NULL};
+	cr_assert_eq(run(slow), 0);
+	claims = scalar("SELECT count(*) FROM test_claims", 0, NULL);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 10, "every event delivered");
+	/* Claimed again after a release, yet attempted once: the release
+	 * took back the attempt its claim had counted. */
+	cr_assert_eq(count_where("attempts = 1"), 10, "one attempt each");
+	cr_assert_gt(claims, 10, "%ld claims: no event was released and claimed again", claims);
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
+	cr_assert_eq(n, 10, "each event delivered once: %zu deliveries", n);
+	receiver_deliveries_free(d, n);
+	cr_log_info("lease release: %ld claims for 10 events", claims);
+}
+
+Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued)
+{
+	char *dead, *held, ctl[256], cmd[2048];
+	struct receiver_delivery *d;
+	size_t n, n0;
+
+	seed(2, 2);
+	dead = event_id_of("seq = 1");
+	{
+		const char *p[1] = {dead};
+		PGresult *res = sql("SELECT event_id FROM outbox WHERE workflow_id ="
+				    " (SELECT workflow_id FROM outbox WHERE event_id = $1) AND seq = 2",
+				    1, p);
+		held = strdup(PQgetvalue(res, 0, 0));
+		PQclear(res);
+	}
+	snprintf(ctl, sizeof(ctl), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 400}", dead);
+	cr_assert_eq(receiver_control(&rcv, ctl), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("dead_at IS NOT NULL"), 1);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 2, "the other workflow went out");
+	{
+		const char *p[1] = {held};
+		cr_assert_eq(scalar("SELECT count(*) FROM outbox WHERE event_id = $1 AND"
+				    " published_at IS NULL AND dead_at IS NULL AND attempts = 0",
+				    1, p),
+			     1, "the later event was never attempted");
+	}
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_str_neq(d[i].event_id, held, "delivered past a dead event");
+	receiver_deliveries_free(d, n);
+	n0 = n;
+
+	/* Requeued, the dead one goes first, then the one it held. */
+	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox requeue '%s' >/dev/null",
+		 getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), dead);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(receiver_control(&rcv, "{\"reset\": true}"), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 4);
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	cr_assert_eq(n, n0 + 2, "%zu deliveries after the requeue", n - n0);
+	cr_assert_str_eq(d[n0].event_id, dead);
+	cr_assert_str_eq(d[n0 + 1].event_id, held);
+	receiver_deliveries_free(d, n);
+	free(dead);
+	free(held);
+}
+
+Test(dispatch, a_retry_after_longer_than_the_backoff_schedules_the_next_attempt)
+{
+	seed(2, 1);
+	/* Backoff 50 ms; the receiver asks for 30 s, then 0 s (shorter than
+	 * the backoff, so the backoff stands). */
+	cr_assert_eq(receiver_control(&rcv, "{\"fail_next\": 1, \"status\": 503,"
+					    " \"retry_after\": 30}"),
+		     0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"
+				 " AND next_attempt_at BETWEEN now() + interval '29 seconds'"
+				 "                         AND now() + interval '30 seconds'"),
+		     1, "the next attempt is 30 s away, as the receiver asked");
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+	usleep(100 * 1000);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"), 1,
+		     "not attempted again before its Retry-After");
+}
+
+Test(dispatch, a_database_error_other_than_unreachable_exits_70)
+{
+	char db[64], conninfo[512];
+
+	snprintf(db, sizeof(db), "disp_empty_%ld", (long)getpid());
+	{
+		char q[128];
+		snprintf(q, sizeof(q), "CREATE DATABASE %s", db);
+		PQclear(sql(q, 0, NULL));
+	}
+	/* Reachable, but without the schema: the claim fails. */
+	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s",
+		 getenv("PGHOST"), getenv("PGPORT"), getenv("PGUSER"), db);
+	const char *empty[] = {"--db", conninfo, NULL};
+	int rc = run(empty);
+	{
+		char q[128];
+		snprintf(q, sizeof(q), "DROP DATABASE %s", db);
+		PQclear(sql(q, 0, NULL));
+	}
+	cr_assert_eq(rc, 70, "exit %d", rc);
+	cr_assert(log_has("level=error") && log_has("exit=70"), "the failure is logged");
+}
+
 /* One test at a time: each drains the shared outbox. */
 TSTACK_SEQUENTIAL
