@@ -144,7 +144,23 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 	tstack_pg_ctl("stop");
 	tstack_key(key, sizeof(key), "during");
 	shots = (struct shots){.t = &t, .key = key};
-	tstack_every_worker(sup, log, BURST, MAX_BURSTS, send_post, check_unavailable, &shots);
+	n = tstack_every_worker(sup, log, BURST, MAX_BURSTS, send_post, check_unavailable, &shots);
+
+	/* /metrics still answers: the counters (those 503s among them), and
+	 * idemflow_db_up 0 in place of the gauges that need the database. */
+	r = http_fcgi_request(tstack_env("IDEMFLOW_FCGI_SOCKET"), "GET", "/metrics", NULL, NULL, 0);
+	cr_assert_not_null(r, "%s", http_error());
+	cr_assert_eq(r->status, 200, "GET /metrics with the database down: %d %.300s", r->status,
+		     r->body);
+	cr_assert_not_null(strstr(r->body, "\nidemflow_db_up 0\n"), "%s", r->body);
+	cr_assert_null(strstr(r->body, "\nidemflow_outbox_pending "), "a gauge without its data");
+	{
+		const char *at = strstr(r->body, "\nidemflow_requests_total{route=\"/v1/workflows\","
+						 "status=\"503\"} ");
+		cr_assert_not_null(at, "no 503 counter: %s", r->body);
+		cr_assert_geq(atol(strchr(at, '}') + 2), n, "503s counted");
+	}
+	http_response_free(r);
 
 	/* Scene 2: it is back. The same request, retried as a client would
 	 * on 503, succeeds within a few seconds and creates exactly once. */
