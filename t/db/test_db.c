@@ -13,12 +13,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "db.h"
 #include "fp.h"
 #include "idem.h"
 #include "ids.h"
+#include "migrate.h"
+#include "tstack.h"
 #include "queries.h"
 
 static PGconn *admin;
@@ -563,4 +567,144 @@ Test(db, lifetimes_and_due_times_come_from_the_database_clock)
 			   " AND next_attempt_at <= now()"),
 		     2, "both events are due now");
 	db_close(db);
+
+/* --- Migrations ----------------------------------------------------------- */
+
+static PGconn *mig_conn(const char *db)
+{
+	char conninfo[512];
+	PGconn *c;
+
+	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s",
+		 getenv("PGHOST"), getenv("PGPORT"), getenv("PGUSER"), db);
+	c = PQconnectdb(conninfo);
+	cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
+	return c;
+}
+
+static void mig_sql(PGconn *c, const char *sql)
+{
+	PGresult *res = PQexec(c, sql);
+
+	cr_assert(PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK,
+		  "%s: %s", sql, PQerrorMessage(c));
+	PQclear(res);
+}
+
+static long mig_count(PGconn *c, const char *sql)
+{
+	PGresult *res = PQexec(c, sql);
+	long n;
+
+	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s: %s", sql, PQerrorMessage(c));
+	n = atol(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return n;
+}
+
+/* idemflow --db (db) migrate, its stdout to out; returns the pid. */
+static pid_t mig_spawn(const char *db, const char *out)
+{
+	char conninfo[512];
+	pid_t pid;
+
+	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s",
+		 getenv("PGHOST"), getenv("PGPORT"), getenv("PGUSER"), db);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		dup2(fd, STDOUT_FILENO);
+		dup2(fd, STDERR_FILENO);
+		execl(getenv("IDEMFLOW_CLI"), "idemflow", "--db", conninfo, "migrate", (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* "migrate: applied N migration(s); ..." from out; -1 when absent. */
+static int mig_applied(const char *out)
+{
+	FILE *f = fopen(out, "r");
+	char line[512];
+	int n = -1;
+
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "migrate: applied %d migration", &n) == 1)
+			break;
+	fclose(f);
+	return n;
+}
+
+static char mig_db[64];
+
+static void mig_drop(void)
+{
+	char q[160];
+
+	if (mig_db[0] == '\0')
+		return;
+	snprintf(q, sizeof(q), "DROP DATABASE IF EXISTS %s WITH (FORCE)", mig_db);
+	PQclear(PQexec(admin, q));
+	mig_db[0] = '\0';
+	PQfinish(admin);
+}
+
+/*
+ * Two "idemflow migrate" at once on an empty database: both wait on the
+ * migrations' advisory lock (held here first, so that both are seen
+ * waiting), then each migration is applied once, by one or the other,
+ * and both succeed. A third run applies nothing.
+ */
+Test(migrate, two_concurrent_runs_queue_on_the_advisory_lock_and_apply_each_migration_once,
+     .init = setup, .fini = mig_drop, .timeout = 60)
+{
+	char q[160], out[2][600], out3[620];
+	pid_t pid[2];
+	PGconn *hold;
+	long waiting = 0;
+	double deadline;
+	int st;
+
+	snprintf(mig_db, sizeof(mig_db), "migtest_%ld", (long)getpid());
+	snprintf(q, sizeof(q), "CREATE DATABASE %s", mig_db);
+	mig_sql(admin, q);
+	hold = mig_conn(mig_db);
+	mig_sql(hold, "SELECT pg_advisory_lock(7594306392197721975)");
+	for (int i = 0; i < 2; i++) {
+		snprintf(out[i], sizeof(out[i]), "%s/migrate-%ld-%d.out",
+			 getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
+			 (long)getpid(), i);
+		pid[i] = mig_spawn(mig_db, out[i]);
+	}
+	deadline = tstack_now() + 20;
+	while (waiting < 2 && tstack_now() < deadline) {
+		usleep(20 * 1000);
+		waiting = mig_count(hold, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+					  "   AND NOT granted AND database = (SELECT oid FROM"
+					  "   pg_database WHERE datname = current_database())");
+	}
+	mig_sql(hold, "SELECT pg_advisory_unlock(7594306392197721975)");
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(waitpid(pid[i], &st, 0), pid[i]);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate %d ended with 0x%x", i,
+			  st);
+	}
+	cr_assert_eq(waiting, 2, "%ld runs waited on the advisory lock, want 2", waiting);
+	cr_assert_eq(mig_applied(out[0]) + mig_applied(out[1]), migrations_count,
+		     "applied %d + %d of %d migrations", mig_applied(out[0]), mig_applied(out[1]),
+		     migrations_count);
+	snprintf(q, sizeof(q), "SELECT (count(*) = count(DISTINCT version) AND count(*) = %d"
+			       "  AND max(version) = %d)::int FROM schema_migrations",
+		 migrations_count, migrate_latest());
+	cr_assert_eq(mig_count(hold, q), 1, "schema_migrations: each version once, all of them");
+	PQfinish(hold);
+
+	/* Nothing left to do. */
+	snprintf(out3, sizeof(out3), "%s.3", out[0]);
+	pid[0] = mig_spawn(mig_db, out3);
+	cr_assert_eq(waitpid(pid[0], &st, 0), pid[0]);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert_eq(mig_applied(out3), 0);
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -307,11 +308,46 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 	const char *p[1] = {tenant};
 
 	seed(10000, 1);
+	/* Who claimed what, as the claims wrote it: each claim sets
+	 * lease_owner, "host:pid" of the dispatcher. */
+	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
+	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
+		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
+		    " RETURN NEW; END$$",
+		    0, NULL));
+	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
+		    " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
+		    " test_claim_note()",
+		    0, NULL));
 	const char *both[] = {"--batch", "100", "--log-level", "warning", NULL};
 	a = spawn(both);
 	b = spawn(both);
 	cr_assert_eq(wait_exit(a), 0);
 	cr_assert_eq(wait_exit(b), 0);
+	PQclear(sql("DROP TRIGGER test_claim_note ON outbox", 0, NULL));
+	PQclear(sql("DROP FUNCTION test_claim_note()", 0, NULL));
+	{
+		char pa[24], pb[24];
+		snprintf(pa, sizeof(pa), "%ld", (long)a);
+		snprintf(pb, sizeof(pb), "%ld", (long)b);
+		const char *q[2] = {pa, pb};
+		long by_a = scalar("SELECT count(*) FROM test_claims"
+				   " WHERE owner LIKE '%:' || $1",
+				   1, q);
+		long by_b = scalar("SELECT count(*) FROM test_claims"
+				   " WHERE owner LIKE '%:' || $1",
+				   1, q + 1);
+		long all = scalar("SELECT count(*) FROM test_claims", 0, NULL);
+		PQclear(sql("DROP TABLE test_claims", 0, NULL));
+		cr_log_info("two dispatchers: %ld and %ld events claimed", by_a, by_b);
+		cr_assert_eq(all, 10000, "%ld claims for 10000 events", all);
+		cr_assert_eq(by_a + by_b, 10000, "claims by owners other than the two: %ld + %ld",
+			     by_a, by_b);
+		cr_assert_geq(by_a, 100, "dispatcher %ld claimed %ld events: no sharing", (long)a,
+			      by_a);
+		cr_assert_geq(by_b, 100, "dispatcher %ld claimed %ld events: no sharing", (long)b,
+			      by_b);
+	}
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 10000, "every event delivered");
 	cr_assert_eq(count_where("attempts = 1"), 10000,
 		     "no event was claimed twice: one attempt each");
@@ -492,6 +528,43 @@ Test(dispatch, a_4xx_answer_makes_the_event_dead_at_once_and_logged_as_error)
 	free(id);
 }
 
+/*
+ * 1 once pid (a child of this process) sleeps in the --loop wait: blocked
+ * in poll() with the poll interval as its timeout (libpq's own waits for
+ * an answer have none), read from /proc/PID/syscall; 0 after timeout_ms.
+ */
+static int in_loop_wait(pid_t pid, long poll_interval_ms, long timeout_ms)
+{
+	char path[64], line[512];
+	double deadline = tstack_now() + timeout_ms / 1000.0;
+
+	snprintf(path, sizeof(path), "/proc/%ld/syscall", (long)pid);
+	do {
+		FILE *f = fopen(path, "r");
+		char *arg[4] = {0}, *save = NULL;
+		int ok = 0;
+
+		if (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+			arg[0] = strtok_r(line, " \n", &save);
+			for (int i = 1; i < 4 && arg[i - 1] != NULL; i++)
+				arg[i] = strtok_r(NULL, " \n", &save);
+#ifdef SYS_poll
+			ok = arg[3] != NULL && atol(arg[0]) == SYS_poll &&
+			     strtol(arg[3], NULL, 16) == poll_interval_ms;
+#else
+			(void)poll_interval_ms; /* ppoll: the timeout is behind a pointer */
+			ok = arg[0] != NULL && atol(arg[0]) == SYS_ppoll;
+#endif
+		}
+		if (f != NULL)
+			fclose(f);
+		if (ok)
+			return 1;
+		tstack_sleep_ms(20);
+	} while (tstack_now() < deadline);
+	return 0;
+}
+
 Test(dispatch, loop_mode_wakes_on_notify)
 {
 	pid_t pid;
@@ -500,10 +573,12 @@ Test(dispatch, loop_mode_wakes_on_notify)
 
 	const char *loop[] = {"--loop", "--poll-interval", "60s", NULL};
 	pid = spawn(loop);
-	usleep(500 * 1000); /* let it reach its wait */
+	/* Asleep for the next 60 s: only a notification can wake it. */
+	cr_assert(in_loop_wait(pid, 60000, 20000), "the dispatcher never reached its wait");
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	t0 = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 	seed(1, 1);
+	cr_assert(in_loop_wait(pid, 60000, 0), "the insert alone woke the dispatcher");
 	/* What a worker sends after a create (app/worker.c). */
 	PQclear(sql("NOTIFY idemflow_outbox", 0, NULL));
 	cr_assert_eq(receiver_wait(&rcv, 1, 5000), 0, "not woken by NOTIFY: %s", rcv.error);
@@ -542,16 +617,21 @@ Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
 {
 	const char *smtp[] = {"--sink", "smtp", NULL};
 	cr_assert_eq(run(smtp), 78);
-	cr_assert(log_has("\\\"sink\\\"") || log_has("sink"), "the message names the key");
+	cr_assert(log_has("level=error component=dispatch") &&
+		      log_has("msg=\"bad configuration\" error=\"invalid value \\\"smtp\\\" for"
+			      " \\\"sink\\\": expected http, amqp or exec\" exit=78"),
+		  "the message names the key, the value and the choices");
 	const char *badurl[] = {"--url", "not a url", NULL};
 	cr_assert_eq(run(badurl), 78);
-	cr_assert(log_has("url"));
+	cr_assert(log_has("msg=\"bad configuration\" error=\"url \\\"not a url\\\" is not a"
+			  " valid URL"));
 	const char *backoff[] = {"--backoff", "5s,soon", NULL};
 	cr_assert_eq(run(backoff), 78);
-	cr_assert(log_has("backoff"));
+	cr_assert(log_has("msg=\"bad configuration\" error=\"invalid value \\\"5s,soon\\\" for"
+			  " \\\"backoff\\\""));
 	const char *nodb[] = {"--db", "host=127.0.0.1 port=1 dbname=x", NULL};
 	cr_assert_eq(run(nodb), 75, "an unreachable database is \"try later\"");
-	cr_assert(log_has("could not connect"));
+	cr_assert(log_has("msg=\"run failed\" error=\"could not connect to database:"));
 	const char *both[] = {"--once", "--loop", NULL};
 	cr_assert_eq(run(both), 64);
 }
@@ -661,6 +741,150 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 			    " WHERE o.tenant_id = $1",
 			    1, p),
 		     300, "the sink got exactly this tenant's events");
+
+/* Each claim of an event, as the claims wrote it (lease_owner set): a
+ * trigger fills test_claims until claims_stop(). */
+static void claims_start(void)
+{
+	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
+	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
+		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
+		    " RETURN NEW; END$$",
+		    0, NULL));
+	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
+		    " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
+		    " test_claim_note()",
+		    0, NULL));
+}
+
+static void claims_stop(void)
+{
+	PQclear(sql("DROP TRIGGER IF EXISTS test_claim_note ON outbox", 0, NULL));
+	PQclear(sql("DROP FUNCTION IF EXISTS test_claim_note()", 0, NULL));
+	PQclear(sql("DROP TABLE IF EXISTS test_claims", 0, NULL));
+}
+
+Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_untouched,
+     .fini = claims_stop)
+{
+	struct receiver_delivery *d;
+	size_t n;
+	long claims;
+
+	seed(10, 1);
+	/* Half a second per delivery, one at a time, a 3 s lease that must
+	 * end a 1 s timeout plus a 1 s margin early: a batch of 10 cannot
+	 * be delivered within one lease. */
+	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 500}"), 0);
+	claims_start();
+	const char *slow[] = {"--batch", "10", "--parallel", "1", "--timeout", "1s",
+			      "--lease", "3s", NULL};
+	cr_assert_eq(run(slow), 0);
+	claims = scalar("SELECT count(*) FROM test_claims", 0, NULL);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 10, "every event delivered");
+	/* Claimed again after a release, yet attempted once: the release
+	 * took back the attempt its claim had counted. */
+	cr_assert_eq(count_where("attempts = 1"), 10, "one attempt each");
+	cr_assert_gt(claims, 10, "%ld claims: no event was released and claimed again", claims);
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
+	cr_assert_eq(n, 10, "each event delivered once: %zu deliveries", n);
+	receiver_deliveries_free(d, n);
+	cr_log_info("lease release: %ld claims for 10 events", claims);
+}
+
+Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued)
+{
+	char *dead, *held, ctl[256], cmd[2048];
+	struct receiver_delivery *d;
+	size_t n, n0;
+
+	seed(2, 2);
+	dead = event_id_of("seq = 1");
+	{
+		const char *p[1] = {dead};
+		PGresult *res = sql("SELECT event_id FROM outbox WHERE workflow_id ="
+				    " (SELECT workflow_id FROM outbox WHERE event_id = $1) AND seq = 2",
+				    1, p);
+		held = strdup(PQgetvalue(res, 0, 0));
+		PQclear(res);
+	}
+	snprintf(ctl, sizeof(ctl), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 400}", dead);
+	cr_assert_eq(receiver_control(&rcv, ctl), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("dead_at IS NOT NULL"), 1);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 2, "the other workflow went out");
+	{
+		const char *p[1] = {held};
+		cr_assert_eq(scalar("SELECT count(*) FROM outbox WHERE event_id = $1 AND"
+				    " published_at IS NULL AND dead_at IS NULL AND attempts = 0",
+				    1, p),
+			     1, "the later event was never attempted");
+	}
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_str_neq(d[i].event_id, held, "delivered past a dead event");
+	receiver_deliveries_free(d, n);
+	n0 = n;
+
+	/* Requeued, the dead one goes first, then the one it held. */
+	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox requeue '%s' >/dev/null",
+		 getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), dead);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(receiver_control(&rcv, "{\"reset\": true}"), 0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 4);
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
+	cr_assert_eq(n, n0 + 2, "%zu deliveries after the requeue", n - n0);
+	cr_assert_str_eq(d[n0].event_id, dead);
+	cr_assert_str_eq(d[n0 + 1].event_id, held);
+	receiver_deliveries_free(d, n);
+	free(dead);
+	free(held);
+}
+
+Test(dispatch, a_retry_after_longer_than_the_backoff_schedules_the_next_attempt)
+{
+	seed(2, 1);
+	/* Backoff 50 ms; the receiver asks for 30 s, then 0 s (shorter than
+	 * the backoff, so the backoff stands). */
+	cr_assert_eq(receiver_control(&rcv, "{\"fail_next\": 1, \"status\": 503,"
+					    " \"retry_after\": 30}"),
+		     0);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"
+				 " AND next_attempt_at BETWEEN now() + interval '29 seconds'"
+				 "                         AND now() + interval '30 seconds'"),
+		     1, "the next attempt is 30 s away, as the receiver asked");
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+	usleep(100 * 1000);
+	cr_assert_eq(run(NULL), 0);
+	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"), 1,
+		     "not attempted again before its Retry-After");
+}
+
+Test(dispatch, a_database_error_other_than_unreachable_exits_70)
+{
+	char db[64], conninfo[512];
+
+	snprintf(db, sizeof(db), "disp_empty_%ld", (long)getpid());
+	{
+		char q[128];
+		snprintf(q, sizeof(q), "CREATE DATABASE %s", db);
+		PQclear(sql(q, 0, NULL));
+	}
+	/* Reachable, but without the schema: the claim fails. */
+	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s",
+		 getenv("PGHOST"), getenv("PGPORT"), getenv("PGUSER"), db);
+	const char *empty[] = {"--db", conninfo, NULL};
+	int rc = run(empty);
+	{
+		char q[128];
+		snprintf(q, sizeof(q), "DROP DATABASE %s", db);
+		PQclear(sql(q, 0, NULL));
+	}
+	cr_assert_eq(rc, 70, "exit %d", rc);
+	cr_assert(log_has("level=error") && log_has("exit=70"), "the failure is logged");
 }
 
 /* One test at a time: each drains the shared outbox. */

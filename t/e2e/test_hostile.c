@@ -883,3 +883,22 @@ Test(hostile, header_injection_attempts_inject_nothing)
 	http_response_free(first);
 	expect_pool_intact(&pool, &t, 2);
 }
+
+/* A request line over nginx's large_client_header_buffers (8k): nginx's
+ * own 414, in the API's problem+json shape (no instance: nginx has no
+ * URI it could quote), and no worker involved. */
+Test(hostile, a_request_line_over_8k_is_nginx_s_414_as_problem_json)
+{
+	static char path[9000];
+	struct tstack_tenant t;
+	struct http_response *r;
+
+	tstack_tenant_create(&t, "longuri");
+	memcpy(path, COLLECTION "/", sizeof(COLLECTION));
+	memset(path + sizeof(COLLECTION), 'a', sizeof(path) - sizeof(COLLECTION) - 1);
+	const char *h[] = {t.auth, NULL};
+	r = http_request("GET", path, h, NULL, 0);
+	tstack_expect_problem(r, 414, "/problems/uri-too-long", "");
+	http_response_free(r);
+	tstack_expect_counts(&t, 0, 0, 0);
+}

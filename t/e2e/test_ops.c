@@ -70,14 +70,22 @@ static struct http_response *get(const char *path)
 
 struct prune_report {
 	long keys, key_stats, events;
+	int statements;
 };
+
+/* Statements a prune in batches of batch takes: each kind of row goes
+ * in full batches until one comes back short (possibly empty). */
+static int prune_statements(const struct prune_report *p, int batch)
+{
+	return (int)(p->keys / batch + 1 + p->events / batch + 1);
+}
 
 /* idemflow [FLAGS...] prune, and its one-line report. */
 static struct prune_report prune_run(const char *flag, const char *value)
 {
 	struct prune_report p;
 	char out[512];
-	int statements, n;
+	int n, batch;
 	double secs;
 
 	if (flag != NULL)
@@ -85,9 +93,12 @@ static struct prune_report prune_run(const char *flag, const char *value)
 	else
 		cli_ok(out, "prune");
 	n = sscanf(out, "prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%lf",
-		   &p.keys, &p.key_stats, &p.events, &statements, &secs);
+		   &p.keys, &p.key_stats, &p.events, &p.statements, &secs);
 	cr_assert_eq(n, 5, "unexpected prune report: \"%s\"", out);
-	cr_assert(statements >= 2, "keys and events take a statement each at least: %s", out);
+	batch = flag != NULL && strcmp(flag, "--prune-batch") == 0
+		    ? atoi(value)
+		    : (int)tstack_conf_long("prune_batch", 1000);
+	cr_assert_eq(p.statements, prune_statements(&p, batch), "batches of %d: %s", batch, out);
 	return p;
 }
 
@@ -245,6 +256,8 @@ Test(prune, removes_exactly_the_expired_keys_while_keyed_traffic_continues)
 	cr_assert(during > 0, "no request was answered while prune ran");
 
 	cr_assert_eq(p.keys, EXPIRED_KEYS + 1, "keys removed");
+	/* 50 full batches of keys, one of a single key, one empty of events. */
+	cr_assert_eq(p.statements, 52);
 	cr_assert_eq(p.key_stats, 10 + 1, "counts removed with their keys");
 	cr_assert_eq(p.events, 0);
 	/* Exactly the expired ones: the young keys and every key of the
@@ -491,6 +504,15 @@ static void post_expect(const struct tstack_tenant *t, const char *key, const ch
 	http_response_free(r);
 }
 
+static void post_conflict(const struct tstack_tenant *t, const char *key, const char *body,
+			  const char *type)
+{
+	struct http_response *r = post(t, key, body);
+
+	tstack_expect_problem(r, 409, type, "/v1/workflows");
+	http_response_free(r);
+}
+
 Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 {
 	struct tstack_tenant t, other;
@@ -511,14 +533,15 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 		post_expect(&t, a, BODY, 201);
 	/* B: created, then reused twice for other requests. */
 	post_expect(&t, b, BODY, 201);
-	post_expect(&t, b, "{\"type\":\"ops\",\"input\":{\"n\":2}}", 409);
-	post_expect(&t, b, "{\"type\":\"other\"}", 409);
+	post_conflict(&t, b, "{\"type\":\"ops\",\"input\":{\"n\":2}}",
+		      "/problems/idempotency-key-reused");
+	post_conflict(&t, b, "{\"type\":\"other\"}", "/problems/idempotency-key-reused");
 	/* C: created once. */
 	post_expect(&t, c, BODY, 201);
 	/* E: sent while another request holds it (409 in flight), then
 	 * created once the holder gives up. */
 	tstack_key_hold(holder, &t, e);
-	post_expect(&t, e, BODY, 409);
+	post_conflict(&t, e, BODY, "/problems/idempotency-key-in-flight");
 	tstack_exec(holder, "ROLLBACK");
 	post_expect(&t, e, BODY, 201);
 	/* D: created two days ago, outside a 24 h window; replayed now. */
@@ -601,8 +624,17 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 /* --- Readiness ---------------------------------------------------------- */
 
 
-/* More requests than workers (3), so every worker answers. */
-#define EVERY_WORKER 6
+/* Bursts twice as wide as the pool (3 workers), until the request log
+ * shows that every worker answered. */
+#define BURST 6
+#define MAX_BURSTS 50
+
+static struct http_response *send_readyz(int i, void *arg)
+{
+	(void)i;
+	(void)arg;
+	return http_request("GET", "/readyz", NULL, NULL, 0);
+}
 
 static void expect_ready(const struct http_response *r, int version)
 {
@@ -632,13 +664,22 @@ static void expect_not_ready(const struct http_response *r, const char *detail)
 	json_object_put(v);
 }
 
+static void check_ready(const struct http_response *r, int i, void *arg)
+{
+	(void)i;
+	expect_ready(r, *(const int *)arg);
+}
+
+static void check_not_ready(const struct http_response *r, int i, void *arg)
+{
+	(void)i;
+	expect_not_ready(r, arg);
+}
+
 static void expect_ready_everywhere(int version)
 {
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		struct http_response *r = get("/readyz");
-		expect_ready(r, version);
-		http_response_free(r);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_ready, &version);
 }
 
 /* Poll /readyz until it answers 200 (workers reconnect at their own pace),
@@ -680,11 +721,8 @@ Test(readyz, turns_503_while_postgresql_is_down_and_200_when_it_returns)
 	expect_ready_again(migrate_latest());
 
 	tstack_pg_ctl("stop");
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		r = get("/readyz");
-		expect_not_ready(r, "database unreachable");
-		http_response_free(r);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_not_ready, "database unreachable");
 	/* /healthz is liveness: the processes are fine. */
 	r = get("/healthz");
 	cr_assert_eq(r->status, 204);
@@ -737,7 +775,6 @@ Test(readyz, turns_503_while_the_schema_is_behind_the_build,
 {
 	char v[16], newer[16], detail[128];
 	PGconn *c = tstack_db_connect();
-	struct http_response *r;
 	int latest = migrate_latest();
 
 	snprintf(v, sizeof(v), "%d", latest);
@@ -747,11 +784,8 @@ Test(readyz, turns_503_while_the_schema_is_behind_the_build,
 	tstack_exec(c, "DELETE FROM schema_migrations WHERE version = $1", v);
 	snprintf(detail, sizeof(detail),
 		 "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		r = get("/readyz");
-		expect_not_ready(r, detail);
-		http_response_free(r);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_not_ready, detail);
 	restore_latest_migration();
 	expect_ready_everywhere(latest);
 
@@ -785,12 +819,8 @@ Test(readyz, names_the_schema_version_when_the_build_is_newer_than_its_schema,
 		    " WHERE application_name LIKE '%-worker-%'");
 	snprintf(detail, sizeof(detail),
 		 "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
-	for (int i = 0; i < EVERY_WORKER; i++) {
-		struct http_response *r = get("/readyz");
-		expect_not_ready(r, detail);
-		http_response_free(r);
-		tstack_sleep_ms(20);
-	}
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
+			    MAX_BURSTS, send_readyz, check_not_ready, detail);
 	restore_latest_migration();
 	expect_ready_again(latest);
 	PQfinish(c);

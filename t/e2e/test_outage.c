@@ -80,6 +80,46 @@ static void expect_rows(const struct tstack_tenant *t, long n)
 	cr_assert_eq(rows(t, "idempotency_keys"), n, "keys");
 }
 
+/* Bursts twice as wide as the pool (3 workers), until the request log
+ * shows that every worker answered. */
+#define BURST 6
+#define MAX_BURSTS 50
+#define SHOTS_MAX (BURST * MAX_BURSTS)
+
+struct shots {
+	const struct tstack_tenant *t;
+	const char *key; /* one key for all, or NULL: a fresh key each */
+	char keys[SHOTS_MAX][128];
+	int created;
+};
+
+/* POST as in post(), on a burst's thread: no assertions. */
+static struct http_response *send_post(int i, void *arg)
+{
+	struct shots *s = arg;
+	char kh[300];
+
+	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", s->key ? s->key : s->keys[i]);
+	const char *headers[] = {s->t->auth, "Content-Type: application/json", kh, NULL};
+	return http_request("POST", "/v1/workflows", headers, BODY, strlen(BODY));
+}
+
+static void check_unavailable(const struct http_response *r, int i, void *arg)
+{
+	(void)i;
+	(void)arg;
+	expect_unavailable(r);
+}
+
+static void check_created(const struct http_response *r, int i, void *arg)
+{
+	struct shots *s = arg;
+
+	cr_assert_eq(r->status, 201, "request %d after an idle restart got %d: %s", i, r->status,
+		     r->body);
+	s->created++;
+}
+
 TestSuite(outage, .timeout = 120);
 
 Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
@@ -87,22 +127,40 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 	struct tstack_tenant t;
 	struct http_response *r;
 	char key[128];
+	static struct shots shots;
+	pid_t sup = tstack_supervisor_pid();
+	const char *log = tstack_env("IDEMFLOW_FCGI_LOG");
+	int n;
 
+	cr_assert(tstack_wait_workers(sup, 3, 5000));
 	tstack_tenant_create(&t, "outage");
 	tstack_key(key, sizeof(key), "before");
 	r = post(&t, key);
 	cr_assert_eq(r->status, 201);
 	http_response_free(r);
 
-	/* Scene 1: PostgreSQL is stopped. Every worker (3, so ask more
-	 * often than that) answers 503 with Retry-After; nothing hangs. */
+	/* Scene 1: PostgreSQL is stopped. Every worker (the request log
+	 * names each) answers 503 with Retry-After; nothing hangs. */
 	tstack_pg_ctl("stop");
 	tstack_key(key, sizeof(key), "during");
-	for (int i = 0; i < 6; i++) {
-		r = post(&t, key);
-		expect_unavailable(r);
-		http_response_free(r);
+	shots = (struct shots){.t = &t, .key = key};
+	n = tstack_every_worker(sup, log, BURST, MAX_BURSTS, send_post, check_unavailable, &shots);
+
+	/* /metrics still answers: the counters (those 503s among them), and
+	 * idemflow_db_up 0 in place of the gauges that need the database. */
+	r = http_fcgi_request(tstack_env("IDEMFLOW_FCGI_SOCKET"), "GET", "/metrics", NULL, NULL, 0);
+	cr_assert_not_null(r, "%s", http_error());
+	cr_assert_eq(r->status, 200, "GET /metrics with the database down: %d %.300s", r->status,
+		     r->body);
+	cr_assert_not_null(strstr(r->body, "\nidemflow_db_up 0\n"), "%s", r->body);
+	cr_assert_null(strstr(r->body, "\nidemflow_outbox_pending "), "a gauge without its data");
+	{
+		const char *at = strstr(r->body, "\nidemflow_requests_total{route=\"/v1/workflows\","
+						 "status=\"503\"} ");
+		cr_assert_not_null(at, "no 503 counter: %s", r->body);
+		cr_assert_geq(atol(strchr(at, '}') + 2), n, "503s counted");
 	}
+	http_response_free(r);
 
 	/* Scene 2: it is back. The same request, retried as a client would
 	 * on 503, succeeds within a few seconds and creates exactly once. */
@@ -124,13 +182,10 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 	 * its closed connection before its next statement and reconnects:
 	 * not one request fails. */
 	tstack_pg_ctl("restart");
-	for (int i = 0; i < 6; i++) {
-		char k[128];
-		tstack_key(k, sizeof(k), "after-restart");
-		r = post(&t, k);
-		cr_assert_eq(r->status, 201, "request %d after an idle restart got %d: %s", i,
-			     r->status, r->body);
-		http_response_free(r);
-	}
-	expect_rows(&t, 8);
+	shots = (struct shots){.t = &t};
+	for (int i = 0; i < SHOTS_MAX; i++)
+		tstack_key(shots.keys[i], sizeof(shots.keys[i]), "after-restart");
+	n = tstack_every_worker(sup, log, BURST, MAX_BURSTS, send_post, check_created, &shots);
+	cr_assert_eq(shots.created, n);
+	expect_rows(&t, 2 + n);
 }

@@ -168,6 +168,7 @@ static void sigterm_drains_in_flight_request(pid_t sup, long wait_ms)
 	pthread_t thread;
 	size_t n;
 	PGconn *hold;
+	double deadline;
 
 	tstack_tenant_create(&t, "sigterm");
 	tstack_key(key, sizeof(key), "sigterm");
@@ -189,7 +190,23 @@ static void sigterm_drains_in_flight_request(pid_t sup, long wait_ms)
 		  (long)blocked, (long)sup);
 
 	cr_assert_eq(kill(sup, SIGTERM), 0, "SIGTERM: %s", strerror(errno));
-	tstack_sleep_ms(200);
+	/* The drain has begun before the parked request may go on: the
+	 * supervisor says so, and the idle workers, stopped together with
+	 * the parked one, are gone while the parked one is still there. */
+	deadline = tstack_now() + wait_ms / 2000.0;
+	for (;;) {
+		size_t left = 0;
+		for (size_t i = 0; i < n; i++)
+			left += workers[i] != blocked && !tstack_pid_gone(workers[i]);
+		if (left == 0 && tstack_file_contains(tstack_env("IDEMFLOW_FCGI_LOG"),
+						      "msg=\"stopping: letting in-flight requests"
+						      " finish\""))
+			break;
+		cr_assert(tstack_now() < deadline, "%zu idle workers still running after SIGTERM",
+			  left);
+		tstack_sleep_ms(20);
+	}
+	cr_assert(!tstack_pid_gone(blocked), "the worker with a request in flight left at SIGTERM");
 	tstack_exec(hold, "ROLLBACK");
 	PQfinish(hold);
 	pthread_join(thread, NULL);

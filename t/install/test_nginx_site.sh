@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# t/install/test_nginx_site.sh - the production site nginx/idemflow.conf,
+# installed as a site of the stock Debian nginx.conf (included inside its
+# http {} block, beside mime.types, conf.d/ and the modules), passes
+# "nginx -t". Only the paths nginx would write to (pid file, logs) are
+# moved to a temporary directory; the site is otherwise tested verbatim.
+# Skipped (77) when nginx or its stock nginx.conf is not installed.
+set -euo pipefail
+
+: "${top_srcdir:?run me from make check}"
+NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+STOCK=${NGINX_STOCK_CONF:-/etc/nginx/nginx.conf}
+[[ -x $NGINX && -f $STOCK ]] || { echo "SKIP: no nginx or no $STOCK"; exit 77; }
+
+TMP=$(mktemp -d /tmp/idemflow-nginx.XXXXXX)
+trap 'rm -rf -- "$TMP"' EXIT
+mkdir -p "$TMP/sites-enabled" "$TMP/log"
+
+# The stock configuration, with its sites-enabled/ replaced by ours.
+grep -q '^[[:space:]]*include /etc/nginx/sites-enabled/\*;' "$STOCK" ||
+	{ echo "FAIL: $STOCK does not include sites-enabled/*" >&2; exit 1; }
+sed -e "s|/etc/nginx/sites-enabled/\*|$TMP/sites-enabled/*|" \
+	-e "s|^\([[:space:]]*pid\) .*;|\1 $TMP/nginx.pid;|" \
+	-e "s|/var/log/nginx/|$TMP/log/|g" "$STOCK" >"$TMP/nginx.conf"
+sed -e "s|/var/log/nginx/|$TMP/log/|g" "$top_srcdir/nginx/idemflow.conf" \
+	>"$TMP/sites-enabled/idemflow"
+# Nothing but the log paths differs from the shipped site.
+diff <(grep -v /var/log/nginx/ "$top_srcdir/nginx/idemflow.conf") \
+	<(grep -v "$TMP/log/" "$TMP/sites-enabled/idemflow") >/dev/null
+
+if ! out=$("$NGINX" -t -c "$TMP/nginx.conf" -p "$TMP/" -e "$TMP/log/error.log" 2>&1); then
+	echo "FAIL: nginx -t rejects the production site:" >&2
+	echo "$out" >&2
+	exit 1
+fi
+# Warnings about the site (not the stock file's "user" as a non-root
+# user) are failures too.
+if grep -v 'the "user" directive makes sense only' <<<"$out" | grep -q '\[warn\]\|\[emerg\]'; then
+	echo "FAIL: nginx -t warns about the production site:" >&2
+	echo "$out" >&2
+	exit 1
+fi
+echo "$out"
+echo "ok: nginx/idemflow.conf passes nginx -t inside the stock $STOCK"
