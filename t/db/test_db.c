@@ -567,6 +567,7 @@ Test(db, lifetimes_and_due_times_come_from_the_database_clock)
 			   " AND next_attempt_at <= now()"),
 		     2, "both events are due now");
 	db_close(db);
+}
 
 /* --- Migrations ----------------------------------------------------------- */
 

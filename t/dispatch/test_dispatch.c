@@ -741,6 +741,7 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 			    " WHERE o.tenant_id = $1",
 			    1, p),
 		     300, "the sink got exactly this tenant's events");
+}
 
 /* Each claim of an event, as the claims wrote it (lease_owner set): a
  * trigger fills test_claims until claims_stop(). */
