@@ -309,7 +309,7 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 
 	seed(10000, 1);
 	/* Who claimed what, as the claims wrote it: each claim sets
-	 * lease_owner, "host:pid" of the dispatcher. */
+	 * lease_owner, "host:pid:n" of the dispatcher and its claim. */
 	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
 	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
 		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
@@ -332,10 +332,10 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 		snprintf(pb, sizeof(pb), "%ld", (long)b);
 		const char *q[2] = {pa, pb};
 		long by_a = scalar("SELECT count(*) FROM test_claims"
-				   " WHERE owner LIKE '%:' || $1",
+				   " WHERE owner LIKE '%:' || $1 || ':%'",
 				   1, q);
 		long by_b = scalar("SELECT count(*) FROM test_claims"
-				   " WHERE owner LIKE '%:' || $1",
+				   " WHERE owner LIKE '%:' || $1 || ':%'",
 				   1, q + 1);
 		long all = scalar("SELECT count(*) FROM test_claims", 0, NULL);
 		PQclear(sql("DROP TABLE test_claims", 0, NULL));
