@@ -201,7 +201,9 @@ static int create_stmt(const struct api_ctx *ctx)
 }
 
 /* Run the keyed create until it either owned the key or found its row.
- * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. */
+ * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. The
+ * statement stores only its 201, a success (cmd_stores): every refusal of
+ * a create is a validation error, answered before the key is claimed. */
 static void create_keyed(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
                          const char *const p[15], const char *location, const struct buf *body)
 {
