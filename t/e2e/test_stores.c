@@ -5,9 +5,11 @@
  *
  * Every test works in a tenant of its own.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include <criterion/criterion.h>
 
@@ -17,6 +19,7 @@
 #define JSON_CT "Content-Type: application/json"
 
 TestSuite(keys, .timeout = 90);
+TestSuite(memory, .timeout = 180);
 
 static struct http_response *post(const struct tstack_tenant *t, const char *path,
 				  const char *key, const char *body)
@@ -281,4 +284,162 @@ Test(keys, every_refusal_of_a_command_is_stored_and_replayed_byte_for_byte)
 	expect_stored_refusal(&t, path, "{\"message_id\":\"x\",\"name\":\"stop\"}", 409,
 			      "/problems/message-id-reused");
 	free(wf);
+}
+
+/* --- Bounded answers and workers ----------------------------------------- */
+
+enum { BIG_WORKFLOWS = 40, BIG_INPUT = 900000, CLIENTS = 4, WALKS = 1 };
+
+struct walk {
+	const struct tstack_tenant *t;
+	size_t cap;
+	/* Results, read after the join. */
+	int items, pages, failed;
+	size_t largest;
+	char why[300];
+};
+
+/* Walk every page of the tenant's "big" workflows, limit=1000, twice.
+ * Runs on its own thread: no assertions, only results. */
+static void *walk_pages(void *arg)
+{
+	struct walk *w = arg;
+	const char *h[] = {w->t->auth, NULL};
+
+	for (int round = 0; round < WALKS && !w->failed; round++) {
+		char path[200], cursor[37] = "";
+		int items = 0;
+		do {
+			struct http_response *r;
+			const char *c, *p;
+			int n = 0;
+
+			snprintf(path, sizeof(path), "/v1/workflows?type=big&limit=1000%s%s",
+				 cursor[0] ? "&after=" : "", cursor);
+			r = http_request("GET", path, h, NULL, 0);
+			if (r == NULL || r->status != 200) {
+				snprintf(w->why, sizeof(w->why), "GET %s: %d", path,
+					 r ? r->status : -1);
+				w->failed = 1;
+				http_response_free(r);
+				break;
+			}
+			if (r->body_len > w->largest)
+				w->largest = r->body_len;
+			for (p = r->body; (p = strstr(p, "{\"id\":\"")) != NULL; p++)
+				n++;
+			items += n;
+			w->pages++;
+			c = strstr(r->body, "\"next_cursor\":\"");
+			if (c != NULL)
+				snprintf(cursor, sizeof(cursor), "%.36s", c + 15);
+			else
+				cursor[0] = '\0';
+			if (n == 0 && c != NULL) {
+				snprintf(w->why, sizeof(w->why), "an empty page with a cursor");
+				w->failed = 1;
+			}
+			http_response_free(r);
+		} while (cursor[0] != '\0' && !w->failed);
+		w->items += items;
+	}
+	return NULL;
+}
+
+/* VmRSS of pid in KiB, or -1. */
+static long rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%ld/status", (long)pid);
+	f = fopen(path, "r");
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/*
+ * Tens of MB of workflows (40 of about 900 KB each), listed a thousand at
+ * a time by four clients at once: every answer stays within max_answer,
+ * the walks see every workflow, and each worker's resident memory comes
+ * back to near where it was (its buffers and the big allocations are
+ * given back after each request).
+ */
+Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_memory_back)
+{
+	const long slack_kib = 5 * 1024;
+	struct tstack_tenant t;
+	struct walk w[CLIENTS];
+	pthread_t th[CLIENTS];
+	pid_t pids[64];
+	long before[64], after[64];
+	size_t nw, cap;
+	char n[24];
+
+	tstack_tenant_create(&t, "bigpages");
+	cap = (size_t)tstack_conf_long("max_answer", 4L * 1024 * 1024);
+	snprintf(n, sizeof(n), "%d", BIG_INPUT);
+	tstack_exec(tstack_db(),
+		    "INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+		    " SELECT $1::bigint, gen_random_uuid(), 'big',"
+		    "        jsonb_build_object('n', g, 'blob', repeat(chr(97 + g % 26), $2::int)),"
+		    "        now(), now()"
+		    "   FROM generate_series(1, 40) g",
+		    t.id_text, n);
+
+	/* Every worker warmed by small pages first: the baseline is a worker
+	 * that has served lists, not one fresh from its fork. */
+	nw = tstack_workers(tstack_supervisor_pid(), pids, 64);
+	cr_assert_gt(nw, 0);
+	for (int i = 0; i < 30; i++) {
+		const char *h[] = {t.auth, NULL};
+		struct http_response *r = http_request("GET", "/v1/workflows?type=none&limit=1", h,
+						       NULL, 0);
+		cr_assert_not_null(r);
+		http_response_free(r);
+	}
+	for (size_t i = 0; i < nw; i++)
+		before[i] = rss_kib(pids[i]);
+
+	for (int i = 0; i < CLIENTS; i++) {
+		w[i] = (struct walk){.t = &t, .cap = cap};
+		cr_assert_eq(pthread_create(&th[i], NULL, walk_pages, &w[i]), 0);
+	}
+	for (int i = 0; i < CLIENTS; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < CLIENTS; i++) {
+		cr_assert_not(w[i].failed, "client %d: %s", i, w[i].why);
+		cr_assert_eq(w[i].items, WALKS * BIG_WORKFLOWS, "client %d saw %d items", i,
+			     w[i].items);
+		cr_assert_leq(w[i].largest, cap, "client %d got a page of %zu bytes, cap %zu", i,
+			      w[i].largest, cap);
+		cr_assert_gt(w[i].pages, WALKS * 2, "the cap cut the pages short");
+		cr_log_info("client %d: %d pages, largest %zu bytes", i, w[i].pages, w[i].largest);
+	}
+
+	/* The workers answered before they gave the memory back: look again
+	 * for a moment rather than once. */
+	for (int tries = 0;; tries++) {
+		int over = 0;
+		for (size_t i = 0; i < nw; i++) {
+			after[i] = rss_kib(pids[i]);
+			over |= after[i] > before[i] + slack_kib;
+		}
+		if (!over || tries == 30)
+			break;
+		tstack_sleep_ms(100);
+	}
+	for (size_t i = 0; i < nw; i++) {
+		cr_log_info("worker %ld: VmRSS %ld kB before, %ld kB after", (long)pids[i],
+			    before[i], after[i]);
+		cr_assert_leq(after[i], before[i] + slack_kib,
+			      "worker %ld kept %ld kB more than before (%ld -> %ld kB)",
+			      (long)pids[i], after[i] - before[i], before[i], after[i]);
+	}
 }
