@@ -92,6 +92,22 @@ void buf_free(struct buf *b)
 	b->oom = 0;
 }
 
+void buf_truncate(struct buf *b, size_t len)
+{
+	if (len < b->len) {
+		b->len = len;
+		b->data[len] = '\0';
+	}
+}
+
+void buf_shrink(struct buf *b, size_t keep)
+{
+	if (b->cap > keep)
+		buf_free(b);
+	else
+		buf_reset(b);
+}
+
 char *buf_utoa(char *end, unsigned long long v)
 {
 	do {

@@ -33,5 +33,11 @@ char *buf_utoa(char *end, unsigned long long v);
 void buf_reset(struct buf *b);
 /* Release the memory; the buffer is then empty and reusable. */
 void buf_free(struct buf *b);
+/* Cut the contents back to their first len bytes (len <= b->len). */
+void buf_truncate(struct buf *b, size_t len);
+/* Empty the buffer, and give its memory back when it holds more than
+ * keep bytes: a buffer reused across requests keeps a small one, not the
+ * high-water mark of the largest request it ever served. */
+void buf_shrink(struct buf *b, size_t keep);
 
 #endif

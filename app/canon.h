@@ -2,7 +2,9 @@
  * canon.h - parsing request JSON with limits, and its canonical form.
  *
  * The canonical form is what makes `{"a":1,"b":2}` and `{ "b": 2, "a": 1 }`
- * the same request. It follows RFC 8785 (JCS) closely:
+ * the same request. It is close to RFC 8785 (JCS) but not it (key order by
+ * UTF-8 bytes, not UTF-16 units; exact 64-bit integers; C's exponent form;
+ * kept so that stored keys' fingerprints stay valid, see the README):
  *  - no insignificant whitespace;
  *  - object members sorted by key, byte-wise on UTF-8 (= code point order);
  *  - strings escaped minimally: \" \\ \b \f \n \r \t, other controls as \u00xx,

@@ -197,21 +197,37 @@ int cmd_json_param(struct api_ctx *ctx, const struct http_req *req, struct http_
 	return 0;
 }
 
-/* The command's answer from its result: a problem row or the render. */
+int cmd_stores(int kind)
+{
+	switch (kind) {
+	case CMD_SUCCESS:
+	case P_LEASE_EXPIRED:
+	case P_NOT_LEASE_HOLDER:
+	case P_JOB_NOT_ACTIVE:
+	case P_STATE_CONFLICT:
+	case P_INVALID_TRANSITION:
+	case P_MESSAGE_REUSED: return 1;
+	default: return 0;
+	}
+}
+
+/* The command's answer from its result: a problem row or the render.
+ * Returns 1 when the answer is to be stored under the key (cmd_stores),
+ * 0 when not, -1 with e filled on failure. */
 static int answer(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
                   const PGresult *res, const struct cmd *c, struct err *e)
 {
 	if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0)) {
-		api_problem(resp, req, problem_by_slug(PQgetvalue(res, 0, 0)),
-		            PQgetvalue(res, 0, 1));
-		return 0;
+		enum problem_kind kind = problem_by_slug(PQgetvalue(res, 0, 0));
+		api_problem(resp, req, kind, PQgetvalue(res, 0, 1));
+		return cmd_stores((int)kind);
 	}
 	if (c->render(ctx, req, resp, res, c, e) < 0)
 		return -1;
 	if (resp->body.oom || resp->headers.oom)
 		return err_set(e, ERR_INTERNAL, "out of memory");
 	ctx->created = 1; /* may have written events: wake the dispatchers */
-	return 0;
+	return cmd_stores(CMD_SUCCESS);
 }
 
 static void clear_results(PGresult **r, int n)
@@ -306,6 +322,13 @@ void cmd_run(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp, 
 			if (rc < 0) {
 				rollback(ctx);
 				fail(ctx, resp, req, &e);
+				return;
+			}
+			if (rc == 0) {
+				/* Not the command's outcome (a missing workflow
+				 * or job): the command changed nothing, and the
+				 * rollback frees the key for the retry. */
+				rollback(ctx);
 				return;
 			}
 			if (store_and_commit(ctx, req, resp, tenant, &e) < 0) {

@@ -41,6 +41,18 @@ struct cmd {
 	void *arg; /* for render */
 };
 
+/*
+ * The one rule for what a key keeps. A command's own outcome is stored and
+ * replayed for the key's lifetime: its success (CMD_SUCCESS) and the
+ * refusals it decides from the state it finds (lease-expired,
+ * not-lease-holder, job-not-active, state-conflict, invalid-transition,
+ * message-id-reused). Every other answer leaves the key free: validation
+ * errors (answered before the key is claimed), a missing workflow or job,
+ * a 5xx. Returns 1 to store, 0 not to; kind is an enum problem_kind.
+ */
+#define CMD_SUCCESS (-1)
+int cmd_stores(int kind);
+
 /* Run c for req and answer it in resp. Never fails: errors become
  * problem answers. */
 void cmd_run(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,

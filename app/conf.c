@@ -61,6 +61,7 @@ static const struct conf_key conf_keys[] = {
 	{"statement_timeout", T_DURATION, OFF(statement_timeout), "30s", 0, 0,
 	 "PostgreSQL statement_timeout for request statements (0 = none)"},
 	{"max_body", T_SIZE, OFF(max_body), "1M", 2, 64L * 1024 * 1024, "largest request body accepted"},
+	{"max_answer", T_SIZE, OFF(max_answer), "4M", 64L * 1024, 1024L * 1024 * 1024, "largest list or history page, in bytes"},
 	{"max_depth", T_INT, OFF(max_depth), "64", 2, 1000, "deepest JSON nesting accepted"},
 	{"retry_after", T_INT, OFF(retry_after), "1", 0, 3600,
 	 "seconds sent in Retry-After with 503 and 409 in-flight"},

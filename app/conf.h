@@ -37,6 +37,7 @@ struct conf {
 	long replay_cache_ttl; /* ms a worker may answer a replay from memory; 0 = never */
 	long statement_timeout; /* ms; 0 = none */
 	long max_body;         /* bytes */
+	long max_answer;       /* bytes of a page (wf.c) */
 	long max_depth;        /* JSON nesting */
 	long retry_after;      /* s, sent with 503 and 409 in-flight */
 	long shutdown_timeout; /* ms a draining worker gets before SIGKILL */

@@ -64,16 +64,16 @@ void http_req_init(struct http_req *r, FCGX_Request *f)
 
 enum http_body_result http_read_body(struct http_req *r, long max, struct buf *out)
 {
-	long want = r->content_length < 0 ? 0 : r->content_length;
 	char chunk[16384];
+	size_t want;
 
-	if (want > max)
+	if (r->content_length > max)
 		return HTTP_BODY_TOO_LARGE;
-	while ((long)out->len < want) {
-		long left = want - (long)out->len;
-		int n =
-		    FCGX_GetStr(chunk, left < (long)sizeof(chunk) ? (int)left : (int)sizeof(chunk),
-		                r->fcgi->in);
+	want = r->content_length < 0 ? 0 : (size_t)r->content_length;
+	while (out->len < want && !out->oom) {
+		size_t left = want - out->len;
+		int n = FCGX_GetStr(chunk, (int)(left < sizeof(chunk) ? left : sizeof(chunk)),
+		                    r->fcgi->in);
 		if (n <= 0)
 			return HTTP_BODY_SHORT;
 		buf_append(out, chunk, (size_t)n);
@@ -161,6 +161,12 @@ void http_resp_free(struct http_resp *resp)
 	buf_free(&resp->body);
 }
 
+void http_resp_shrink(struct http_resp *resp, size_t keep)
+{
+	buf_shrink(&resp->headers, keep);
+	buf_shrink(&resp->body, keep);
+}
+
 void http_resp_header(struct http_resp *resp, const char *name, const char *value)
 {
 	buf_puts(&resp->headers, name);
@@ -190,6 +196,19 @@ const char *http_reason(int status)
 	}
 }
 
+/* FCGX_PutStr takes an int: write len bytes in pieces that fit one. */
+static int put_all(FCGX_Request *f, const char *p, size_t len)
+{
+	while (len > 0) {
+		size_t n = len < (size_t)1 << 20 ? len : (size_t)1 << 20;
+		if (FCGX_PutStr(p, (int)n, f->out) < 0)
+			return -1;
+		p += n;
+		len -= n;
+	}
+	return 0;
+}
+
 int http_send(FCGX_Request *f, const struct http_resp *resp)
 {
 	char num[24], *p = num + sizeof(num);
@@ -213,12 +232,8 @@ int http_send(FCGX_Request *f, const struct http_resp *resp)
 	    FCGX_PutStr(p, (int)(num + sizeof(num) - p), f->out) < 0 ||
 	    FCGX_PutStr("\r\n", 2, f->out) < 0)
 		return -1;
-	if (resp->headers.len &&
-	    FCGX_PutStr(resp->headers.data, (int)resp->headers.len, f->out) < 0)
+	if (put_all(f, resp->headers.data, resp->headers.len) < 0 ||
+	    FCGX_PutStr("\r\n", 2, f->out) < 0)
 		return -1;
-	if (FCGX_PutStr("\r\n", 2, f->out) < 0)
-		return -1;
-	if (resp->body.len && FCGX_PutStr(resp->body.data, (int)resp->body.len, f->out) < 0)
-		return -1;
-	return 0;
+	return put_all(f, resp->body.data, resp->body.len);
 }

@@ -62,6 +62,8 @@ int http_is_json(const char *content_type);
 
 void http_resp_reset(struct http_resp *resp);
 void http_resp_free(struct http_resp *resp);
+/* Empty resp, giving back buffers of more than keep bytes (buf_shrink). */
+void http_resp_shrink(struct http_resp *resp, size_t keep);
 /* Append one "Name: value" header line. */
 void http_resp_header(struct http_resp *resp, const char *name, const char *value);
 

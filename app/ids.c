@@ -27,19 +27,34 @@ int ids_random(void *buf, size_t n)
 	return 0;
 }
 
+/*
+ * The 12 bits after the version hold the fraction of the millisecond
+ * (RFC 9562, 6.2 method 3, in steps of 1/4096 ms, about 244 ns), and the
+ * process never hands out the same or a smaller timestamp twice. Ids made
+ * on one host in sequence (a create answered before the next one starts,
+ * whichever worker makes it) therefore sort in the order they were made:
+ * the list promises that order, and random bits within a millisecond
+ * would break it.
+ */
 int ids_uuid7(char *out)
 {
+	static uint64_t last; /* ms << 12 | fraction, of this process */
 	uint8_t b[16];
-	struct timeval tv;
-	uint64_t ms;
+	struct timespec ts;
+	uint64_t t;
 
 	if (ids_random(b, sizeof(b)) < 0)
 		return -1;
-	gettimeofday(&tv, NULL);
-	ms = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	t = ((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000) << 12 |
+	    ((uint64_t)ts.tv_nsec % 1000000) * 4096 / 1000000;
+	if (t <= last)
+		t = last + 1; /* the clock stood still or stepped back */
+	last = t;
 	for (int i = 0; i < 6; i++)
-		b[i] = (uint8_t)(ms >> (8 * (5 - i)));
-	b[6] = (uint8_t)(0x70 | (b[6] & 0x0f)); /* version 7 */
+		b[i] = (uint8_t)(t >> (12 + 8 * (5 - i)));
+	b[6] = (uint8_t)(0x70 | ((t >> 8) & 0x0f)); /* version 7 */
+	b[7] = (uint8_t)t;
 	b[8] = (uint8_t)(0x80 | (b[8] & 0x3f)); /* RFC 9562 variant */
 	/* 8-4-4-4-12 lowercase hex digits. */
 	for (int i = 0, o = 0; i < 16; i++) {

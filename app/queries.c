@@ -128,16 +128,42 @@ const struct db_stmt queries[Q__COUNT] = {
     [Q_JOB_COMPLETE] = {"job_complete", "SELECT * FROM idemflow_job_complete($1, $2, $3, $4, $5)"},
     [Q_JOB_FAIL] = {"job_fail",
                     "SELECT * FROM idemflow_job_fail($1, $2, $3, $4, $5, $6::interval)"},
+    /* Pages: at most $limit rows (the caller asks for one more than it
+     * shows), each with "within": it starts within the byte budget (the
+     * last parameter). Rows stop after the first one past the budget, so a
+     * worker never receives much more than it may answer, and a row beyond
+     * the ones shown says there is a next page (wf.c). The list walks the
+     * index one row at a time so that PostgreSQL sizes only those rows;
+     * an event's text is sized without reading it. */
     [Q_WF_EVENTS] =
         {"wf_events",
-         "SELECT e.seq, e.payload FROM workflows w"
-         "  LEFT JOIN LATERAL (SELECT seq, payload FROM outbox o"
-         "                      WHERE o.tenant_id = w.tenant_id AND o.workflow_id = w.id"
-         "                        AND o.seq > $3 ORDER BY seq LIMIT $4) e ON true"
+         "SELECT e.seq, e.payload, e.within FROM workflows w"
+         "  LEFT JOIN LATERAL (SELECT seq, payload, start < $5::bigint AS within FROM ("
+         "    SELECT seq, payload, start, lag(start, 1, 0::bigint) OVER (ORDER BY seq) AS prev"
+         "      FROM (SELECT seq, payload, sum(octet_length(payload)::bigint)"
+         "                   OVER (ORDER BY seq) - octet_length(payload) AS start"
+         "              FROM (SELECT seq, payload FROM outbox o"
+         "                     WHERE o.tenant_id = w.tenant_id AND o.workflow_id = w.id"
+         "                       AND o.seq > $3 ORDER BY seq LIMIT $4) l) s) t"
+         "    WHERE prev < $5::bigint) e ON true"
          " WHERE w.tenant_id = $1 AND w.id = $2 ORDER BY e.seq"},
-    [Q_WF_LIST] = {"wf_list",
-                   "SELECT " WF_COLUMNS " FROM workflows"
-                   " WHERE tenant_id = $1 AND ($2::text IS NULL OR state = $2)"
-                   "   AND ($3::text IS NULL OR type = $3) AND ($4::uuid IS NULL OR id > $4)"
-                   " ORDER BY id LIMIT $5"},
+    [Q_WF_LIST] =
+        {"wf_list",
+         "WITH RECURSIVE page AS ("
+         "  (SELECT w.*, 1 AS n, 0::bigint AS start,"
+         "          octet_length(w.input::text)::bigint + octet_length(w.steps::text) AS run"
+         "     FROM workflows w"
+         "    WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
+         "      AND ($3::text IS NULL OR w.type = $3) AND ($4::uuid IS NULL OR w.id > $4)"
+         "    ORDER BY w.id LIMIT 1)"
+         "  UNION ALL"
+         "  SELECT w.*, p.n + 1, p.run,"
+         "         p.run + octet_length(w.input::text) + octet_length(w.steps::text)"
+         "    FROM page p CROSS JOIN LATERAL ("
+         "         SELECT * FROM workflows w"
+         "          WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
+         "            AND ($3::text IS NULL OR w.type = $3) AND w.id > p.id"
+         "          ORDER BY w.id LIMIT 1) w"
+         "   WHERE p.n < $5 AND p.start < $6::bigint)"
+         "SELECT " WF_COLUMNS ", start < $6::bigint FROM page ORDER BY id"},
 };

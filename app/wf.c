@@ -125,9 +125,11 @@ void wf_write(struct buf *out, const struct wf_view *w)
 		buf_puts(out, ",\"business_key\":");
 		canon_write_string(out, w->business_key, strlen(w->business_key));
 	}
-	if (w->steps != NULL)
-		buf_printf(out, ",\"steps\":%.*s,\"step\":%d", (int)w->steps_len, w->steps,
-		           w->step);
+	if (w->steps != NULL) {
+		buf_puts(out, ",\"steps\":");
+		buf_append(out, w->steps, w->steps_len);
+		buf_printf(out, ",\"step\":%d", w->step);
+	}
 	if (w->existing)
 		buf_puts(out, ",\"existing\":true");
 	buf_putc(out, '}');
@@ -201,7 +203,9 @@ static int create_stmt(const struct api_ctx *ctx)
 }
 
 /* Run the keyed create until it either owned the key or found its row.
- * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. */
+ * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. The
+ * statement stores only its 201, a success (cmd_stores): every refusal of
+ * a create is a validation error, answered before the key is claimed. */
 static void create_keyed(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp,
                          const char *const p[15], const char *location, const struct buf *body)
 {
@@ -519,34 +523,56 @@ static int is_state(const char *s)
 typedef int (*page_item_fn)(struct api_ctx *ctx, struct buf *out, const PGresult *res, int i,
                             struct err *e);
 
+/* The longest end of a page: "],"next_cursor":"<uuid>"}". */
+#define PAGE_TAIL_MAX 64
+
 /*
  * Answer 200 {"<name>":[items],"next_cursor":...} from the first rows of
- * res, at most limit; the query asked for one row more, whose presence
- * says there is a next page, and the cursor is column 0 of the last row
- * shown.
+ * res: at most limit items and at most max_answer bytes, the first item
+ * always (so a walk always moves on, even past an item bigger than the
+ * cap). The query asked for one row more than limit and stopped one row
+ * past its byte budget; column within_col says whether a row starts
+ * within that budget. A row left over means a next page; the cursor is
+ * column 0 of the last row shown.
  */
 static void answer_page(struct api_ctx *ctx, const struct http_req *req, struct http_resp *resp,
-                        const char *name, const PGresult *res, int n, long limit,
+                        const char *name, const PGresult *res, int n, long limit, int within_col,
                         page_item_fn item)
 {
+	const size_t cap = (size_t)ctx->conf->max_answer;
+	struct buf *b = &resp->body;
+	int shown = 0;
 	struct err e;
 
-	buf_printf(&resp->body, "{\"%s\":[", name);
+	buf_printf(b, "{\"%s\":[", name);
 	for (int i = 0; i < n && i < limit; i++) {
+		size_t mark = b->len;
+		if (i > 0 && strcmp(PQgetvalue(res, i, within_col), "t") != 0)
+			break;
 		if (i > 0)
-			buf_putc(&resp->body, ',');
-		if (item(ctx, &resp->body, res, i, &e) < 0) {
-			buf_reset(&resp->body);
-			api_db_error(ctx, resp, req, &e);
-			return;
+			buf_putc(b, ',');
+		if (item(ctx, b, res, i, &e) < 0)
+			goto fail;
+		if (i > 0 && b->len + PAGE_TAIL_MAX > cap) {
+			buf_truncate(b, mark); /* the next page starts with it */
+			break;
 		}
+		shown++;
 	}
-	if (n > limit)
-		buf_printf(&resp->body, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, limit - 1, 0));
+	if (shown < n)
+		buf_printf(b, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, shown - 1, 0));
 	else
-		buf_puts(&resp->body, "],\"next_cursor\":null}");
+		buf_puts(b, "],\"next_cursor\":null}");
+	if (b->oom) {
+		err_set(&e, ERR_INTERNAL, "out of memory");
+		goto fail;
+	}
 	resp->status = 200;
 	resp->content_type = "application/json";
+	return;
+fail:
+	buf_reset(b);
+	api_db_error(ctx, resp, req, &e);
 }
 
 static int list_item(struct api_ctx *ctx, struct buf *out, const PGresult *res, int i,
@@ -570,6 +596,7 @@ static int event_item(struct api_ctx *ctx, struct buf *out, const PGresult *res,
 void wf_list(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	char tenant[24], state[16], type[WF_TYPE_MAX + 1], after[IDS_UUID_LEN + 1], lim[24];
+	char budget[24];
 	long limit;
 	struct err e;
 	PGresult *res;
@@ -592,21 +619,22 @@ void wf_list(struct api_ctx *ctx, struct http_req *req, struct http_resp *resp)
 	}
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
-	const char *p[5] = {tenant, state[0] ? state : NULL, type[0] ? type : NULL,
-	                    after[0] ? after : NULL, lim};
-	res = db_run(ctx->db, Q_WF_LIST, 5, p, &e);
+	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
+	const char *p[6] = {tenant, state[0] ? state : NULL, type[0] ? type : NULL,
+	                    after[0] ? after : NULL, lim, budget};
+	res = db_run(ctx->db, Q_WF_LIST, 6, p, &e);
 	if (res == NULL) {
 		api_db_error(ctx, resp, req, &e);
 		return;
 	}
 	n = PQntuples(res);
-	answer_page(ctx, req, resp, "workflows", res, n, limit, list_item);
+	answer_page(ctx, req, resp, "workflows", res, n, limit, 8, list_item);
 	PQclear(res);
 }
 
 void wf_events(struct api_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
 {
-	char tenant[24], after[24], lim[24], *end;
+	char tenant[24], after[24], lim[24], budget[24], *end;
 	long limit, after_seq = 0;
 	struct err e;
 	PGresult *res;
@@ -630,8 +658,9 @@ void wf_events(struct api_ctx *ctx, struct http_req *req, const char *id, struct
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(after, sizeof(after), "%ld", after_seq);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
-	const char *p[4] = {tenant, id, after, lim};
-	res = db_run(ctx->db, Q_WF_EVENTS, 4, p, &e);
+	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
+	const char *p[5] = {tenant, id, after, lim, budget};
+	res = db_run(ctx->db, Q_WF_EVENTS, 5, p, &e);
 	if (res == NULL) {
 		api_db_error(ctx, resp, req, &e);
 		return;
@@ -644,7 +673,7 @@ void wf_events(struct api_ctx *ctx, struct http_req *req, const char *id, struct
 	}
 	if (PQgetisnull(res, 0, 0))
 		n = 0;
-	answer_page(ctx, req, resp, "events", res, n, limit, event_item);
+	answer_page(ctx, req, resp, "events", res, n, limit, 2, event_item);
 	PQclear(res);
 }
 

@@ -2,6 +2,7 @@
 #include "worker.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <sys/epoll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,6 +33,18 @@ static volatile sig_atomic_t worker_stop;
  * large to read), or a kept connection, gets libfcgi's own finish.
  */
 #define FINISH_DRAIN_MAX 65536
+
+/*
+ * Memory a worker keeps between requests. Its buffers keep up to
+ * BUF_KEEP bytes each and give back more (buf_shrink), and every
+ * allocation from MMAP_FLOOR up is a mapping of its own, returned to the
+ * system when freed: glibc would otherwise raise that threshold after the
+ * first big free, serve later big pages from the heap, and keep the heap's
+ * high-water mark. So a worker that answered a 4 MiB page returns to its
+ * usual size (t/e2e/test_stores.c measures it).
+ */
+#define BUF_KEEP   (64 * 1024)
+#define MMAP_FLOOR (128 * 1024)
 
 static void finish_request(FCGX_Request *f)
 {
@@ -200,6 +213,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	int rc = 0, ep = -1;
 
 	log_set_component("worker");
+	mallopt(M_MMAP_THRESHOLD, MMAP_FLOOR); /* also fixes it: no dynamic raise */
 	/* No SA_RESTART: a stop must interrupt epoll_pwait(). */
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_stop;
@@ -300,6 +314,9 @@ int worker_run(const struct conf *c, int listen_fd)
 		/* Log before finish_request: it frees the strings req points to. */
 		log_request(&ctx, &req, &resp, elapsed_ms(&t0));
 		finish_request(&freq);
+		http_resp_shrink(&resp, BUF_KEEP);
+		buf_shrink(&ctx.body, BUF_KEEP);
+		buf_shrink(&ctx.scratch, BUF_KEEP);
 		/* After the answer went out: the flush never delays a response. */
 		flush_keystats(&ks, ctx.db, 0);
 		nt.pending |= ctx.created;

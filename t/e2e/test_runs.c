@@ -870,42 +870,53 @@ Test(history, events_come_in_order_with_cursor_pages)
 	free(wf);
 }
 
+/*
+ * The list promises creation order for one client's sequential creates,
+ * whichever workers make them (ids are time-ordered to a fraction of a
+ * millisecond), and a page walk sees every workflow committed before it
+ * started once, and one created during the walk on a later page.
+ */
 Test(history, workflows_are_listed_by_keyset_pages_with_filters)
 {
+	enum { BEFORE = 30, DURING = 3, TOTAL = BEFORE + DURING, LIMIT = 4 };
 	struct tstack_tenant t;
-	char *ids[5], path[200], *cursor = NULL;
-	int seen = 0;
+	char *ids[TOTAL], path[200], *cursor = NULL;
+	int seen = 0, made = 0, pages = 0;
 
 	tstack_tenant_create(&t, "list");
-	for (int i = 0; i < 5; i++)
-		ids[i] = create(&t, "{\"type\":\"listed\",\"steps\":[{\"name\":\"a\","
-				    "\"job_type\":\"l\"}]}");
+	for (; made < BEFORE; made++)
+		ids[made] = create(&t, "{\"type\":\"listed\",\"steps\":[{\"name\":\"a\","
+				       "\"job_type\":\"l\"}]}");
 	free(create(&t, "{\"type\":\"other\"}"));
-	for (int page = 0; page < 3; page++) {
+	do {
 		struct http_response *r;
 		if (cursor == NULL)
-			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=2");
+			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=%d", LIMIT);
 		else
-			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=2&after=%s",
-				 cursor);
+			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=%d&after=%s",
+				 LIMIT, cursor);
 		r = get(&t, path);
 		expect_status(r, 200);
 		long n = tstack_count("SELECT jsonb_array_length($1::jsonb -> 'workflows')", r->body);
-		cr_assert_eq(n, page < 2 ? 2 : 1);
+		cr_assert_eq(n, seen + LIMIT <= TOTAL ? LIMIT : TOTAL - seen, "page %d", pages);
 		for (int k = 0; k < n; k++) {
 			char p2[64];
 			snprintf(p2, sizeof(p2), "{workflows,%d,id}", k);
 			char *id = tstack_json(r->body, p2);
-			cr_assert_str_eq(id, ids[seen], "page %d item %d", page, k);
+			cr_assert_str_eq(id, ids[seen], "page %d item %d: creation order", pages, k);
 			seen++;
 			free(id);
 		}
 		free(cursor);
 		cursor = tstack_json(r->body, "{next_cursor}");
 		http_response_free(r);
-	}
+		/* Created during the walk: shown on a later page. */
+		if (++pages == 2)
+			for (; made < TOTAL; made++)
+				ids[made] = create(&t, "{\"type\":\"listed\"}");
+	} while (cursor != NULL && pages < 20);
 	cr_assert_null(cursor);
-	cr_assert_eq(seen, 5);
+	cr_assert_eq(seen, TOTAL);
 
 	struct http_response *r = get(&t, "/v1/workflows?state=cancelled");
 	cr_assert_str_eq(r->body, "{\"workflows\":[],\"next_cursor\":null}");
@@ -913,7 +924,7 @@ Test(history, workflows_are_listed_by_keyset_pages_with_filters)
 	r = get(&t, "/v1/workflows?state=sleeping");
 	tstack_expect_problem(r, 422, "/problems/invalid-request", "/v1/workflows");
 	http_response_free(r);
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < TOTAL; i++)
 		free(ids[i]);
 }
 

@@ -304,3 +304,43 @@ Test(canon, a_body_cut_short_names_its_end_as_the_error_offset)
 	cr_assert_null(canon_of("[1,2", msg, sizeof(msg)));
 	cr_assert_str_eq(msg, "the body is not valid JSON: unexpected end of data at byte 4");
 }
+
+/*
+ * Where this form differs from RFC 8785 (JCS), on purpose: it is what every
+ * stored key's fingerprint was computed from, and changing it would turn a
+ * retry across an upgrade into idempotency-key-reused (README, "What the
+ * same request means"). Each case: the RFC's output, then ours.
+ *  - keys sort by UTF-8 bytes (code points), not UTF-16 code units: U+FFFD
+ *    sorts before U+1F600 here, after it in JCS (its surrogate D83D is
+ *    below FFFD);
+ *  - integers up to 64 bits are exact, where JCS rounds to a double;
+ *  - exponents are C's (two digits at least, 1e-07), and numbers below
+ *    1e-4 use one, where ECMAScript writes 0.00001 and 1e-7.
+ */
+Test(canon, the_documented_differences_from_rfc_8785_hold)
+{
+	static const struct pair cases[] = {
+		/* JCS: {"\ud83d\ude00":1,"\ufffd":2} */
+		{"{\"\\ufffd\":2,\"\\ud83d\\ude00\":1}", "{\"\xef\xbf\xbd\":2,\"\xf0\x9f\x98\x80\":1}"},
+		/* JCS: 9007199254740992 */
+		{"9007199254740993", "9007199254740993"},
+		{"18446744073709551615", "18446744073709551615"},
+		/* JCS: 1e-7 and 0.00001 */
+		{"1e-7", "1e-07"},
+		{"0.00001", "1e-05"},
+		/* Alike: */
+		{"0.0001", "0.0001"},
+		{"1e21", "1e+21"},
+		{"1e20", "100000000000000000000"},
+		{"-0.0", "0"},
+		{"4.5", "4.5"},
+		{"0.1", "0.1"},
+	};
+	char err[256];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *got = canon_of(cases[i].in, err, sizeof(err));
+		cr_assert_not_null(got, "%s: %s", cases[i].in, err);
+		cr_assert_str_eq(got, cases[i].want, "%s", cases[i].in);
+	}
+}
