@@ -237,6 +237,16 @@ Test(roles, the_server_runs_every_statement_as_idemflow_server, .fini = own_stop
 	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "read");
 	expect_status(req("POST", COLLECTION, t.auth, NULL, a), 201, "unkeyed create");
 
+	/* The replay and the conflict are counted, a second later at most:
+	 * before the takeover below, which deletes the key with its counts
+	 * (a flush after it would find the key gone). */
+	deadline = tstack_now() + 5;
+	while (tstack_count("SELECT count(*) FROM idempotency_key_stats WHERE tenant_id = $1",
+	                    t.id_text) == 0) {
+		cr_assert(tstack_now() < deadline, "no key counts stored; see %s", own.log);
+		tstack_sleep_ms(100);
+	}
+
 	/* A key past its TTL is deleted with its counts and taken over (a
 	 * new token: the worker holds the row it read for the old one). */
 	tstack_exec(tstack_db(),
@@ -260,13 +270,6 @@ Test(roles, the_server_runs_every_statement_as_idemflow_server, .fini = own_stop
 	cr_assert_not_null(strstr(r->body, "\nidemflow_db_up 1\n"), "metrics: %s", r->body);
 	http_response_free(r);
 
-	/* The replay and the conflict are counted, a second later at most. */
-	deadline = tstack_now() + 5;
-	while (tstack_count("SELECT count(*) FROM idempotency_key_stats WHERE tenant_id = $1",
-	                    t.id_text) == 0) {
-		cr_assert(tstack_now() < deadline, "no key counts stored; see %s", own.log);
-		tstack_sleep_ms(100);
-	}
 	/* And the worker's NOTIFY after its creates reached the listener. */
 	deadline = tstack_now() + 3;
 	PGnotify *n = NULL;

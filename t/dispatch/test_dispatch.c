@@ -300,6 +300,28 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	receiver_deliveries_free(d, n);
 }
 
+/* Each claim of an event, as the claims wrote it (lease_owner set): a
+ * trigger fills test_claims until claims_stop(). */
+static void claims_start(void)
+{
+	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
+	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
+		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
+		    " RETURN NEW; END$$",
+		    0, NULL));
+	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
+		    " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
+		    " test_claim_note()",
+		    0, NULL));
+}
+
+static void claims_stop(void)
+{
+	PQclear(sql("DROP TRIGGER IF EXISTS test_claim_note ON outbox", 0, NULL));
+	PQclear(sql("DROP FUNCTION IF EXISTS test_claim_note()", 0, NULL));
+	PQclear(sql("DROP TABLE IF EXISTS test_claims", 0, NULL));
+}
+
 Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 {
 	struct receiver_delivery *d;
@@ -310,22 +332,12 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 	seed(10000, 1);
 	/* Who claimed what, as the claims wrote it: each claim sets
 	 * lease_owner, "host:pid:n" of the dispatcher and its claim. */
-	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
-	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
-		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
-		    " RETURN NEW; END$$",
-		    0, NULL));
-	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
-		    " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
-		    " test_claim_note()",
-		    0, NULL));
+	claims_start();
 	const char *both[] = {"--batch", "100", "--log-level", "warning", NULL};
 	a = spawn(both);
 	b = spawn(both);
 	cr_assert_eq(wait_exit(a), 0);
 	cr_assert_eq(wait_exit(b), 0);
-	PQclear(sql("DROP TRIGGER test_claim_note ON outbox", 0, NULL));
-	PQclear(sql("DROP FUNCTION test_claim_note()", 0, NULL));
 	{
 		char pa[24], pb[24];
 		snprintf(pa, sizeof(pa), "%ld", (long)a);
@@ -338,7 +350,7 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 				   " WHERE owner LIKE '%:' || $1 || ':%'",
 				   1, q + 1);
 		long all = scalar("SELECT count(*) FROM test_claims", 0, NULL);
-		PQclear(sql("DROP TABLE test_claims", 0, NULL));
+		claims_stop();
 		cr_log_info("two dispatchers: %ld and %ld events claimed", by_a, by_b);
 		cr_assert_eq(all, 10000, "%ld claims for 10000 events", all);
 		cr_assert_eq(by_a + by_b, 10000, "claims by owners other than the two: %ld + %ld",
@@ -741,28 +753,6 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 			    " WHERE o.tenant_id = $1",
 			    1, p),
 		     300, "the sink got exactly this tenant's events");
-}
-
-/* Each claim of an event, as the claims wrote it (lease_owner set): a
- * trigger fills test_claims until claims_stop(). */
-static void claims_start(void)
-{
-	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
-	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
-		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
-		    " RETURN NEW; END$$",
-		    0, NULL));
-	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
-		    " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
-		    " test_claim_note()",
-		    0, NULL));
-}
-
-static void claims_stop(void)
-{
-	PQclear(sql("DROP TRIGGER IF EXISTS test_claim_note ON outbox", 0, NULL));
-	PQclear(sql("DROP FUNCTION IF EXISTS test_claim_note()", 0, NULL));
-	PQclear(sql("DROP TABLE IF EXISTS test_claims", 0, NULL));
 }
 
 Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_untouched,

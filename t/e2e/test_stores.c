@@ -438,6 +438,12 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 	for (size_t i = 0; i < nw; i++) {
 		cr_log_info("worker %ld: VmRSS %ld kB before, %ld kB after", (long)pids[i],
 			    before[i], after[i]);
+#if defined(__SANITIZE_ADDRESS__)
+		/* AddressSanitizer keeps freed memory in its quarantine (256 MB)
+		 * and never hands it back: a worker's RSS says nothing there.
+		 * The plain build checks it. */
+		continue;
+#endif
 		cr_assert_leq(after[i], before[i] + slack_kib,
 			      "worker %ld kept %ld kB more than before (%ld -> %ld kB)",
 			      (long)pids[i], after[i] - before[i], before[i], after[i]);
