@@ -665,12 +665,17 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 		 " cat > \"%s/$IDEMFLOW_EVENT_ID\"; echo \"$IDEMFLOW_EVENT_TYPE"
 		 " $IDEMFLOW_WORKFLOW_ID $IDEMFLOW_ATTEMPT\" > \"%s/$IDEMFLOW_EVENT_ID.env\"",
 		 dir, dir, dir, dir);
-	const char *exec[] = {"--sink", "exec", "--exec", cmd, "--backoff", "10ms", NULL};
+	/* The retry is due 5 s later (+-20%): never within the first run,
+	 * however slow the machine (that would make it attempt 2); the test
+	 * makes it due before the second run. */
+	const char *exec[] = {"--sink", "exec", "--exec", cmd, "--backoff", "5s", NULL};
 	cr_assert_eq(run(exec), 0);
 	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1 AND last_error = "
 				 "'command exited with status 3'"),
 		     1, "a failing command is a retry with its status recorded");
-	usleep(50 * 1000);
+	PQclear(sql("UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
+		    " AND published_at IS NULL",
+		    1, (const char *const[]){tenant}));
 	cr_assert_eq(run(exec), 0);
 	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 1);
 
