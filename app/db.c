@@ -261,18 +261,28 @@ PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const 
 
 /* Server messages outside a query (a NOTICE, or the FATAL that comes before
  * the server closes a connection) go to the log as one logfmt line instead
- * of libpq's raw stderr text. */
-static void log_notice(void *arg, const char *message)
+ * of libpq's raw stderr text. A FATAL (or PANIC) means the server is ending
+ * the session: the handle connects afresh at its next statement, even when
+ * the connection's EOF has not arrived yet (a backend leaves
+ * pg_stat_activity before its socket closes). */
+static void log_notice(void *arg, const PGresult *res)
 {
+	struct db *db = arg;
+	const char *message = PQresultErrorMessage(res);
+	const char *severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
 	char line[512];
-	size_t n = 0, len = strcspn(message, "\n");
+	size_t n = 0, len;
 	char msg[400];
 
-	(void)arg;
+	if (message == NULL)
+		message = "";
+	len = strcspn(message, "\n");
 	snprintf(msg, sizeof(msg), "%.*s", (int)(len < sizeof(msg) ? len : sizeof(msg) - 1),
 	         message);
 	log_kv(line, sizeof(line), &n, "message", msg);
 	log_info("postgresql says", "%s", line);
+	if (severity != NULL && (strcmp(severity, "FATAL") == 0 || strcmp(severity, "PANIC") == 0))
+		db->ready = 0;
 }
 
 static int db_setup(struct db *db, struct err *e)
@@ -280,7 +290,7 @@ static int db_setup(struct db *db, struct err *e)
 	char sql[256];
 	PGresult *res;
 
-	PQsetNoticeProcessor(db->conn, log_notice, NULL);
+	PQsetNoticeReceiver(db->conn, log_notice, db);
 	snprintf(sql, sizeof(sql),
 	         "SET lock_timeout = '%ldms'; SET statement_timeout = '%ldms';"
 	         " SET idle_in_transaction_session_timeout = '%dms'",
@@ -386,6 +396,8 @@ void db_check(struct db *db)
 			db->ready = 0;
 			break;
 		}
+		if (!db->ready) /* a FATAL came (log_notice): the EOF may not yet */
+			break;
 		drain_notifies(db->conn);
 	}
 }
