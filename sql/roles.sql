@@ -83,7 +83,7 @@ $$;
 
 GRANT USAGE ON SCHEMA public TO idemflow_server, idemflow_dispatcher, idemflow_maintenance;
 
--- idemflow-fcgi (app/queries.c).
+-- idemflow-fcgi (app/server/queries.c).
 -- GET /readyz reads the schema version.
 GRANT SELECT ON schema_migrations TO idemflow_server;
 -- Authentication: the token's digest to its tenant; never the other columns.
@@ -107,13 +107,13 @@ GRANT UPDATE (status, headers, body) ON idempotency_keys TO idemflow_server;
 -- Events are written with their workflow; /metrics counts pending and dead.
 GRANT SELECT, INSERT ON outbox TO idemflow_server;
 
--- idemflow-dispatch (app/dispatch.c): claims, leases and outcomes of events,
+-- idemflow-dispatch (app/dispatch/dispatch.c): claims, leases and outcomes of events,
 -- and nothing else; it cannot change an event's payload or type.
 GRANT SELECT ON outbox TO idemflow_dispatcher;
 GRANT UPDATE (lease_owner, lease_until, attempts, published_at, last_error, next_attempt_at,
               dead_at) ON outbox TO idemflow_dispatcher;
 
--- idemflow prune and idemflow reap (app/idemflow.c, sql/005_runs.sql's
+-- idemflow prune and idemflow reap (app/cli/main.c, sql/005_runs.sql's
 -- idemflow_reap): expired keys with their counts, and delivered events
 -- past retention, are deleted; expired job leases are handed back. Prune
 -- deletes by ctid, a system column that only a table-wide SELECT covers;

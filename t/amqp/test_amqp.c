@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "amqpc.h"
-#include "conf.h"
-#include "sink.h"
+#include "core/conf.h"
+#include "dispatch/sink.h"
 #include "tstack.h"
 
 #define MAX_EVENTS 64

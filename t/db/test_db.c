@@ -17,13 +17,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "db.h"
-#include "fp.h"
-#include "idem.h"
-#include "ids.h"
-#include "migrate.h"
+#include "core/db.h"
+#include "core/fp.h"
+#include "core/idem.h"
+#include "core/ids.h"
+#include "core/migrate.h"
+#include "server/queries.h"
 #include "tstack.h"
-#include "queries.h"
 
 static PGconn *admin;
 static char tenant[24];

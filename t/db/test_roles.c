@@ -6,7 +6,7 @@
  *
  * Proves: roles.sql runs again and again; every table has a decision; an
  * idemflow-fcgi logged in as a member of idemflow_server serves every
- * statement of app/queries.c (creates, replays, conflicts, expired keys,
+ * statement of app/server/queries.c (creates, replays, conflicts, expired keys,
  * unkeyed creates, reads, readiness, metrics, key counts, NOTIFY) without one
  * permission error; idemflow-dispatch as a member of idemflow_dispatcher
  * delivers; and neither role can change the schema, the tenants or the

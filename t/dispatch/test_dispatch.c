@@ -19,11 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "db.h"
-#include "inbox.h"
+#include "core/db.h"
+#include "dispatch/whsig.h"
+#include "inbox/inbox.h"
 #include "receiver.h"
 #include "tstack.h"
-#include "whsig.h"
 
 #define SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -591,7 +591,7 @@ Test(dispatch, loop_mode_wakes_on_notify)
 	t0 = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 	seed(1, 1);
 	cr_assert(in_loop_wait(pid, 60000, 0), "the insert alone woke the dispatcher");
-	/* What a worker sends after a create (app/worker.c). */
+	/* What a worker sends after a create (app/server/worker.c). */
 	PQclear(sql("NOTIFY idemflow_outbox", 0, NULL));
 	cr_assert_eq(receiver_wait(&rcv, 1, 5000), 0, "not woken by NOTIFY: %s", rcv.error);
 	clock_gettime(CLOCK_MONOTONIC, &ts);

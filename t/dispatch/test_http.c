@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "conf.h"
+#include "core/conf.h"
+#include "dispatch/sink.h"
+#include "dispatch/whsig.h"
 #include "receiver.h"
-#include "sink.h"
-#include "whsig.h"
 
 #define SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 #define OTHER_SECRET "whsec_c2VjcmV0LW9mLWFub3RoZXItZW5kcG9pbnQ="

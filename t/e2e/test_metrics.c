@@ -29,7 +29,7 @@
 #include <criterion/criterion.h>
 #include <json-c/json.h>
 
-#include "fp.h"
+#include "core/fp.h"
 #include "http.h"
 #include "tstack.h"
 

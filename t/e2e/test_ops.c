@@ -18,8 +18,8 @@
 #include <criterion/criterion.h>
 #include <json-c/json.h>
 
+#include "core/migrate.h"
 #include "http.h"
-#include "migrate.h"
 #include "tstack.h"
 
 #define JSON_CT "Content-Type: application/json"

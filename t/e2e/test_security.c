@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <json-c/json.h>
 
-#include "fp.h"
+#include "core/fp.h"
 #include "http.h"
 #include "tstack.h"
 

@@ -13,8 +13,8 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "canon.h"
-#include "fp.h"
+#include "core/canon.h"
+#include "core/fp.h"
 #include "fuzz.h"
 
 #define DEPTH 64 /* the default max_depth */

@@ -13,9 +13,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "conf.h"
+#include "core/conf.h"
 #include "fuzz.h"
-#include "metrics.h"
+#include "server/metrics.h"
 
 #define MAX_ARGS 64
 

@@ -14,14 +14,14 @@
 #include <string.h>
 #include <strings.h>
 
-#include "canon.h"
-#include "fp.h"
+#include "core/canon.h"
+#include "core/fp.h"
+#include "core/idem.h"
+#include "core/log.h"
+#include "core/problem.h"
 #include "fuzz.h"
-#include "http.h"
-#include "idem.h"
-#include "log.h"
-#include "metrics.h"
-#include "problem.h"
+#include "server/http.h"
+#include "server/metrics.h"
 
 #define MAX_PARAMS 64
 #define LINE_MAX_  1024 /* the worker's request line */

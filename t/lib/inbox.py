@@ -1,6 +1,6 @@
 """inbox.py - the consumer's inbox for the Python test consumers (stdlib only).
 
-The same pattern as app/inbox.c, on SQLite instead of PostgreSQL, so that
+The same pattern as app/inbox/inbox.c, on SQLite instead of PostgreSQL, so that
 a test consumer written in Python needs nothing beyond the standard
 library: in ONE transaction, record the message id and apply the effect;
 a redelivered message finds its id and its effect is skipped (counted as

@@ -53,7 +53,7 @@ void tstack_tenant_create(struct tstack_tenant *t, const char *label);
 void tstack_token_create(const char *tenant, char *out, size_t outsz);
 void tstack_token_revoke(const char *token);
 /* Give t a new token of the same tenant. A worker's replay cache holds
- * key rows per token (app/rcache.h): a test that changes a stored row in
+ * key rows per token (app/server/rcache.h): a test that changes a stored row in
  * the database asks again with a token no worker has used. */
 void tstack_tenant_retoken(struct tstack_tenant *t);
 

@@ -1,6 +1,6 @@
 /*
  * outbox.pml - the outbox protocol: dispatchers with leases, recording,
- * requeue and per-workflow order (app/dispatch.c, app/idemflow.c).
+ * requeue and per-workflow order (app/dispatch/dispatch.c, app/cli/main.c).
  *
  * Each step says which code or SQL it stands for; t/model/README.md has
  * the whole map, the bounds and what spin prints for each broken variant.
@@ -88,7 +88,7 @@ byte attempts[NE];	/* attempts, counted up to MAXATT */
 byte owner[NE];		/* lease_owner: 0 = NULL, else a claim's token */
 byte lleft[NE];		/* lease_until - now(); 0: NULL or passed */
 
-/* The dispatchers' batches (struct batch in app/dispatch.c) as sets of
+/* The dispatchers' batches (struct batch in app/dispatch/dispatch.c) as sets of
  * events: cur is being delivered, nxt was claimed ahead, prv was
  * delivered and waits to be recorded. */
 byte cur[ND], nxt[ND], prv[ND];
@@ -224,7 +224,7 @@ end:
 	od
 }
 
-/* app/dispatch.c, D_CLAIM (d_claim): "WITH due AS (SELECT o.id FROM
+/* app/dispatch/dispatch.c, D_CLAIM (d_claim): "WITH due AS (SELECT o.id FROM
  * outbox o WHERE ... ORDER BY o.next_attempt_at, o.id LIMIT $1 FOR UPDATE
  * SKIP LOCKED) UPDATE outbox o SET lease_owner = $2, lease_until = now() +
  * $3::interval, attempts = o.attempts + 1 FROM due WHERE o.id = due.id
@@ -318,7 +318,7 @@ proctype dispatcher(byte d)
 	byte p_ok, p_fail, p_dead;	/* cur's, then prv's outcomes (batch_outcome) */
 	byte todo;			/* cur's events not handed to the sink yet */
 
-	/* app/dispatch.c, drain(): one run, as cron starts it (--once) or
+	/* app/dispatch/dispatch.c, drain(): one run, as cron starts it (--once) or
 	 * dispatch_run's loop goes round (--loop). */
 newrun:
 	/* step_sync(d, NULL, 1, &cur): the first claim, alone. A failed
@@ -450,7 +450,7 @@ died:
 	goto newrun
 }
 
-/* app/idemflow.c, cmd_outbox, "requeue ID": "UPDATE outbox SET dead_at =
+/* app/cli/main.c, cmd_outbox, "requeue ID": "UPDATE outbox SET dead_at =
  * NULL, attempts = 0, next_attempt_at = now(), lease_owner = NULL,
  * lease_until = NULL WHERE <id> AND published_at IS NULL", refusing an
  * event under a live lease ("AND (lease_until IS NULL OR lease_until <

@@ -6,7 +6,7 @@
  */
 #include <criterion/criterion.h>
 
-#include "dispatch.h"
+#include "dispatch/dispatch.h"
 
 #define DRAWS 20000
 

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "canon.h"
+#include "core/canon.h"
 
 /* Parse text and return its canonical form (static buffer), or NULL. */
 static const char *canon_of(const char *text, char *errmsg, size_t errlen)

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "conf.h"
+#include "core/conf.h"
 
 static char path[64];
 

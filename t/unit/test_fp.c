@@ -3,8 +3,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fp.h"
-#include "ids.h"
+#include "core/fp.h"
+#include "core/ids.h"
 
 static void hex_of(char out[2 * FP_LEN + 1], const char *m, const char *p, const char *body)
 {

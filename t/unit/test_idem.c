@@ -5,8 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "idem.h"
-#include "ids.h"
+#include "core/idem.h"
+#include "core/ids.h"
 
 Test(idem, keys_of_printable_ascii_up_to_255_are_valid)
 {

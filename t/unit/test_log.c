@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "core/log.h"
 
 static char *json(const char *logfmt)
 {

@@ -6,7 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "metrics.h"
+#include "server/metrics.h"
 
 Test(metrics, routes_are_templates_so_the_label_stays_bounded)
 {

@@ -3,7 +3,7 @@
 #include <json-c/json.h>
 #include <string.h>
 
-#include "problem.h"
+#include "core/problem.h"
 
 Test(problem, body_has_every_member_with_exact_bytes)
 {

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rcache.h"
+#include "server/rcache.h"
 
 static const char *const names[RCACHE_NCOLS] = {"tenant_id",        "fingerprint", "status",
                                                 "headers",          "body",        "expired",

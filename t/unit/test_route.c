@@ -6,9 +6,9 @@
 
 #include <criterion/criterion.h>
 
-#include "http.h"
-#include "ids.h"
-#include "jobs.h"
+#include "core/ids.h"
+#include "server/http.h"
+#include "server/jobs.h"
 
 Test(query, finds_the_first_value_and_decodes_it)
 {

@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "whsig.h"
+#include "dispatch/whsig.h"
 
 /*
  * The specification's test vector, used by its reference libraries' own

@@ -1,0 +1,35 @@
+/*
+ * ids.h - identifiers made by the service: workflow ids, bearer tokens,
+ * timestamps. Randomness comes from getrandom(2).
+ */
+#ifndef IDF_IDS_H
+#define IDF_IDS_H
+
+#include <stddef.h>
+
+#include "core/err.h"
+
+#define IDS_UUID_LEN 36  /* without NUL */
+#define IDS_TOKEN_LEN 47 /* "idf_" + 43 base64url characters, without NUL */
+#define IDS_TS_LEN 27    /* 2026-11-29T14:00:00.123456Z, without NUL */
+
+/* Fill buf with n random bytes. */
+int ids_random(void *buf, size_t n) MUSTCHECK;
+
+/* A new UUIDv7 (time-ordered, so inserts stay at the right edge of the
+ * primary key index) in canonical text form: out has IDS_UUID_LEN + 1 bytes.
+ * Its first 74 bits are the time in 1/4096 ms: ids made one after the other
+ * on one host sort in the order they were made, and a process never makes
+ * the same timestamp twice. */
+int ids_uuid7(char *out) MUSTCHECK;
+
+/* 1 when s is a UUID in canonical lowercase or uppercase text form. */
+int ids_is_uuid(const char *s);
+
+/* A new bearer token: out has IDS_TOKEN_LEN + 1 bytes. */
+int ids_token(char *out) MUSTCHECK;
+
+/* The current UTC time with microseconds: out has IDS_TS_LEN + 1 bytes. */
+void ids_now(char *out);
+
+#endif

@@ -1,0 +1,554 @@
+/* log.c - logfmt or JSON lines on stderr or a log file (see log.h). */
+#include "core/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/buf.h"
+
+#define LOG_LINE_MAX 2048
+
+enum log_level log_min_level = LOG_INFO;
+enum log_format log_line_format = LOG_FORMAT_LOGFMT;
+static const char *log_component = "idemflow";
+
+static char *log_path;       /* the log file, or NULL for the inherited stderr */
+static int log_orig_fd = -1; /* the inherited stderr, kept to go back to it */
+static volatile sig_atomic_t log_reopen_asked;
+
+static const char *const level_names[] = {"debug", "info", "warning", "error"};
+static const char *const format_names[] = {"logfmt", "json"};
+
+int log_level_parse(const char *s, enum log_level *out)
+{
+	for (size_t i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++) {
+		if (strcmp(s, level_names[i]) == 0) {
+			*out = (enum log_level)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+int log_format_parse(const char *s, enum log_format *out)
+{
+	for (size_t i = 0; i < sizeof(format_names) / sizeof(format_names[0]); i++) {
+		if (strcmp(s, format_names[i]) == 0) {
+			*out = (enum log_format)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* The pid on every line, read once per process: getpid(2) is a system
+ * call, and a worker writes a line per request. A forked child forgets
+ * the parent's. */
+static pid_t log_pid;
+
+static void log_forget_pid(void)
+{
+	log_pid = 0;
+}
+
+static long log_getpid(void)
+{
+	static int registered;
+
+	if (!registered) {
+		registered = 1;
+		pthread_atfork(NULL, NULL, log_forget_pid);
+	}
+	if (log_pid == 0)
+		log_pid = getpid();
+	return (long)log_pid;
+}
+
+void log_set_component(const char *component)
+{
+	log_component = component;
+}
+
+static int needs_quotes(const char *v)
+{
+	if (*v == '\0')
+		return 1;
+	for (; *v; v++) {
+		unsigned char c = (unsigned char)*v;
+		if (c <= ' ' || c == '"' || c == '=' || c == '\\' || c == 0x7f)
+			return 1;
+	}
+	return 0;
+}
+
+/* Append s (len bytes) to buf at *n, cut to what fits before the final
+ * NUL (*n < cap on entry). Returns -1 when it did not all fit. A worker
+ * writes a dozen pairs per request: this is the whole of their cost. */
+static int put(char *buf, size_t cap, size_t *n, const char *s, size_t len)
+{
+	size_t room = cap - 1 - *n;
+	int fit = len <= room;
+
+	if (!fit)
+		len = room;
+	memcpy(buf + *n, s, len);
+	*n += len;
+	buf[*n] = '\0';
+	return fit ? 0 : -1;
+}
+
+void log_kv(char *buf, size_t cap, size_t *len, const char *key, const char *value)
+{
+	size_t n = *len;
+
+	if (value == NULL)
+		value = "";
+	if (n + 1 >= cap)
+		return;
+	if ((n > 0 && put(buf, cap, &n, " ", 1) < 0) || put(buf, cap, &n, key, strlen(key)) < 0 ||
+	    put(buf, cap, &n, "=", 1) < 0)
+		goto out;
+	if (!needs_quotes(value)) {
+		put(buf, cap, &n, value, strlen(value));
+		goto out;
+	}
+	buf[n++] = '"';
+	for (const char *p = value; *p && n + 4 < cap; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (c == '"' || c == '\\') {
+			buf[n++] = '\\';
+			buf[n++] = (char)c;
+		} else if (c == '\n') {
+			buf[n++] = '\\';
+			buf[n++] = 'n';
+		} else if (c < ' ' || c == 0x7f) {
+			buf[n++] = '?';
+		} else {
+			buf[n++] = (char)c;
+		}
+	}
+	if (n + 1 < cap)
+		buf[n++] = '"';
+	buf[n < cap ? n : cap - 1] = '\0';
+out:
+	*len = n < cap ? n : cap - 1;
+}
+
+/* --- logfmt to JSON ---------------------------------------------------- */
+
+/* Values under these keys stay strings even when they look like numbers:
+ * identifiers whose type must not depend on the digits they happen to hold. */
+static const char *const json_string_keys[] = {"request_id", "key_fp", "sqlstate", "event_id",
+					       "workflow", "msg"};
+
+struct jw {
+	char *out;
+	size_t cap, len;
+	int full; /* a write did not fit */
+};
+
+static void jw_put(struct jw *w, const char *p, size_t n)
+{
+	/* Keep room for the closing brace and the NUL. */
+	if (w->full || w->len + n + 2 > w->cap) {
+		w->full = 1;
+		return;
+	}
+	memcpy(w->out + w->len, p, n);
+	w->len += n;
+}
+
+static void jw_char(struct jw *w, unsigned char c)
+{
+	char esc[8];
+
+	if (c == '"' || c == '\\') {
+		esc[0] = '\\';
+		esc[1] = (char)c;
+		jw_put(w, esc, 2);
+	} else if (c == '\n') {
+		jw_put(w, "\\n", 2);
+	} else if (c < 0x20) {
+		snprintf(esc, sizeof(esc), "\\u%04x", c);
+		jw_put(w, esc, 6);
+	} else {
+		jw_put(w, (const char *)&c, 1);
+	}
+}
+
+/* Length of the well-formed UTF-8 sequence at p (1-4), or 0. */
+static size_t utf8_len(const unsigned char *p, const unsigned char *end)
+{
+	unsigned char c = p[0];
+	size_t n;
+	unsigned char lo = 0x80, hi = 0xbf;
+
+	if (c >= 0xc2 && c <= 0xdf)
+		n = 2;
+	else if (c >= 0xe0 && c <= 0xef)
+		n = 3;
+	else if (c >= 0xf0 && c <= 0xf4)
+		n = 4;
+	else
+		return 0;
+	if (c == 0xe0)
+		lo = 0xa0;
+	else if (c == 0xed)
+		hi = 0x9f;
+	else if (c == 0xf0)
+		lo = 0x90;
+	else if (c == 0xf4)
+		hi = 0x8f;
+	if ((size_t)(end - p) < n || p[1] < lo || p[1] > hi)
+		return 0;
+	for (size_t i = 2; i < n; i++)
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+	return n;
+}
+
+/* The text [p, end) as the inside of a JSON string; quoted logfmt text has
+ * its \" \\ \n escapes undone first. */
+static void jw_text(struct jw *w, const char *p, const char *end, int quoted)
+{
+	while (p < end) {
+		unsigned char c = (unsigned char)*p;
+		size_t n;
+
+		if (quoted && c == '\\' && p + 1 < end) {
+			jw_char(w, p[1] == 'n' ? '\n' : (unsigned char)p[1]);
+			p += 2;
+		} else if (c < 0x80) {
+			jw_char(w, c);
+			p++;
+		} else if ((n = utf8_len((const unsigned char *)p, (const unsigned char *)end)) > 0) {
+			jw_put(w, p, n);
+			p += n;
+		} else {
+			jw_put(w, "\\ufffd", 6);
+			p++;
+		}
+	}
+}
+
+/* End of the value starting at p: a quoted one ends after its closing
+ * quote (or at the end of the line), an unquoted one at a space. */
+static const char *value_end(const char *p)
+{
+	if (*p != '"')
+		return p + strcspn(p, " ");
+	for (p++; *p && *p != '"'; p++)
+		if (*p == '\\' && p[1])
+			p++;
+	return *p ? p + 1 : p;
+}
+
+/* A word without '=' before the next space: not a pair of its own. */
+static int is_bare_word(const char *p)
+{
+	size_t n = strcspn(p, " ");
+	return n > 0 && *p != '"' && memchr(p, '=', n) == NULL;
+}
+
+static int is_json_number(const char *p, const char *end)
+{
+	if (p < end && *p == '-')
+		p++;
+	if (p == end || *p < '0' || *p > '9')
+		return 0;
+	if (*p == '0')
+		p++;
+	else
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	if (p < end && *p == '.') {
+		if (++p == end || *p < '0' || *p > '9')
+			return 0;
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p < end && (*p == 'e' || *p == 'E')) {
+		p++;
+		if (p < end && (*p == '+' || *p == '-'))
+			p++;
+		if (p == end || *p < '0' || *p > '9')
+			return 0;
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	return p == end;
+}
+
+static int is_string_key(const char *k, size_t n)
+{
+	for (size_t i = 0; i < sizeof(json_string_keys) / sizeof(json_string_keys[0]); i++)
+		if (strlen(json_string_keys[i]) == n && memcmp(json_string_keys[i], k, n) == 0)
+			return 1;
+	return 0;
+}
+
+size_t log_json_from_logfmt(const char *in, char *out, size_t cap)
+{
+	struct jw w = {.out = out, .cap = cap};
+	const char *p = in;
+	int members = 0;
+
+	if (cap < 3)
+		return 0;
+	jw_put(&w, "{", 1);
+	while (*p) {
+		const char *key, *val, *end;
+		size_t klen, kept = w.len;
+
+		while (*p == ' ')
+			p++;
+		if (*p == '\0')
+			break;
+		key = p;
+		if (*p == '"' || is_bare_word(p)) {
+			/* Only before any pair; after one, words join its value. */
+			klen = 1;
+			key = "_";
+			val = p;
+		} else {
+			klen = strcspn(p, "=");
+			val = p + klen + 1;
+		}
+		end = value_end(val);
+		/* Words that follow (e.g. "signal=9 (Killed)") belong to this value. */
+		const char *stop = end;
+		while (*stop == ' ' && is_bare_word(stop + 1))
+			stop = value_end(stop + 1);
+
+		if (members++)
+			jw_put(&w, ",", 1);
+		jw_put(&w, "\"", 1);
+		jw_text(&w, key, key + klen, 0);
+		jw_put(&w, "\":", 2);
+		if (stop == end && *val != '"' && !is_string_key(key, klen) &&
+		    is_json_number(val, end)) {
+			jw_put(&w, val, (size_t)(end - val));
+		} else {
+			jw_put(&w, "\"", 1);
+			if (*val == '"') {
+				const char *close = end > val + 1 && end[-1] == '"' ? end - 1 : end;
+				jw_text(&w, val + 1, close, 1);
+			} else {
+				jw_text(&w, val, end, 0);
+			}
+			/* The joined words, each after one space. */
+			for (const char *q = end; q < stop;) {
+				const char *qe = value_end(q + 1);
+				jw_text(&w, q, qe, 0);
+				q = qe;
+			}
+			jw_put(&w, "\"", 1);
+		}
+		if (w.full) {
+			/* Drop the member that did not fit, keep the object whole. */
+			w.len = kept;
+			break;
+		}
+		p = stop;
+	}
+	w.out[w.len++] = '}';
+	w.out[w.len] = '\0';
+	return w.len;
+}
+
+/* --- Log files ---------------------------------------------------------- */
+
+static int log_fd_to_stderr(int fd, const char *path, struct err *e)
+{
+	if (log_orig_fd < 0)
+		log_orig_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+	if (dup2(fd, STDERR_FILENO) < 0) {
+		int saved = errno;
+		close(fd);
+		return err_set(e, ERR_INTERNAL, "could not put log_file \"%s\" on stderr: %s", path,
+			       strerror(saved));
+	}
+	close(fd);
+	return 0;
+}
+
+int log_open(const char *path, struct err *e)
+{
+	char *copy;
+	int fd;
+
+	if (path == NULL || *path == '\0') {
+		/* Back to the stderr we were given, if a file had replaced it. */
+		if (log_path != NULL && log_orig_fd >= 0)
+			dup2(log_orig_fd, STDERR_FILENO);
+		free(log_path);
+		log_path = NULL;
+		return 0;
+	}
+	copy = strdup(path);
+	if (copy == NULL)
+		return err_set(e, ERR_INTERNAL, "out of memory");
+	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+	if (fd < 0) {
+		err_set(e, ERR_CONFIG, "could not open log_file \"%s\": %s", path, strerror(errno));
+		free(copy);
+		return -1;
+	}
+	if (log_fd_to_stderr(fd, path, e) < 0) {
+		free(copy);
+		return -1;
+	}
+	free(log_path);
+	log_path = copy;
+	return 0;
+}
+
+void log_reopen(void)
+{
+	struct err e;
+	int fd;
+
+	if (log_path == NULL)
+		return;
+	fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+	if (fd < 0) {
+		log_warning("could not reopen the log file; still writing to the old one",
+			    "log_file=\"%s\" error=\"%s\"", log_path, strerror(errno));
+		return;
+	}
+	if (log_fd_to_stderr(fd, log_path, &e) < 0) {
+		log_warning("could not reopen the log file; still writing to the old one",
+			    "error=\"%s\"", e.msg);
+		return;
+	}
+	log_info("log file reopened", "log_file=\"%s\"", log_path);
+}
+
+void log_reopen_on_signal(int sig)
+{
+	(void)sig;
+	log_reopen_asked = 1;
+}
+
+void log_reopen_if_asked(void)
+{
+	if (!log_reopen_asked)
+		return;
+	log_reopen_asked = 0;
+	log_reopen();
+}
+
+/* --- Lines -------------------------------------------------------------- */
+
+/* d as exactly width digits (zero padded) at p. */
+static char *digits(char *p, long d, int width)
+{
+	for (int i = width - 1; i >= 0; i--) {
+		p[i] = (char)('0' + d % 10);
+		d /= 10;
+	}
+	return p + width;
+}
+
+/*
+ * "ts=... level=... component=... pid=..." into line; returns its length.
+ * The date and time to the second are formatted once per second.
+ */
+static size_t line_head(char *line, size_t cap, enum log_level lvl)
+{
+	static time_t sec_cached = (time_t)-1;
+	static char sec_text[32]; /* 2026-11-29T18:45:35 */
+	char pid[24], *p;
+	size_t n = 0;
+	struct timeval tv;
+	long pidv = log_getpid();
+
+	gettimeofday(&tv, NULL);
+	if (tv.tv_sec != sec_cached) {
+		struct tm tm;
+		gmtime_r(&tv.tv_sec, &tm);
+		p = digits(sec_text, tm.tm_year + 1900L, 4);
+		*p++ = '-';
+		p = digits(p, tm.tm_mon + 1L, 2);
+		*p++ = '-';
+		p = digits(p, tm.tm_mday, 2);
+		*p++ = 'T';
+		p = digits(p, tm.tm_hour, 2);
+		*p++ = ':';
+		p = digits(p, tm.tm_min, 2);
+		*p++ = ':';
+		p = digits(p, tm.tm_sec, 2);
+		*p = '\0';
+		sec_cached = tv.tv_sec;
+	}
+	char ms[6] = {'.', 0, 0, 0, 'Z', '\0'};
+	digits(ms + 1, (long)(tv.tv_usec / 1000) % 1000, 3);
+	pid[sizeof(pid) - 1] = '\0';
+	p = buf_utoa(pid + sizeof(pid) - 1, (unsigned long long)pidv);
+	line[0] = '\0';
+	put(line, cap, &n, "ts=", 3);
+	put(line, cap, &n, sec_text, strlen(sec_text));
+	put(line, cap, &n, ms, 5);
+	put(line, cap, &n, " level=", 7);
+	put(line, cap, &n, level_names[lvl], strlen(level_names[lvl]));
+	put(line, cap, &n, " component=", 11);
+	put(line, cap, &n, log_component, strlen(log_component));
+	put(line, cap, &n, " pid=", 5);
+	put(line, cap, &n, p, strlen(p));
+	return n;
+}
+
+void log_write(enum log_level lvl, const char *msg, const char *fmt, ...)
+{
+	char line[LOG_LINE_MAX];
+	size_t n = 0;
+	va_list ap;
+
+	/* A SIGUSR1 that no loop picked up yet: this line goes to the new file. */
+	if (log_reopen_asked)
+		log_reopen_if_asked();
+	n = line_head(line, sizeof(line), lvl);
+	log_kv(line, sizeof(line), &n, "msg", msg);
+	/* A line made by log_kv already ("%s", line) is copied as it is. */
+	if (fmt != NULL && strcmp(fmt, "%s") == 0 && n + 2 < sizeof(line)) {
+		line[n++] = ' ';
+		va_start(ap, fmt);
+		const char *pairs = va_arg(ap, const char *);
+		va_end(ap);
+		put(line, sizeof(line), &n, pairs, strlen(pairs));
+	} else if (fmt != NULL && n + 2 < sizeof(line)) {
+		line[n++] = ' ';
+		va_start(ap, fmt);
+		int w = vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+		va_end(ap);
+		if (w > 0)
+			n += (size_t)w;
+		if (n >= sizeof(line))
+			n = sizeof(line) - 1;
+	}
+	if (n > sizeof(line) - 2)
+		n = sizeof(line) - 2;
+	line[n] = '\0';
+	/* One write(2) per line so lines from concurrent workers never
+	 * interleave (the file is opened O_APPEND). */
+	if (log_line_format == LOG_FORMAT_JSON) {
+		char json[6 * LOG_LINE_MAX + 16];
+		size_t jn = log_json_from_logfmt(line, json, sizeof(json) - 1);
+		json[jn++] = '\n';
+		ssize_t r = write(STDERR_FILENO, json, jn);
+		(void)r;
+	} else {
+		line[n++] = '\n';
+		ssize_t r = write(STDERR_FILENO, line, n);
+		(void)r;
+	}
+}

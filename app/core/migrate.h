@@ -1,0 +1,36 @@
+/*
+ * migrate.h - applying the numbered SQL migrations of sql/.
+ *
+ * The migrations are compiled in (app/migrations.c is generated from
+ * sql/NNN_name.sql). Each one runs in its own transaction that first takes
+ * a transaction-level advisory lock, so concurrent runs queue instead of
+ * racing; it is recorded in schema_migrations, so a second run changes
+ * nothing.
+ */
+#ifndef IDF_MIGRATE_H
+#define IDF_MIGRATE_H
+
+#include <libpq-fe.h>
+
+#include "core/err.h"
+
+struct migration {
+	int version;
+	const char *name;
+	const char *sql;
+};
+
+extern const struct migration migrations[];
+extern const int migrations_count;
+
+/* The version the code expects: the highest compiled-in migration. */
+int migrate_latest(void);
+
+/* Apply every migration not yet recorded. *applied receives how many ran
+ * now. Returns 0 or -1 with e filled (the failed migration rolled back). */
+int migrate_apply(PGconn *conn, int *applied, struct err *e) MUSTCHECK;
+
+/* The highest applied version (0 when none), or -1 with e filled. */
+int migrate_current(PGconn *conn, struct err *e);
+
+#endif

@@ -1,0 +1,246 @@
+/*
+ * idemflow-dispatch - deliver outbox events at least once, from cron or
+ * as a long-running process (--loop). See dispatch.h for how, and
+ * idemflow-dispatch(8) for the flags.
+ *
+ * With `textfile` set, every run ends by writing its counters for the
+ * node_exporter textfile collector: a cron job has no port to scrape.
+ *
+ * Exit status: 0 when the run did its job, even if deliveries failed and
+ * were rescheduled; 64 usage; 78 configuration (unknown sink, bad URL,
+ * bad backoff); 75 database unreachable (try later); 70 other database
+ * errors (e.g. the schema is not migrated).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "core/conf.h"
+#include "core/log.h"
+#include "dispatch/dispatch.h"
+#include "dispatch/sink.h"
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"Usage: idemflow-dispatch [--config FILE] [--db CONNINFO] [--once | --loop]\n"
+		"                         [--sink http|amqp|exec] [--KEY VALUE ...]\n"
+		"Claim due outbox events, deliver them, record the outcome.\n"
+		"\n"
+		"  --once              run until nothing is due (the default; for cron)\n"
+		"  --loop              keep running; wake on LISTEN/NOTIFY, poll as a fallback\n"
+		"  --batch N           events claimed at a time\n"
+		"  --max-runtime D     stop after D (e.g. 55s); 0 = no limit\n"
+		"  --max-attempts N    attempts before an event is dead\n"
+		"  --sink S            http | amqp | exec\n"
+		"  --url U --secret S --timeout D --parallel N  http sink\n"
+		"  --amqp-url U --exchange X --routing-key K  amqp sink ({type} = event type)\n"
+		"  --exec CMD                                 exec sink\n"
+		"\n");
+	conf_usage(out);
+}
+
+static void on_stop(int sig)
+{
+	(void)sig;
+	dispatch_stop();
+}
+
+/*
+ * Write the run's counters to path in the Prometheus text format, through
+ * a temporary file in the same directory and rename(2): the collector reads
+ * either the previous run's file or this one, never half of one. The
+ * temporary name does not end in .prom, so the collector never reads it.
+ * st NULL: the run failed before it started. Returns 0, or -1 with e.
+ */
+static int write_textfile(const char *path, const struct dispatch_stats *st, int ok,
+			  struct err *e)
+{
+	char tmp[4096];
+	struct timeval now;
+	FILE *f;
+	int n;
+
+	n = snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
+	if (n < 0 || (size_t)n >= sizeof(tmp))
+		return err_set(e, ERR_CONFIG, "textfile path too long");
+	f = fopen(tmp, "w");
+	if (f == NULL)
+		return err_set(e, ERR_CONFIG, "could not write \"%s\": %s", tmp, strerror(errno));
+	gettimeofday(&now, NULL);
+	fprintf(f,
+		"# HELP idemflow_dispatch_last_run_timestamp_seconds When the last run ended.\n"
+		"# TYPE idemflow_dispatch_last_run_timestamp_seconds gauge\n"
+		"idemflow_dispatch_last_run_timestamp_seconds %ld.%03ld\n"
+		"# HELP idemflow_dispatch_last_run_success 1 when the last run did its job, 0 "
+		"when it failed (see its log).\n"
+		"# TYPE idemflow_dispatch_last_run_success gauge\n"
+		"idemflow_dispatch_last_run_success %d\n",
+		(long)now.tv_sec, (long)now.tv_usec / 1000, ok);
+	if (st != NULL) {
+		static const char *const counters[][2] = {
+			{"claimed", "Events the last run claimed."},
+			{"published", "Events the last run delivered."},
+			{"retried", "Events the last run failed to deliver and rescheduled."},
+			{"dead", "Events the last run gave up on (dead letters)."},
+		};
+		const long values[] = {st->claimed, st->published, st->retried, st->dead};
+		for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++)
+			fprintf(f,
+				"# HELP idemflow_dispatch_last_run_%s %s\n"
+				"# TYPE idemflow_dispatch_last_run_%s gauge\n"
+				"idemflow_dispatch_last_run_%s %ld\n",
+				counters[i][0], counters[i][1], counters[i][0], counters[i][0],
+				values[i]);
+		fprintf(f,
+			"# HELP idemflow_dispatch_last_run_duration_seconds How long the last run "
+			"took.\n"
+			"# TYPE idemflow_dispatch_last_run_duration_seconds gauge\n"
+			"idemflow_dispatch_last_run_duration_seconds %.3f\n",
+			st->duration_s);
+	}
+	/* Only a run that finished counted what is left; a failed one knows
+	 * nothing reliable about it. */
+	if (st != NULL && ok)
+		fprintf(f,
+			"# HELP idemflow_dispatch_outbox_pending Events left undelivered (not dead) "
+			"when the last run ended.\n"
+			"# TYPE idemflow_dispatch_outbox_pending gauge\n"
+			"idemflow_dispatch_outbox_pending %ld\n"
+			"# HELP idemflow_dispatch_outbox_oldest_pending_age_seconds Age of the oldest "
+			"of them.\n"
+			"# TYPE idemflow_dispatch_outbox_oldest_pending_age_seconds gauge\n"
+			"idemflow_dispatch_outbox_oldest_pending_age_seconds %.3f\n",
+			st->pending, st->oldest_pending_s);
+	if (fflush(f) != 0 || ferror(f)) {
+		err_set(e, ERR_INTERNAL, "could not write \"%s\": %s", tmp, strerror(errno));
+		fclose(f);
+		goto fail;
+	}
+	/* Readable by the collector whatever cron's umask is. */
+	fchmod(fileno(f), 0644);
+	if (fclose(f) != 0) {
+		err_set(e, ERR_INTERNAL, "could not write \"%s\": %s", tmp, strerror(errno));
+		goto fail;
+	}
+	if (rename(tmp, path) < 0) {
+		err_set(e, ERR_INTERNAL, "could not rename \"%s\" to \"%s\": %s", tmp, path,
+			strerror(errno));
+		goto fail;
+	}
+	return 0;
+fail:
+	unlink(tmp);
+	return -1;
+}
+
+static int exit_code(const struct err *e)
+{
+	switch (e->code) {
+	case ERR_CONFIG: return EX_CONFIG;
+	case ERR_DB_DOWN: return EX_TEMPFAIL;
+	default: return EX_SOFTWARE;
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct err e = {0};
+	struct conf *c;
+	struct sink *s = NULL;
+	struct dispatcher *d = NULL;
+	struct dispatch_stats st;
+	struct sigaction sa;
+	int next, rc = EX_OK, ran = 0;
+
+	log_set_component("dispatch");
+	c = conf_from_args(argc, argv, &next, &e);
+	if (c == NULL) {
+		fprintf(stderr, "idemflow-dispatch: %s\n", e.msg);
+		return EX_CONFIG;
+	}
+	if (next < argc) {
+		if (strcmp(argv[next], "-h") == 0 || strcmp(argv[next], "--help") == 0) {
+			usage(stdout);
+		} else if (strcmp(argv[next], "--version") == 0) {
+			printf("idemflow-dispatch %s\n", PACKAGE_VERSION);
+		} else {
+			fprintf(stderr, "idemflow-dispatch: unexpected argument \"%s\"\n",
+				argv[next]);
+			usage(stderr);
+			rc = EX_USAGE;
+		}
+		conf_free(c);
+		return rc;
+	}
+	if (c->once && c->loop) {
+		fprintf(stderr, "idemflow-dispatch: --once and --loop exclude each other\n");
+		conf_free(c);
+		return EX_USAGE;
+	}
+	log_min_level = c->log_level;
+	log_line_format = c->log_format;
+	if (log_open(c->log_file, &e) < 0) {
+		fprintf(stderr, "idemflow-dispatch: %s\n", e.msg);
+		conf_free(c);
+		return EX_CANTCREAT;
+	}
+
+	s = sink_open(c, &e);
+	if (s == NULL)
+		goto fail;
+	d = dispatch_new(c, s, &e);
+	if (d == NULL)
+		goto fail;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop; /* no SA_RESTART: wake a --loop wait */
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	/* logrotate: the next line goes to the new file. SA_RESTART, so the
+	 * signal never cuts a delivery short. */
+	sa.sa_handler = log_reopen_on_signal;
+	sa.sa_flags = SA_RESTART;
+	sigaction(SIGUSR1, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	log_info("run started", "sink=%s mode=%s batch=%d max_attempts=%d", s->name,
+		 c->loop ? "loop" : "once", c->batch, c->max_attempts);
+	ran = 1;
+	if (dispatch_run(d, &st, &e) < 0)
+		goto fail;
+	log_info("run finished",
+		 "claimed=%ld published=%ld retried=%ld dead=%ld pending=%ld oldest_pending_s=%.1f "
+		 "duration_s=%.3f",
+		 st.claimed, st.published, st.retried, st.dead, st.pending, st.oldest_pending_s,
+		 st.duration_s);
+	goto out;
+fail:
+	rc = exit_code(&e);
+	{
+		char line[512];
+		size_t n = 0;
+		log_kv(line, sizeof(line), &n, "error", e.msg);
+		log_error(rc == EX_CONFIG ? "bad configuration" : "run failed", "%s exit=%d", line,
+			  rc);
+	}
+out:
+	if (*c->textfile && write_textfile(c->textfile, ran ? &st : NULL, rc == EX_OK, &e) < 0) {
+		char line[512];
+		size_t n = 0;
+		log_kv(line, sizeof(line), &n, "error", e.msg);
+		log_error("could not write the metrics textfile", "%s", line);
+	}
+	dispatch_free(d);
+	if (s != NULL)
+		s->close(s);
+	conf_free(c);
+	return rc;
+}

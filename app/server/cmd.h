@@ -1,0 +1,115 @@
+/*
+ * cmd.h - running a state-changing command at most once per
+ * Idempotency-Key, and the request checks every command shares.
+ *
+ * A command is one statement (a database function, sql/005_runs.sql) that
+ * answers with rows whose first two columns are (problem slug or NULL,
+ * detail). Without a key it runs alone, in its own transaction. With a key
+ * it runs in two pipelined round trips:
+ *
+ *   BEGIN; claim the key; the command      -- one round trip
+ *   store the rendered answer on the key; COMMIT
+ *
+ * so the key, the command's effects and its stored answer commit together
+ * or not at all. When the claim finds the key taken, the command's work is
+ * rolled back and the stored answer is replayed (or refused as a
+ * conflict), exactly as for a keyed create (wf.c).
+ */
+#ifndef IDF_CMD_H
+#define IDF_CMD_H
+
+#include <json-c/json.h>
+
+#include "server/handler.h"
+
+struct cmd;
+
+/*
+ * Render a successful result into resp (status, headers, body). Returns
+ * 0, or -1 with e filled for a 500 (nothing is stored or committed then).
+ */
+typedef int (*cmd_render_fn)(struct handler_ctx *ctx, const struct http_req *req,
+                             struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                             struct err *e);
+
+struct cmd {
+	int stmt; /* enum query_id */
+	int nparams;
+	const char *const *params; /* borrowed */
+	const char *fp_text;       /* the request's fingerprint (idem_fp_text) */
+	cmd_render_fn render;
+	void *arg; /* for render */
+};
+
+/*
+ * The one rule for what a key keeps. A command's own outcome is stored and
+ * replayed for the key's lifetime: its success (CMD_SUCCESS) and the
+ * refusals it decides from the state it finds (lease-expired,
+ * not-lease-holder, job-not-active, state-conflict, invalid-transition,
+ * message-id-reused). Every other answer leaves the key free: validation
+ * errors (answered before the key is claimed), a missing workflow or job,
+ * a 5xx. Returns 1 to store, 0 not to; kind is an enum problem_kind.
+ */
+#define CMD_SUCCESS (-1)
+int cmd_stores(int kind);
+
+/* Run c for req and answer it in resp. Never fails: errors become
+ * problem answers. */
+void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+             const struct cmd *c);
+
+/*
+ * The checks before a command's own validation: Content-Type, at most one
+ * valid Idempotency-Key (required when key_required), the body within
+ * max_body, valid JSON that is an object. Returns the parsed body (caller
+ * json_object_put()s it), or NULL when resp holds the answer: a 4xx, or the
+ * stored response when the request's key row was made from exactly these
+ * bytes (ctx->bytes_fp, kept with every key: a retry resends the same
+ * bytes, and is then replayed without parsing them).
+ */
+struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                                  int key_required);
+
+/*
+ * Write the canonical form of root into ctx->scratch (from its start) and
+ * the request's fingerprint over method, path and that form into fp_text.
+ * Returns 0, or -1 when resp holds the 4xx answer.
+ */
+int cmd_fingerprint(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                    struct json_object *root, char fp_text[IDEM_FP_TEXT]);
+
+/*
+ * Append the canonical form of v ("{}" when v is NULL) to ctx->scratch as a
+ * text parameter of its own (NUL before and after); *off is where it starts.
+ * Returns 0, or -1 when resp holds the 4xx answer.
+ */
+int cmd_json_param(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                   struct json_object *v, size_t *off);
+
+/* Replay a stored answer (res: an 'existing' key row, see Q_KEY_GET) when
+ * its fingerprint is fp_text, else answer 409 idempotency-key-reused. */
+void cmd_answer_existing(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                         const PGresult *res, const char fp_text[IDEM_FP_TEXT]);
+
+/* A 409 about the request's key: P_KEY_REUSED or P_KEY_IN_FLIGHT. */
+void cmd_key_problem(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                     enum problem_kind kind);
+
+/*
+ * Member checks for command bodies; each returns 0, or -1 with a detail a
+ * client can act on. Text must be 1..max bytes without control characters.
+ */
+/* Every member of root is one of names (a NULL-terminated list). */
+int cmd_members(struct json_object *root, const char *const *names, char *detail, size_t dlen);
+/* *out: the string member name (borrowed from root), or NULL when absent
+ * and not required. */
+int cmd_text(struct json_object *root, const char *name, int required, size_t max, const char **out,
+             char *detail, size_t dlen);
+/* *out: the integer member name within [min, max], or def when absent. */
+int cmd_int(struct json_object *root, const char *name, long min, long max, long def, long *out,
+            char *detail, size_t dlen);
+/* *out: the object member name (borrowed), or NULL when absent. */
+int cmd_object(struct json_object *root, const char *name, struct json_object **out, char *detail,
+               size_t dlen);
+
+#endif

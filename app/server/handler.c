@@ -1,0 +1,63 @@
+/*
+ * handler.c - the problem answers every handler shares (see handler.h).
+ */
+#include "server/handler.h"
+
+#include <string.h>
+
+void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
+                 const char *detail)
+{
+	resp->status = problem_def(kind)->status;
+	resp->content_type = "application/problem+json";
+	buf_reset(&resp->body);
+	problem_write(&resp->body, kind, detail, req->path, req->request_id, NULL, NULL);
+}
+
+/*
+ * The one mapping from a database-layer error to an answer:
+ * - the connection was lost while a write could have committed: 503
+ *   outcome-unknown (only for methods that write: a GET writes nothing);
+ * - the database is unavailable (down, read-only, shutting down, out of a
+ *   resource), a serialization failure or a lock timeout: 503 unavailable,
+ *   nothing stored;
+ * - anything else is a bug: 500, nothing stored (the transaction rolled
+ *   back).
+ * Every 503 carries Retry-After.
+ */
+void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                  const struct err *e)
+{
+	const int writes = strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0;
+	char ra[24];
+
+	ctx->err = *e;
+	if (e->code != ERR_DB_DOWN && e->code != ERR_SERIALIZE && e->code != ERR_LOCK_TIMEOUT) {
+		handler_problem(resp, req, P_INTERNAL, "the request failed; nothing was stored");
+		return;
+	}
+	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+	buf_reset(&resp->headers);
+	http_resp_header(resp, "Retry-After", ra);
+	if (e->code == ERR_DB_DOWN && e->outcome_unknown && writes) {
+		handler_problem(resp, req, P_OUTCOME_UNKNOWN,
+		            req->idem_key != NULL
+		                ? "the connection to the database was lost while the request was "
+		                  "being committed: it may or may not have taken effect. Send the "
+		                  "same request with the same Idempotency-Key: it is safe, and "
+		                  "answered as the first one was or run now"
+		                : "the connection to the database was lost while the request was "
+		                  "being committed: it may or may not have taken effect, and "
+		                  "without an Idempotency-Key a retry may apply it twice");
+		return;
+	}
+	if (strcmp(e->sqlstate, "25006") == 0) {
+		handler_problem(resp, req, P_UNAVAILABLE,
+		            "the database is read-only (a standby, or set read-only); nothing was "
+		            "stored, retry the same request later");
+		return;
+	}
+	handler_problem(resp, req, P_UNAVAILABLE,
+	            "the database is unavailable; nothing was stored, retry the same request "
+	            "later");
+}

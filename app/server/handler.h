@@ -1,0 +1,50 @@
+/*
+ * handler.h - what every handler of the v1 API shares: the per-worker
+ * request context and the two ways to answer with a problem.
+ *
+ * Handlers (wf.c, jobs.c, ops.c, ...) include this header and never the
+ * router (api.h) nor one another; the router includes them.
+ */
+#ifndef IDF_HANDLER_H
+#define IDF_HANDLER_H
+
+#include <libpq-fe.h>
+
+#include "core/buf.h"
+#include "core/conf.h"
+#include "core/db.h"
+#include "core/err.h"
+#include "core/idem.h"
+#include "core/problem.h"
+#include "server/http.h"
+
+/* One per worker process; buffers are reused across requests. */
+struct handler_ctx {
+	const struct conf *conf; /* borrowed */
+	struct db *db;           /* borrowed */
+	struct rcache *rcache;   /* the worker's replay cache, or NULL; borrowed */
+	struct buf body;         /* the request body */
+	struct buf scratch;      /* canonical forms, payloads */
+	/* Per request, for the access log: */
+	long tenant_id;          /* 0 until authenticated */
+	PGresult *key_row;       /* a keyed POST's stored key row, found while
+				  * authenticating (Q_AUTH_KEY), or NULL; owned */
+	char bytes_fp[IDEM_FP_TEXT]; /* a keyed command's request as received
+				      * (cmd_read_json), stored with its key */
+	enum idem_outcome idem;
+	int cached;              /* the key row came from the replay cache */
+	int created;             /* this request wrote an outbox event */
+	struct err err;          /* why a 5xx happened */
+};
+
+/* Fill resp with a problem of the given kind (status, content type, body). */
+void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
+		 const char *detail);
+
+/* Fill resp with the problem that an error from the database layer calls
+ * for (503 with Retry-After for outages, 500 otherwise); remembers e for the
+ * log. */
+void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+		  const struct err *e);
+
+#endif

@@ -1,0 +1,229 @@
+/*
+ * jobs.c - POST /v1/jobs/activate, /v1/jobs/{key}/complete and /fail.
+ *
+ * A job's key is "<workflow id>.s<step>": stable across activations,
+ * retries and replays, so a worker can hand it to an external provider as
+ * that provider's idempotency key, and a second charge of the same step is
+ * refused by the provider even when this service handed the job out twice
+ * (after a lease ran out).
+ */
+#include "server/jobs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/canon.h"
+#include "core/ids.h"
+#include "server/cmd.h"
+#include "server/queries.h"
+
+#define JOBS_WORKER_MAX 128
+#define JOBS_TYPE_MAX   128
+#define JOBS_ERROR_MAX  1000
+#define JOBS_MAX_JOBS   100
+#define JOBS_LEASE_MAX  86400 /* seconds: one day */
+#define JOBS_STEP_MAX   32    /* as WF_STEPS_MAX */
+
+/* Columns of idemflow_job_row after (problem, detail). */
+enum {
+	C_WORKFLOW = 2,
+	C_STEP,
+	C_NAME,
+	C_JOB_TYPE,
+	C_STATE,
+	C_WORKER,
+	C_DEADLINE,
+	C_ACTIVATIONS,
+	C_RETRIES,
+	C_OUTPUT,
+	C_ERROR,
+	C_INPUT,
+};
+
+int jobs_parse_key(const char *key, size_t len, char *wf, int *step)
+{
+	char *end;
+	long n;
+
+	if (len < IDS_UUID_LEN + 3 || len > IDS_UUID_LEN + 4 || key[IDS_UUID_LEN] != '.' ||
+	    key[IDS_UUID_LEN + 1] != 's')
+		return -1;
+	memcpy(wf, key, IDS_UUID_LEN);
+	wf[IDS_UUID_LEN] = '\0';
+	if (!ids_is_uuid(wf) || key[IDS_UUID_LEN + 2] < '1' || key[IDS_UUID_LEN + 2] > '9')
+		return -1;
+	n = strtol(key + IDS_UUID_LEN + 2, &end, 10);
+	if (end != key + len || n > JOBS_STEP_MAX)
+		return -1;
+	*step = (int)n;
+	return 0;
+}
+
+static void write_text(struct buf *out, const char *name, const char *s)
+{
+	buf_printf(out, ",\"%s\":", name);
+	canon_write_string(out, s, strlen(s));
+}
+
+/* Append stored JSON text in canonical form. */
+static int write_json(struct buf *out, const char *name, const char *text, size_t len,
+                      struct err *e)
+{
+	struct json_object *v = canon_parse(text, len, 1000, e);
+	int rc;
+
+	buf_printf(out, ",\"%s\":", name);
+	rc = v != NULL ? canon_write(out, v, e) : -1;
+	json_object_put(v);
+	return rc;
+}
+
+/* Append the job in row i of res. */
+static int write_job(struct buf *out, const PGresult *res, int i, struct err *e)
+{
+	const char *wf = PQgetvalue(res, i, C_WORKFLOW);
+
+	buf_printf(out, "{\"key\":\"%s.s%s\",\"workflow_id\":\"%s\",\"step\":%s", wf,
+	           PQgetvalue(res, i, C_STEP), wf, PQgetvalue(res, i, C_STEP));
+	write_text(out, "name", PQgetvalue(res, i, C_NAME));
+	write_text(out, "job_type", PQgetvalue(res, i, C_JOB_TYPE));
+	write_text(out, "state", PQgetvalue(res, i, C_STATE));
+	if (!PQgetisnull(res, i, C_WORKER))
+		write_text(out, "worker", PQgetvalue(res, i, C_WORKER));
+	if (!PQgetisnull(res, i, C_DEADLINE))
+		write_text(out, "deadline", PQgetvalue(res, i, C_DEADLINE));
+	buf_printf(out, ",\"activations\":%s,\"retries_left\":%s",
+	           PQgetvalue(res, i, C_ACTIVATIONS), PQgetvalue(res, i, C_RETRIES));
+	if (!PQgetisnull(res, i, C_ERROR))
+		write_text(out, "error", PQgetvalue(res, i, C_ERROR));
+	if (!PQgetisnull(res, i, C_OUTPUT) &&
+	    write_json(out, "output", PQgetvalue(res, i, C_OUTPUT),
+	               (size_t)PQgetlength(res, i, C_OUTPUT), e) < 0)
+		return err_set(e, ERR_INTERNAL, "stored output of job %s.s%s is not valid JSON", wf,
+		               PQgetvalue(res, i, C_STEP));
+	if (!PQgetisnull(res, i, C_INPUT) &&
+	    write_json(out, "input", PQgetvalue(res, i, C_INPUT),
+	               (size_t)PQgetlength(res, i, C_INPUT), e) < 0)
+		return err_set(e, ERR_INTERNAL, "stored input of workflow %s is not valid JSON",
+		               wf);
+	buf_putc(out, '}');
+	return 0;
+}
+
+static int render_activate(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                           const PGresult *res, const struct cmd *c, struct err *e)
+{
+	(void)ctx;
+	(void)req;
+	(void)c;
+	resp->status = 200;
+	resp->content_type = "application/json";
+	buf_puts(&resp->body, "{\"jobs\":[");
+	for (int i = 0; i < PQntuples(res); i++) {
+		if (i > 0)
+			buf_putc(&resp->body, ',');
+		if (write_job(&resp->body, res, i, e) < 0)
+			return -1;
+	}
+	buf_puts(&resp->body, "]}");
+	return 0;
+}
+
+static int render_job(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                      const PGresult *res, const struct cmd *c, struct err *e)
+{
+	(void)ctx;
+	(void)req;
+	(void)c;
+	if (PQntuples(res) != 1)
+		return err_set(e, ERR_INTERNAL, "job command returned %d rows", PQntuples(res));
+	resp->status = 200;
+	resp->content_type = "application/json";
+	return write_job(&resp->body, res, 0, e);
+}
+
+void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	static const char *const members[] = {"job_type", "worker", "max_jobs", "lease_seconds",
+	                                      NULL};
+	struct json_object *root;
+	const char *type, *worker;
+	long max_jobs, lease;
+	char tenant[24], nmax[16], interval[40], detail[300], fp_text[IDEM_FP_TEXT];
+
+	root = cmd_read_json(ctx, req, resp, 0);
+	if (root == NULL)
+		return;
+	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "job_type", 1, JOBS_TYPE_MAX, &type, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "worker", 1, JOBS_WORKER_MAX, &worker, detail, sizeof(detail)) < 0 ||
+	    cmd_int(root, "max_jobs", 1, JOBS_MAX_JOBS, 1, &max_jobs, detail, sizeof(detail)) < 0 ||
+	    cmd_int(root, "lease_seconds", 1, JOBS_LEASE_MAX, 30, &lease, detail, sizeof(detail)) <
+	        0) {
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(nmax, sizeof(nmax), "%ld", max_jobs);
+	snprintf(interval, sizeof(interval), "%ld seconds", lease);
+	const char *p[5] = {tenant, type, worker, nmax, interval};
+	const struct cmd cmd = {Q_JOBS_ACTIVATE, 5, p, fp_text, render_activate, NULL};
+	cmd_run(ctx, req, resp, &cmd);
+out:
+	json_object_put(root);
+}
+
+void jobs_finish(struct handler_ctx *ctx, struct http_req *req, const char *key, const char *verb,
+                 struct http_resp *resp)
+{
+	static const char *const complete_members[] = {"worker", "output", NULL};
+	static const char *const fail_members[] = {"worker", "error", "retry_after_seconds", NULL};
+	const int complete = strcmp(verb, "complete") == 0;
+	struct json_object *root, *output = NULL;
+	const char *worker, *error = NULL;
+	long retry_after = 0;
+	char tenant[24], wf[IDS_UUID_LEN + 1], step[16], interval[40], detail[300];
+	char fp_text[IDEM_FP_TEXT];
+	size_t off;
+	int n;
+
+	root = cmd_read_json(ctx, req, resp, 0);
+	if (root == NULL)
+		return;
+	if (cmd_members(root, complete ? complete_members : fail_members, detail, sizeof(detail)) <
+	        0 ||
+	    cmd_text(root, "worker", 1, JOBS_WORKER_MAX, &worker, detail, sizeof(detail)) < 0 ||
+	    (complete && cmd_object(root, "output", &output, detail, sizeof(detail)) < 0) ||
+	    (!complete &&
+	     (cmd_text(root, "error", 0, JOBS_ERROR_MAX, &error, detail, sizeof(detail)) < 0 ||
+	      cmd_int(root, "retry_after_seconds", 0, JOBS_LEASE_MAX, 0, &retry_after, detail,
+	              sizeof(detail)) < 0))) {
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (jobs_parse_key(key, strlen(key), wf, &n) < 0) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such job");
+		goto out;
+	}
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(step, sizeof(step), "%d", n);
+	if (complete) {
+		if (cmd_json_param(ctx, req, resp, output, &off) < 0)
+			goto out;
+		const char *p[5] = {tenant, wf, step, worker, ctx->scratch.data + off};
+		const struct cmd cmd = {Q_JOB_COMPLETE, 5, p, fp_text, render_job, NULL};
+		cmd_run(ctx, req, resp, &cmd);
+	} else {
+		snprintf(interval, sizeof(interval), "%ld seconds", retry_after);
+		const char *p[6] = {tenant, wf, step, worker, error, interval};
+		const struct cmd cmd = {Q_JOB_FAIL, 6, p, fp_text, render_job, NULL};
+		cmd_run(ctx, req, resp, &cmd);
+	}
+out:
+	json_object_put(root);
+}

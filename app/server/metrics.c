@@ -1,0 +1,526 @@
+/* metrics.c - pool-wide counters in shared memory, GET /metrics (see metrics.h). */
+#include "server/metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core/fp.h"
+#include "server/handler.h"
+#include "server/queries.h"
+
+/* Counters are shared between processes: only lock-free atomics work there. */
+#if ATOMIC_LLONG_LOCK_FREE != 2
+#error "metrics need lock-free 64-bit atomics"
+#endif
+
+/* The statuses the server answers with (http_reason's list); anything else
+ * is counted under status="other" so the label stays bounded. */
+static const int statuses[] = {200, 201, 204, 400, 401, 403, 404,
+                               405, 409, 413, 415, 422, 500, 503};
+#define NSTATUS (sizeof(statuses) / sizeof(statuses[0]))
+
+/* Upper bounds of the duration buckets, in seconds: from a replay served
+ * in a millisecond to a create that waited out idempotency_wait. */
+static const double bucket_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                   0.25,  0.5,    1,     2.5,  5,     10};
+static const char *const bucket_le_text[] = {"0.001", "0.0025", "0.005", "0.01", "0.025",
+                                             "0.05",  "0.1",    "0.25",  "0.5",  "1",
+                                             "2.5",   "5",      "10"};
+#define NBUCKETS (sizeof(bucket_le) / sizeof(bucket_le[0]))
+
+static const struct {
+	const char *name;
+	int keyed; /* takes an Idempotency-Key: has idempotency series */
+} routes[MR__COUNT] = {
+    [MR_WORKFLOWS] = {"/v1/workflows", 1},
+    [MR_WORKFLOW] = {"/v1/workflows/{id}", 0},
+    [MR_HEALTHZ] = {"/healthz", 0},
+    [MR_READYZ] = {"/readyz", 0},
+    [MR_METRICS] = {"/metrics", 0},
+    [MR_WF_EVENTS] = {"/v1/workflows/{id}/events", 0},
+    [MR_WF_TRANSITIONS] = {"/v1/workflows/{id}/transitions", 1},
+    [MR_WF_MESSAGES] = {"/v1/workflows/{id}/messages", 1},
+    [MR_JOBS_ACTIVATE] = {"/v1/jobs/activate", 1},
+    [MR_JOB_COMPLETE] = {"/v1/jobs/{key}/complete", 1},
+    [MR_JOB_FAIL] = {"/v1/jobs/{key}/fail", 1},
+    [MR_OTHER] = {"other", 0},
+};
+
+struct route_ctr {
+	atomic_ullong requests[NSTATUS + 1]; /* the last one: any other status */
+	atomic_ullong buckets[NBUCKETS + 1]; /* per bucket, not cumulative; last: +Inf */
+	atomic_ullong duration_us;
+	atomic_ullong created, replays, mismatch, in_flight;
+};
+
+struct slot {
+	_Alignas(64) struct route_ctr route[MR__COUNT];
+	atomic_ullong db_reconnects;
+	atomic_ullong replay_cache_hits;
+};
+
+struct shm {
+	atomic_llong workers;
+	atomic_ullong worker_restarts;
+	struct slot slots[METRICS_SLOTS];
+};
+
+/* Plain sums of every slot, for one scrape. */
+struct totals {
+	unsigned long long requests[MR__COUNT][NSTATUS + 1];
+	unsigned long long buckets[MR__COUNT][NBUCKETS + 1];
+	unsigned long long duration_us[MR__COUNT];
+	unsigned long long created[MR__COUNT], replays[MR__COUNT], mismatch[MR__COUNT],
+	    in_flight[MR__COUNT];
+	unsigned long long db_reconnects;
+	unsigned long long replay_cache_hits;
+	long long workers;
+	unsigned long long worker_restarts;
+};
+
+static struct shm *metrics_shm;
+static int metrics_slot;
+static unsigned long metrics_seen_reconnects;
+
+/* The route of "<prefix>{id}" or "<prefix>{id}/<sub>" for a sub in subs
+ * (NULL-terminated, "" for no sub), or MR_OTHER. */
+static enum metrics_route id_route(const char *tail, const char *const *subs,
+                                   const enum metrics_route *routes_of)
+{
+	const char *slash = strchr(tail, '/');
+
+	if (tail == slash || *tail == '\0')
+		return MR_OTHER;
+	for (int i = 0; subs[i] != NULL; i++) {
+		if (subs[i][0] == '\0' ? slash == NULL
+		                       : (slash != NULL && strcmp(slash + 1, subs[i]) == 0))
+			return routes_of[i];
+	}
+	return MR_OTHER;
+}
+
+enum metrics_route metrics_route_of(const char *path)
+{
+	static const char wf_prefix[] = "/v1/workflows/", jobs_prefix[] = "/v1/jobs/";
+	static const char *const wf_subs[] = {"", "events", "transitions", "messages", NULL};
+	static const enum metrics_route wf_routes[] = {MR_WORKFLOW, MR_WF_EVENTS, MR_WF_TRANSITIONS,
+	                                               MR_WF_MESSAGES};
+	static const char *const job_subs[] = {"complete", "fail", NULL};
+	static const enum metrics_route job_routes[] = {MR_JOB_COMPLETE, MR_JOB_FAIL};
+
+	if (strcmp(path, "/v1/workflows") == 0)
+		return MR_WORKFLOWS;
+	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0)
+		return id_route(path + sizeof(wf_prefix) - 1, wf_subs, wf_routes);
+	if (strcmp(path, "/v1/jobs/activate") == 0)
+		return MR_JOBS_ACTIVATE;
+	if (strncmp(path, jobs_prefix, sizeof(jobs_prefix) - 1) == 0)
+		return id_route(path + sizeof(jobs_prefix) - 1, job_subs, job_routes);
+	if (strcmp(path, "/healthz") == 0)
+		return MR_HEALTHZ;
+	if (strcmp(path, "/readyz") == 0)
+		return MR_READYZ;
+	if (strcmp(path, "/metrics") == 0)
+		return MR_METRICS;
+	return MR_OTHER;
+}
+
+const char *metrics_route_name(enum metrics_route r)
+{
+	return r < MR__COUNT ? routes[r].name : routes[MR_OTHER].name;
+}
+
+int metrics_init(struct err *e)
+{
+	void *p;
+
+	if (metrics_shm != NULL)
+		return 0;
+	/* Anonymous memory is zeroed: every counter starts at 0. */
+	p = mmap(NULL, sizeof(struct shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+	         0);
+	if (p == MAP_FAILED)
+		return err_set(e, ERR_INTERNAL, "could not map %zu bytes for the metrics: %s",
+		               sizeof(struct shm), strerror(errno));
+	metrics_shm = p;
+	return 0;
+}
+
+void metrics_use_slot(int slot)
+{
+	metrics_slot = slot >= 0 ? slot % METRICS_SLOTS : 0;
+	metrics_seen_reconnects = 0;
+}
+
+void metrics_set_workers(int live)
+{
+	if (metrics_shm != NULL)
+		atomic_store_explicit(&metrics_shm->workers, live, memory_order_relaxed);
+}
+
+void metrics_worker_restarted(void)
+{
+	if (metrics_shm != NULL)
+		atomic_fetch_add_explicit(&metrics_shm->worker_restarts, 1, memory_order_relaxed);
+}
+
+static size_t status_index(int status)
+{
+	for (size_t i = 0; i < NSTATUS; i++)
+		if (statuses[i] == status)
+			return i;
+	return NSTATUS;
+}
+
+static void add(atomic_ullong *c, unsigned long long n)
+{
+	atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
+                     unsigned long reconnects)
+{
+	struct slot *s;
+	struct route_ctr *r;
+	size_t b = 0;
+
+	if (metrics_shm == NULL)
+		return;
+	s = &metrics_shm->slots[metrics_slot];
+	r = &s->route[metrics_route_of(path)];
+	if (seconds < 0)
+		seconds = 0;
+	while (b < NBUCKETS && seconds > bucket_le[b])
+		b++;
+	add(&r->requests[status_index(status)], 1);
+	add(&r->buckets[b], 1);
+	add(&r->duration_us, (unsigned long long)(seconds * 1e6 + 0.5));
+	switch (idem) {
+	case IDEM_CREATED: add(&r->created, 1); break;
+	case IDEM_REPLAYED: add(&r->replays, 1); break;
+	case IDEM_CONFLICT: add(&r->mismatch, 1); break;
+	case IDEM_IN_FLIGHT: add(&r->in_flight, 1); break;
+	case IDEM_NONE: break;
+	}
+	/* The handle counts from 0 in every worker; the slot keeps the sum
+	 * of all the workers that have used it. */
+	if (reconnects > metrics_seen_reconnects) {
+		add(&s->db_reconnects, reconnects - metrics_seen_reconnects);
+		metrics_seen_reconnects = reconnects;
+	}
+}
+
+void metrics_replay_cache_hit(void)
+{
+	if (metrics_shm != NULL)
+		add(&metrics_shm->slots[metrics_slot].replay_cache_hits, 1);
+}
+
+static unsigned long long get(atomic_ullong *c)
+{
+	return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+static void sum_slots(struct totals *t)
+{
+	memset(t, 0, sizeof(*t));
+	if (metrics_shm == NULL)
+		return;
+	t->workers = atomic_load_explicit(&metrics_shm->workers, memory_order_relaxed);
+	t->worker_restarts = get(&metrics_shm->worker_restarts);
+	for (size_t i = 0; i < METRICS_SLOTS; i++) {
+		struct slot *s = &metrics_shm->slots[i];
+		t->db_reconnects += get(&s->db_reconnects);
+		t->replay_cache_hits += get(&s->replay_cache_hits);
+		for (int r = 0; r < MR__COUNT; r++) {
+			struct route_ctr *c = &s->route[r];
+			for (size_t k = 0; k <= NSTATUS; k++)
+				t->requests[r][k] += get(&c->requests[k]);
+			for (size_t k = 0; k <= NBUCKETS; k++)
+				t->buckets[r][k] += get(&c->buckets[k]);
+			t->duration_us[r] += get(&c->duration_us);
+			t->created[r] += get(&c->created);
+			t->replays[r] += get(&c->replays);
+			t->mismatch[r] += get(&c->mismatch);
+			t->in_flight[r] += get(&c->in_flight);
+		}
+	}
+}
+
+static void help(struct buf *out, const char *name, const char *type, const char *text)
+{
+	buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
+}
+
+void metrics_render(struct buf *out, const struct metrics_outbox *ob)
+{
+	struct totals t;
+
+	sum_slots(&t);
+
+	help(out, "idemflow_requests_total", "counter",
+	     "Requests answered by the workers, by route template and status.");
+	for (int r = 0; r < MR__COUNT; r++) {
+		for (size_t k = 0; k <= NSTATUS; k++) {
+			if (t.requests[r][k] == 0)
+				continue;
+			if (k < NSTATUS)
+				buf_printf(
+				    out,
+				    "idemflow_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+				    routes[r].name, statuses[k], t.requests[r][k]);
+			else
+				buf_printf(
+				    out,
+				    "idemflow_requests_total{route=\"%s\",status=\"other\"} %llu\n",
+				    routes[r].name, t.requests[r][k]);
+		}
+	}
+
+	help(out, "idemflow_request_duration_seconds", "histogram",
+	     "Time from accepting a request to having its answer ready, by route template.");
+	for (int r = 0; r < MR__COUNT; r++) {
+		unsigned long long cum = 0;
+		for (size_t k = 0; k < NBUCKETS; k++) {
+			cum += t.buckets[r][k];
+			buf_printf(
+			    out,
+			    "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"%s\"} "
+			    "%llu\n",
+			    routes[r].name, bucket_le_text[k], cum);
+		}
+		/* The count is the +Inf bucket by construction, so the two can
+		 * never disagree even while workers are counting. */
+		cum += t.buckets[r][NBUCKETS];
+		buf_printf(
+		    out,
+		    "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n",
+		    routes[r].name, cum);
+		buf_printf(out, "idemflow_request_duration_seconds_sum{route=\"%s\"} %llu.%06llu\n",
+		           routes[r].name, t.duration_us[r] / 1000000, t.duration_us[r] % 1000000);
+		buf_printf(out, "idemflow_request_duration_seconds_count{route=\"%s\"} %llu\n",
+		           routes[r].name, cum);
+	}
+
+	help(out, "idemflow_idempotency_created_total", "counter",
+	     "Keyed requests that executed and stored their response.");
+	for (int r = 0; r < MR__COUNT; r++)
+		if (routes[r].keyed)
+			buf_printf(out, "idemflow_idempotency_created_total{route=\"%s\"} %llu\n",
+			           routes[r].name, t.created[r]);
+	help(out, "idemflow_idempotency_replays_total", "counter",
+	     "Keyed requests answered with the stored response of an earlier one.");
+	for (int r = 0; r < MR__COUNT; r++)
+		if (routes[r].keyed)
+			buf_printf(out, "idemflow_idempotency_replays_total{route=\"%s\"} %llu\n",
+			           routes[r].name, t.replays[r]);
+	help(out, "idemflow_idempotency_conflicts_total", "counter",
+	     "Keyed requests refused with 409: the key was used for a different request "
+	     "(mismatch) or its first request was still running (in_flight).");
+	for (int r = 0; r < MR__COUNT; r++) {
+		if (!routes[r].keyed)
+			continue;
+		buf_printf(out,
+		           "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"mismatch\"} "
+		           "%llu\n",
+		           routes[r].name, t.mismatch[r]);
+		buf_printf(
+		    out,
+		    "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"in_flight\"} "
+		    "%llu\n",
+		    routes[r].name, t.in_flight[r]);
+	}
+
+	help(out, "idemflow_replay_cache_hits_total", "counter",
+	     "Keyed requests whose stored key row a worker had in memory (replay_cache_ttl): "
+	     "answered without a database statement.");
+	buf_printf(out, "idemflow_replay_cache_hits_total %llu\n", t.replay_cache_hits);
+	help(out, "idemflow_db_reconnects_total", "counter",
+	     "Times a worker reconnected to PostgreSQL after losing its connection.");
+	buf_printf(out, "idemflow_db_reconnects_total %llu\n", t.db_reconnects);
+	help(out, "idemflow_workers", "gauge", "Live worker processes.");
+	buf_printf(out, "idemflow_workers %lld\n", t.workers);
+	help(out, "idemflow_worker_restarts_total", "counter",
+	     "Workers that exited without being asked to (crash, signal, error) and were "
+	     "replaced.");
+	buf_printf(out, "idemflow_worker_restarts_total %llu\n", t.worker_restarts);
+
+	help(out, "idemflow_db_up", "gauge",
+	     "1 when this scrape's database statement succeeded; the outbox gauges are "
+	     "missing otherwise.");
+	buf_printf(out, "idemflow_db_up %d\n", ob != NULL);
+	if (ob == NULL)
+		return;
+	/* Active jobs and expired job leases join these once jobs exist. */
+	help(out, "idemflow_outbox_pending", "gauge",
+	     "Outbox events not delivered yet and not dead.");
+	buf_printf(out, "idemflow_outbox_pending %ld\n", ob->pending);
+	help(out, "idemflow_outbox_dead", "gauge",
+	     "Outbox events that used up their attempts and wait for a requeue.");
+	buf_printf(out, "idemflow_outbox_dead %ld\n", ob->dead);
+	help(out, "idemflow_outbox_oldest_pending_age_seconds", "gauge",
+	     "Age of the oldest pending outbox event (0 when none is pending).");
+	buf_printf(out, "idemflow_outbox_oldest_pending_age_seconds %.3f\n", ob->oldest_pending_s);
+}
+
+/* --- Access ------------------------------------------------------------ */
+
+struct net {
+	int family; /* AF_INET or AF_INET6 */
+	unsigned char addr[16];
+	int bits;
+};
+
+/* Parse an address; a v4-mapped IPv6 address (::ffff:a.b.c.d) is the IPv4
+ * address, as a dual-stack listener may report an IPv4 client either way. */
+static int addr_parse(const char *s, struct net *n)
+{
+	static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+	memset(n, 0, sizeof(*n));
+	if (inet_pton(AF_INET, s, n->addr) == 1) {
+		n->family = AF_INET;
+		n->bits = 32;
+		return 0;
+	}
+	if (inet_pton(AF_INET6, s, n->addr) == 1) {
+		n->family = AF_INET6;
+		n->bits = 128;
+		if (memcmp(n->addr, mapped, sizeof(mapped)) == 0) {
+			memmove(n->addr, n->addr + 12, 4);
+			memset(n->addr + 4, 0, 12);
+			n->family = AF_INET;
+			n->bits = 32;
+		}
+		return 0;
+	}
+	return -1;
+}
+
+static int net_contains(const struct net *net, const struct net *a)
+{
+	int full = net->bits / 8, rest = net->bits % 8;
+
+	if (net->family != a->family || memcmp(net->addr, a->addr, (size_t)full) != 0)
+		return 0;
+	if (rest == 0)
+		return 1;
+	unsigned char mask = (unsigned char)(0xff << (8 - rest));
+	return (net->addr[full] & mask) == (a->addr[full] & mask);
+}
+
+int metrics_allow_match(const char *allow, const char *addr, struct err *e)
+{
+	struct net client;
+	int have_client = addr != NULL && addr_parse(addr, &client) == 0;
+	int found = 0;
+	const char *p = allow;
+
+	while (*p) {
+		char item[80], *slash;
+		size_t n;
+		struct net net;
+
+		p += strspn(p, " \t,");
+		n = strcspn(p, ",");
+		while (n > 0 && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+			n--;
+		if (n == 0)
+			break;
+		if (n >= sizeof(item))
+			return err_set(e, ERR_CONFIG, "metrics_allow: \"%.*s\" is not an address",
+			               (int)n, p);
+		memcpy(item, p, n);
+		item[n] = '\0';
+		p += n;
+		slash = strchr(item, '/');
+		if (slash != NULL)
+			*slash = '\0';
+		if (addr_parse(item, &net) < 0)
+			return err_set(e, ERR_CONFIG,
+			               "metrics_allow: \"%s\" is not an IPv4 or IPv6 address",
+			               item);
+		if (slash != NULL) {
+			char *end;
+			long bits = strtol(slash + 1, &end, 10);
+			int max = net.family == AF_INET ? 32 : 128;
+			if (end == slash + 1 || *end != '\0' || bits < 0 || bits > max)
+				return err_set(
+				    e, ERR_CONFIG,
+				    "metrics_allow: bad prefix length \"/%s\" for %s (0 to %d)",
+				    slash + 1, item, max);
+			net.bits = (int)bits;
+		}
+		/* Keep parsing after a match: a bad entry is an error wherever it is. */
+		if (have_client && net_contains(&net, &client))
+			found = 1;
+	}
+	return found;
+}
+
+int metrics_token_match(const char *token, const char *authorization)
+{
+	uint8_t want[FP_LEN], got[FP_LEN];
+	const char *tok = http_bearer_token(authorization);
+	unsigned char diff = 0;
+
+	if (token == NULL || *token == '\0' || tok == NULL)
+		return 0;
+	/* Digests have one length whatever was sent, so the comparison's
+	 * time tells nothing about the token, not even its length. */
+	fp_token(want, token, strlen(token));
+	fp_token(got, tok, strlen(tok));
+	for (size_t i = 0; i < FP_LEN; i++)
+		diff |= (unsigned char)(want[i] ^ got[i]);
+	return diff == 0;
+}
+
+/* --- GET /metrics -------------------------------------------------------- */
+
+void metrics_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	struct metrics_outbox ob;
+	struct err e;
+	PGresult *res;
+	int db_ok;
+
+	/* Checked before the method, so a stranger learns nothing about the
+	 * resource. Tenants' tokens are never looked up here: they open the
+	 * API, not the operator's view of every tenant. */
+	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
+	    !metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
+		handler_problem(resp, req, P_FORBIDDEN,
+		            "/metrics is open to the addresses in metrics_allow, or with the "
+		            "metrics_token");
+		return;
+	}
+	if (strcmp(req->method, "GET") != 0) {
+		http_resp_header(resp, "Allow", "GET");
+		handler_problem(resp, req, P_METHOD_NOT_ALLOWED, "this resource allows GET only");
+		return;
+	}
+	res = db_run(ctx->db, Q_METRICS_OUTBOX, 0, NULL, &e);
+	db_ok = res != NULL;
+	if (db_ok) {
+		ob.pending = atol(PQgetvalue(res, 0, 0));
+		ob.oldest_pending_s = atof(PQgetvalue(res, 0, 1));
+		ob.dead = atol(PQgetvalue(res, 0, 2));
+		PQclear(res);
+	} else {
+		ctx->err = e; /* for the request's log line */
+	}
+	resp->status = 200;
+	resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+	buf_reset(&resp->body);
+	metrics_render(&resp->body, db_ok ? &ob : NULL);
+	if (resp->body.oom) {
+		err_set(&e, ERR_INTERNAL, "out of memory");
+		handler_db_error(ctx, resp, req, &e);
+	}
+}

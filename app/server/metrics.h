@@ -1,0 +1,107 @@
+/*
+ * metrics.h - Prometheus metrics of the whole worker pool, and GET /metrics.
+ *
+ * The counters live in one shared memory segment that the supervisor maps
+ * (MAP_SHARED | MAP_ANONYMOUS) before it forks the first worker, so every
+ * worker inherits it and a scrape served by any worker sees them all. Each
+ * worker counts into a slot of its own (the supervisor hands out the
+ * lowest free one; a respawned worker takes over a dead one's slot and adds
+ * to it), and a scrape sums the slots. A slot is never zeroed, so the
+ * totals survive workers that die, are killed or are replaced. Every update
+ * is a relaxed atomic add: slots keep workers off each other's cache
+ * lines, and the atomics keep a shared slot exact in the rare case that
+ * there are more live workers than slots, and a scrape from ever reading a
+ * torn value.
+ *
+ * Label values are bounded: routes are templates (METRICS_ROUTES), statuses
+ * come from a fixed list (anything else is counted as "other").
+ */
+#ifndef IDF_METRICS_H
+#define IDF_METRICS_H
+
+#include "core/buf.h"
+#include "core/err.h"
+#include "core/idem.h"
+
+struct handler_ctx;
+struct http_req;
+struct http_resp;
+
+#define METRICS_SLOTS 128
+
+/* The route label: a template, never the raw path. */
+enum metrics_route {
+	MR_WORKFLOWS,      /* /v1/workflows */
+	MR_WORKFLOW,       /* /v1/workflows/{id} */
+	MR_HEALTHZ,        /* /healthz */
+	MR_READYZ,         /* /readyz */
+	MR_METRICS,        /* /metrics */
+	MR_WF_EVENTS,      /* /v1/workflows/{id}/events */
+	MR_WF_TRANSITIONS, /* /v1/workflows/{id}/transitions */
+	MR_WF_MESSAGES,    /* /v1/workflows/{id}/messages */
+	MR_JOBS_ACTIVATE,  /* /v1/jobs/activate */
+	MR_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
+	MR_JOB_FAIL,       /* /v1/jobs/{key}/fail */
+	MR_OTHER,          /* anything else (404s) */
+	MR__COUNT
+};
+
+enum metrics_route metrics_route_of(const char *path);
+const char *metrics_route_name(enum metrics_route r);
+
+/*
+ * Supervisor, before the first fork: map the shared counters (zeroed).
+ * Calling it again keeps the existing segment. Returns 0 or -1 with e.
+ */
+int metrics_init(struct err *e) MUSTCHECK;
+
+/* Supervisor, in a new worker right after fork: count into this slot. */
+void metrics_use_slot(int slot);
+
+/* Supervisor: the number of live workers, and one more unexpected exit. */
+void metrics_set_workers(int live);
+void metrics_worker_restarted(void);
+
+/*
+ * Worker, once per request, as soon as the answer is ready: so a client
+ * that has its answer can already see it counted. reconnects is the
+ * worker's db_reconnects() so far; only its growth is added.
+ */
+void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
+                     unsigned long reconnects);
+
+/* Worker: the request just answered took its key row from the replay
+ * cache (rcache.h), not from the database. */
+void metrics_replay_cache_hit(void);
+
+/* Outbox gauges read from the database at scrape time. */
+struct metrics_outbox {
+	long pending;
+	double oldest_pending_s;
+	long dead;
+};
+
+/*
+ * Append the exposition (Prometheus text format 0.0.4) of the summed
+ * counters to out; ob NULL means the database statement failed
+ * (idemflow_db_up 0, the outbox gauges left out).
+ */
+void metrics_render(struct buf *out, const struct metrics_outbox *ob);
+
+/*
+ * Does metrics_allow (comma-separated addresses and networks, IPv4 or
+ * IPv6, "a.b.c.d/n"; "" allows none) contain addr? Returns 1 or 0, or -1
+ * with e filled when the list does not parse (also used to check the
+ * configuration before it is put in use: addr NULL).
+ */
+int metrics_allow_match(const char *allow, const char *addr, struct err *e);
+
+/* Is authorization ("Bearer <token>") the metrics token? Never true when
+ * token is "". Compares BLAKE2b digests in constant time. */
+int metrics_token_match(const char *token, const char *authorization);
+
+/* GET /metrics: 403 problem unless the client's address is allowed or it
+ * sent the metrics token; 405 for other methods; else the exposition. */
+void metrics_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
+
+#endif

@@ -1,0 +1,447 @@
+/* sup.c - pre-fork supervisor (see sup.h). */
+#include "server/sup.h"
+
+#include <errno.h>
+#include <fcgiapp.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "server/metrics.h"
+#include "server/worker.h"
+
+#define MAX_CHILDREN 1024
+#define YOUNG_SECONDS 5   /* a worker dying younger than this counts as a crash */
+#define BACKOFF_MAX 30
+
+struct child {
+	pid_t pid;
+	unsigned gen;
+	int slot; /* its metrics slot */
+	time_t started;
+	time_t kill_at; /* when retiring: SIGKILL after this; 0 = not retiring */
+};
+
+struct sup {
+	struct conf *conf;
+	int argc;
+	char **argv;
+	int listen_fd;
+	struct child kids[MAX_CHILDREN];
+	int nkids;
+	unsigned gen;
+	int crash_streak;
+	time_t respawn_at; /* back-off: no spawning before this */
+	int stopping;
+	time_t stop_deadline;
+};
+
+static volatile sig_atomic_t got_chld, got_term, got_hup, got_alrm, got_usr1;
+
+static void on_signal(int sig)
+{
+	switch (sig) {
+	case SIGCHLD: got_chld = 1; break;
+	case SIGTERM:
+	case SIGINT: got_term = 1; break;
+	case SIGHUP: got_hup = 1; break;
+	case SIGALRM: got_alrm = 1; break;
+	case SIGUSR1: got_usr1 = 1; break;
+	}
+}
+
+/* msg with error=<e's message>, quoted and escaped as logfmt needs. */
+static void log_failure(const char *msg, const struct err *e)
+{
+	char line[512];
+	size_t n = 0;
+
+	log_kv(line, sizeof(line), &n, "error", e->msg);
+	log_error(msg, "%s", line);
+}
+
+static int is_unix_path(const char *listen)
+{
+	return strchr(listen, '/') != NULL;
+}
+
+/* Bind the socket once, before any fork: every worker inherits it. */
+static int open_listener(const struct conf *c)
+{
+	int fd, flags;
+
+	if (is_unix_path(c->listen)) {
+		struct sockaddr_un sun;
+		int probe;
+
+		if (strlen(c->listen) >= sizeof(sun.sun_path)) {
+			log_error("socket path too long", "listen=\"%s\"", c->listen);
+			return -1;
+		}
+		/* Refuse to steal the socket of a running server; remove a stale one. */
+		memset(&sun, 0, sizeof(sun));
+		sun.sun_family = AF_UNIX;
+		strcpy(sun.sun_path, c->listen);
+		probe = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (probe >= 0 && connect(probe, (struct sockaddr *)&sun, sizeof(sun)) == 0) {
+			close(probe);
+			log_error("socket is in use by another server", "listen=\"%s\"", c->listen);
+			return -1;
+		}
+		if (probe >= 0)
+			close(probe);
+		unlink(c->listen);
+	}
+	fd = FCGX_OpenSocket(c->listen, 1024);
+	if (fd < 0) {
+		log_error("could not listen", "listen=\"%s\" error=\"%s\"", c->listen,
+			  strerror(errno));
+		return -1;
+	}
+	if (is_unix_path(c->listen) && chmod(c->listen, (mode_t)c->listen_mode) < 0) {
+		log_error("could not set socket permissions", "listen=\"%s\" error=\"%s\"", c->listen,
+			  strerror(errno));
+		close(fd);
+		return -1;
+	}
+	/* Workers wait in ppoll() and then accept(): non-blocking, so the
+	 * losers of a race for one connection go back to waiting. */
+	flags = fcntl(fd, F_GETFL);
+	fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+	fcntl(fd, F_SETFD, FD_CLOEXEC);
+	return fd;
+}
+
+/* The lowest metrics slot no live worker uses, so a respawned worker adds
+ * to the counts of the one it replaces. With more live workers than slots
+ * (a reload that shrinks a big pool), slots are shared, which the atomic
+ * counters allow. */
+static int free_slot(const struct sup *s)
+{
+	unsigned char used[METRICS_SLOTS] = {0};
+
+	for (int i = 0; i < s->nkids; i++)
+		used[s->kids[i].slot] = 1;
+	for (int i = 0; i < METRICS_SLOTS; i++)
+		if (!used[i])
+			return i;
+	return s->nkids % METRICS_SLOTS;
+}
+
+static void spawn(struct sup *s)
+{
+	pid_t pid;
+	int slot;
+
+	if (s->nkids >= MAX_CHILDREN)
+		return;
+	slot = free_slot(s);
+	pid = fork();
+	if (pid < 0) {
+		log_error("could not fork a worker", "error=\"%s\"", strerror(errno));
+		s->respawn_at = time(NULL) + 1;
+		return;
+	}
+	if (pid == 0) {
+		sigset_t none;
+		struct sigaction usr1;
+		/* A SIGUSR1 forwarded before worker_run installs its handlers
+		 * must still reopen the log: the supervisor's handler, inherited,
+		 * would only set a flag nobody reads in this process. */
+		memset(&usr1, 0, sizeof(usr1));
+		usr1.sa_handler = log_reopen_on_signal;
+		sigemptyset(&usr1.sa_mask);
+		sigaction(SIGUSR1, &usr1, NULL);
+		metrics_use_slot(slot);
+		sigemptyset(&none);
+		/* The child starts with the supervisor's mask; worker_run sets its own. */
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		_exit(worker_run(s->conf, s->listen_fd));
+	}
+	s->kids[s->nkids++] =
+		(struct child){.pid = pid, .gen = s->gen, .slot = slot, .started = time(NULL)};
+	metrics_set_workers(s->nkids);
+	log_debug("worker spawned", "worker_pid=%ld gen=%u slot=%d", (long)pid, s->gen, slot);
+}
+
+static void retire(struct sup *s, struct child *k)
+{
+	k->kill_at = time(NULL) + (s->conf->shutdown_timeout + 999) / 1000;
+	kill(k->pid, SIGTERM);
+}
+
+static void reap(struct sup *s)
+{
+	int status;
+	pid_t pid;
+
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		int i;
+		for (i = 0; i < s->nkids && s->kids[i].pid != pid; i++)
+			;
+		if (i == s->nkids)
+			continue;
+		struct child k = s->kids[i];
+		s->kids[i] = s->kids[--s->nkids];
+		metrics_set_workers(s->nkids);
+		long uptime = (long)(time(NULL) - k.started);
+		int expected = k.kill_at != 0 || s->stopping;
+		int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+
+		if (WIFSIGNALED(status)) {
+			char name[96];
+			size_t n = 0;
+			log_kv(name, sizeof(name), &n, "signal_name", strsignal(WTERMSIG(status)));
+			LOG_AT(expected ? LOG_INFO : LOG_WARNING, "worker exited",
+			       "worker_pid=%ld signal=%d %s uptime_s=%ld", (long)pid,
+			       WTERMSIG(status), name, uptime);
+		} else {
+			LOG_AT(clean ? LOG_INFO : LOG_WARNING, "worker exited",
+			       "worker_pid=%ld exit_code=%d uptime_s=%ld", (long)pid,
+			       WEXITSTATUS(status), uptime);
+		}
+		if (expected || clean)
+			continue;
+		/* Planned exits (stop, reload, max_requests) are not restarts. */
+		metrics_worker_restarted();
+		/* Crash storm back-off: immediate respawns for the first two
+		 * young deaths in a row, then 1 s, 2 s, 4 s ... 30 s. */
+		if (uptime < YOUNG_SECONDS) {
+			s->crash_streak++;
+			if (s->crash_streak > 2) {
+				int d = 1 << (s->crash_streak - 3 > 5 ? 5 : s->crash_streak - 3);
+				if (d > BACKOFF_MAX)
+					d = BACKOFF_MAX;
+				s->respawn_at = time(NULL) + d;
+				log_warning("workers keep crashing; delaying respawn",
+					    "delay_s=%d crashes_in_a_row=%d", d, s->crash_streak);
+			}
+		} else {
+			s->crash_streak = 0;
+		}
+	}
+}
+
+/* Bring the pool to its configured size and generation. Returns 1 when
+ * something is still pending that needs a timer tick. */
+static int maintain(struct sup *s)
+{
+	time_t now = time(NULL);
+	int cur = 0, old = 0, retiring = 0, pending = 0;
+
+	for (int i = 0; i < s->nkids; i++) {
+		struct child *k = &s->kids[i];
+		if (k->kill_at) {
+			retiring++;
+			if (now >= k->kill_at) {
+				log_warning("worker did not stop in time; killing it", "worker_pid=%ld",
+					    (long)k->pid);
+				kill(k->pid, SIGKILL);
+			}
+		} else if (k->gen == s->gen) {
+			cur++;
+		} else {
+			old++;
+		}
+	}
+	if (s->stopping)
+		return s->nkids > 0;
+	if (retiring)
+		pending = 1;
+	/* Rolling replacement: one old worker at a time, after its
+	 * successor has been forked. */
+	if (old > 0 && retiring == 0) {
+		if (cur < s->conf->workers) {
+			spawn(s);
+			cur++;
+		}
+		for (int i = 0; i < s->nkids; i++) {
+			if (s->kids[i].gen != s->gen && !s->kids[i].kill_at) {
+				retire(s, &s->kids[i]);
+				break;
+			}
+		}
+		old--;
+		pending = 1;
+	}
+	if (cur + old < s->conf->workers) {
+		if (now < s->respawn_at)
+			return 1;
+		while (cur + old < s->conf->workers && s->nkids < MAX_CHILDREN) {
+			spawn(s);
+			cur++;
+		}
+	}
+	for (int i = 0; i < s->nkids && cur > s->conf->workers; i++) {
+		if (s->kids[i].gen == s->gen && !s->kids[i].kill_at) {
+			retire(s, &s->kids[i]);
+			cur--;
+			pending = 1;
+		}
+	}
+	return pending || old > 0;
+}
+
+static void reload(struct sup *s)
+{
+	struct err e;
+	int next;
+	struct conf *c = conf_from_args(s->argc, s->argv, &next, &e);
+
+	if (c == NULL) {
+		log_failure("configuration not reloaded; keeping the old one", &e);
+		return;
+	}
+	/* Checked here, not by the parser: only the server reads these. The
+	 * log file is opened last, once nothing else can refuse the reload. */
+	if (metrics_allow_match(c->metrics_allow, NULL, &e) < 0 ||
+	    (strcmp(c->log_file, s->conf->log_file) != 0 && log_open(c->log_file, &e) < 0)) {
+		log_failure("configuration not reloaded; keeping the old one", &e);
+		conf_free(c);
+		return;
+	}
+	if (strcmp(c->listen, s->conf->listen) != 0) {
+		log_warning("listen cannot change on reload; restart to apply it", "listen=\"%s\"",
+			    s->conf->listen);
+		free(c->listen);
+		c->listen = strdup(s->conf->listen);
+	}
+	conf_free(s->conf);
+	s->conf = c;
+	log_min_level = c->log_level;
+	log_line_format = c->log_format;
+	s->gen++;
+	s->crash_streak = 0;
+	s->respawn_at = 0;
+	log_info("configuration reloaded; replacing workers", "gen=%u workers=%d", s->gen,
+		 c->workers);
+}
+
+static void begin_stop(struct sup *s)
+{
+	if (s->stopping)
+		return;
+	s->stopping = 1;
+	log_info("stopping: letting in-flight requests finish", "workers=%d", s->nkids);
+	for (int i = 0; i < s->nkids; i++)
+		if (!s->kids[i].kill_at)
+			retire(s, &s->kids[i]);
+}
+
+static int write_pid_file(const char *path)
+{
+	FILE *f;
+
+	if (path == NULL || *path == '\0')
+		return 0;
+	f = fopen(path, "w");
+	if (f == NULL) {
+		log_error("could not write pid file", "pid_file=\"%s\" error=\"%s\"", path,
+			  strerror(errno));
+		return -1;
+	}
+	fprintf(f, "%ld\n", (long)getpid());
+	fclose(f);
+	return 0;
+}
+
+int sup_run(struct conf *c, int argc, char **argv)
+{
+	static struct sup s; /* large: keep it off the stack */
+	struct sigaction sa;
+	sigset_t handled, waitmask;
+	char *pid_file = NULL;
+	struct err e;
+
+	s.conf = c;
+	s.argc = argc;
+	s.argv = argv;
+	log_set_component("supervisor");
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	sigemptyset(&handled);
+	int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1};
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		sigaddset(&handled, sigs[i]);
+		sigaction(sigs[i], &sa, NULL);
+	}
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+	sigprocmask(SIG_BLOCK, &handled, &waitmask);
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		sigdelset(&waitmask, sigs[i]);
+
+	log_line_format = c->log_format;
+	if (log_open(c->log_file, &e) < 0) {
+		log_failure("could not open the log file", &e);
+		return 73; /* EX_CANTCREAT */
+	}
+	if (metrics_allow_match(c->metrics_allow, NULL, &e) < 0) {
+		log_failure("bad configuration", &e);
+		return 78; /* EX_CONFIG */
+	}
+	/* Before the first fork: every worker inherits the mapping. */
+	if (metrics_init(&e) < 0) {
+		log_failure("could not start", &e);
+		return 71; /* EX_OSERR */
+	}
+	s.listen_fd = open_listener(c);
+	if (s.listen_fd < 0)
+		return 71; /* EX_OSERR */
+	if (write_pid_file(c->pid_file) < 0)
+		return 73; /* EX_CANTCREAT */
+	pid_file = strdup(c->pid_file);
+	log_info("listening", "listen=\"%s\" workers=%d", c->listen, c->workers);
+
+	for (;;) {
+		int pending = maintain(&s);
+		if (s.stopping && s.nkids == 0)
+			break;
+		alarm(pending ? 1 : 0);
+		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1)
+			sigsuspend(&waitmask);
+		if (got_chld) {
+			got_chld = 0;
+			reap(&s);
+		}
+		if (got_term) {
+			got_term = 0;
+			begin_stop(&s);
+		}
+		if (got_hup) {
+			got_hup = 0;
+			if (!s.stopping)
+				reload(&s);
+		}
+		if (got_usr1) {
+			got_usr1 = 0;
+			/* logrotate moved the file: reopen it here, then in every
+			 * worker (each holds its own descriptor). */
+			log_reopen();
+			for (int i = 0; i < s.nkids; i++)
+				kill(s.kids[i].pid, SIGUSR1);
+		}
+		got_alrm = 0;
+	}
+	alarm(0);
+	close(s.listen_fd);
+	if (is_unix_path(s.conf->listen))
+		unlink(s.conf->listen);
+	if (pid_file && *pid_file)
+		unlink(pid_file);
+	free(pid_file);
+	log_info("stopped", NULL);
+	conf_free(s.conf);
+	return 0;
+}

@@ -1,0 +1,30 @@
+/*
+ * sup.h - the supervisor: binds the FastCGI socket once, pre-forks the
+ * workers, and keeps the pool at its size.
+ *
+ *  - A worker that dies is logged (exit code or signal, uptime) and
+ *    respawned; when workers keep dying young, respawns back off
+ *    exponentially up to 30 s.
+ *  - SIGTERM/SIGINT: every worker finishes its request in hand and exits;
+ *    after shutdown_timeout the rest get SIGKILL; then the supervisor exits 0.
+ *  - SIGHUP: re-read the configuration (a bad one is logged and the old one
+ *    kept) and replace the workers one at a time.
+ *  - SIGUSR1: reopen the log file (log_file), then have every worker do the
+ *    same.
+ * Before the first fork it maps the metrics counters (metrics.h) and gives
+ * each worker a slot; it keeps idemflow_workers and
+ * idemflow_worker_restarts_total itself.
+ * The main loop waits in sigsuspend() with every handled signal blocked
+ * otherwise, so no signal is lost between a check and the wait.
+ */
+#ifndef IDF_SUP_H
+#define IDF_SUP_H
+
+#include "core/conf.h"
+
+/* Run the server until stopped. c is owned by the supervisor from now on
+ * (replaced on reload); argc/argv are kept to re-read the configuration.
+ * Returns the process exit code. */
+int sup_run(struct conf *c, int argc, char **argv);
+
+#endif

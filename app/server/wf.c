@@ -1,0 +1,788 @@
+/*
+ * wf.c - workflows: create, read, list, history, transitions, messages.
+ *
+ * A plain keyed create (no steps, no business key) is one SQL statement
+ * (Q_CREATE_KEYED), so the key row with its stored response, the workflow
+ * row and its workflow.created event commit together or not at all, in
+ * one round trip. The workflow id and created_at are made here, before the
+ * statement, so the response body can be stored by the same statement that
+ * creates what it describes. A create with steps or a business key, and
+ * every other command, runs a database function through cmd.c.
+ */
+#include "server/wf.h"
+
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/canon.h"
+#include "core/fp.h"
+#include "core/ids.h"
+#include "server/cmd.h"
+#include "server/queries.h"
+
+#define WF_TYPE_MAX         128
+#define WF_NAME_MAX         64
+#define WF_STEPS_MAX        32 /* as JOBS_STEP_MAX */
+#define WF_BUSINESS_KEY_MAX 255
+#define WF_RETRIES_MAX      100
+#define WF_PAGE_DEFAULT     100
+#define WF_PAGE_MAX         1000
+
+/* The members of a create body; all borrowed from the parsed body. */
+struct wf_body {
+	struct json_object *type;
+	struct json_object *input;
+	struct json_object *steps;
+	const char *business_key;
+};
+
+/* Check one step definition (index i, 0-based) against the ones before. */
+static int validate_step(struct json_object *steps, size_t i, char *detail, size_t dlen)
+{
+	static const char *const members[] = {"name", "job_type", "wait_for", "retries", NULL};
+	struct json_object *st = json_object_array_get_idx(steps, i);
+	const char *name, *job_type, *wait_for;
+	char why[200];
+	long retries;
+
+	if (!json_object_is_type(st, json_type_object)) {
+		snprintf(detail, dlen, "step %zu must be a JSON object", i + 1);
+		return -1;
+	}
+	if (cmd_members(st, members, why, sizeof(why)) < 0 ||
+	    cmd_text(st, "name", 1, WF_NAME_MAX, &name, why, sizeof(why)) < 0 ||
+	    cmd_text(st, "job_type", 0, WF_TYPE_MAX, &job_type, why, sizeof(why)) < 0 ||
+	    cmd_text(st, "wait_for", 0, WF_TYPE_MAX, &wait_for, why, sizeof(why)) < 0 ||
+	    cmd_int(st, "retries", 0, WF_RETRIES_MAX, 0, &retries, why, sizeof(why)) < 0)
+		goto bad;
+	if ((job_type == NULL) == (wait_for == NULL)) {
+		snprintf(why, sizeof(why),
+		         "a step has exactly one of \"job_type\" and \"wait_for\"");
+		goto bad;
+	}
+	if (wait_for != NULL && json_object_object_get_ex(st, "retries", NULL)) {
+		snprintf(why, sizeof(why), "a wait step has no \"retries\"");
+		goto bad;
+	}
+	for (size_t k = 0; k < i; k++) {
+		struct json_object *other, *n;
+		other = json_object_array_get_idx(steps, k);
+		if (json_object_object_get_ex(other, "name", &n) &&
+		    strcmp(json_object_get_string(n), name) == 0) {
+			snprintf(why, sizeof(why), "the name \"%s\" is already step %zu's", name,
+			         k + 1);
+			goto bad;
+		}
+	}
+	return 0;
+bad:
+	snprintf(detail, dlen, "step %zu: %s", i + 1, why);
+	return -1;
+}
+
+/* Check the parsed body; on failure fill detail and return -1. */
+static int validate(struct json_object *root, struct wf_body *b, char *detail, size_t dlen)
+{
+	static const char *const members[] = {"type", "input", "steps", "business_key", NULL};
+	const char *type;
+	size_t n;
+
+	memset(b, 0, sizeof(*b));
+	if (cmd_members(root, members, detail, dlen) < 0 ||
+	    cmd_text(root, "type", 1, WF_TYPE_MAX, &type, detail, dlen) < 0 ||
+	    cmd_object(root, "input", &b->input, detail, dlen) < 0 ||
+	    cmd_text(root, "business_key", 0, WF_BUSINESS_KEY_MAX, &b->business_key, detail, dlen) <
+	        0)
+		return -1;
+	json_object_object_get_ex(root, "type", &b->type);
+	if (!json_object_object_get_ex(root, "steps", &b->steps) || b->steps == NULL)
+		return 0;
+	if (!json_object_is_type(b->steps, json_type_array)) {
+		snprintf(detail, dlen, "\"steps\" must be an array");
+		return -1;
+	}
+	n = json_object_array_length(b->steps);
+	if (n == 0 || n > WF_STEPS_MAX) {
+		snprintf(detail, dlen, "\"steps\" must hold 1 to %d steps", WF_STEPS_MAX);
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (validate_step(b->steps, i, detail, dlen) < 0)
+			return -1;
+	return 0;
+}
+
+void wf_write(struct buf *out, const struct wf_view *w)
+{
+	buf_printf(out, "{\"id\":\"%s\",\"type\":", w->id);
+	canon_write_string(out, w->type, strlen(w->type));
+	buf_printf(out, ",\"state\":\"%s\",\"input\":", w->state);
+	buf_append(out, w->input, w->input_len);
+	buf_printf(out, ",\"created_at\":\"%s\"", w->created_at);
+	if (w->business_key != NULL) {
+		buf_puts(out, ",\"business_key\":");
+		canon_write_string(out, w->business_key, strlen(w->business_key));
+	}
+	if (w->steps != NULL) {
+		buf_puts(out, ",\"steps\":");
+		buf_append(out, w->steps, w->steps_len);
+		buf_printf(out, ",\"step\":%d", w->step);
+	}
+	if (w->existing)
+		buf_puts(out, ",\"existing\":true");
+	buf_putc(out, '}');
+}
+
+/* Canonical form of stored JSON text (jsonb prints in its own style). */
+static int recanon(struct buf *out, const char *text, size_t len, struct err *e)
+{
+	struct json_object *v = canon_parse(text, len, 1000, e);
+	int rc = v != NULL ? canon_write(out, v, e) : -1;
+
+	json_object_put(v);
+	return rc;
+}
+
+int wf_write_row(struct buf *out, struct buf *tmp, const PGresult *res, int row, int col,
+                 int existing, struct err *e)
+{
+	struct wf_view w = {0};
+	size_t input_len;
+
+	buf_reset(tmp);
+	if (recanon(tmp, PQgetvalue(res, row, col + 3), (size_t)PQgetlength(res, row, col + 3), e) <
+	    0)
+		return err_set(e, ERR_INTERNAL, "stored input of workflow %s is not valid JSON",
+		               PQgetvalue(res, row, col));
+	input_len = tmp->len;
+	if (strcmp(PQgetvalue(res, row, col + 6), "[]") != 0 &&
+	    recanon(tmp, PQgetvalue(res, row, col + 6), (size_t)PQgetlength(res, row, col + 6), e) <
+	        0)
+		return err_set(e, ERR_INTERNAL, "stored steps of workflow %s are not valid JSON",
+		               PQgetvalue(res, row, col));
+	if (tmp->oom)
+		return err_set(e, ERR_INTERNAL, "out of memory");
+	w.id = PQgetvalue(res, row, col);
+	w.type = PQgetvalue(res, row, col + 1);
+	w.state = PQgetvalue(res, row, col + 2);
+	w.input = tmp->data;
+	w.input_len = input_len;
+	w.created_at = PQgetvalue(res, row, col + 4);
+	w.business_key = PQgetisnull(res, row, col + 5) ? NULL : PQgetvalue(res, row, col + 5);
+	if (tmp->len > input_len) {
+		w.steps = tmp->data + input_len;
+		w.steps_len = tmp->len - input_len;
+		w.step = atoi(PQgetvalue(res, row, col + 7));
+	}
+	w.existing = existing;
+	wf_write(out, &w);
+	return 0;
+}
+
+static void answer_created(struct http_resp *resp, const char *location, const struct buf *body)
+{
+	resp->status = 201;
+	resp->content_type = "application/json";
+	http_resp_header(resp, "Location", location);
+	buf_append(&resp->body, body->data, body->len);
+}
+
+/* The create statement: the real one, or in a test-hooks build with
+ * test_fail_after_write, one that fails after writing. */
+static int create_stmt(const struct handler_ctx *ctx)
+{
+#ifdef IDEMFLOW_TEST_HOOKS
+	if (ctx->conf->test_fail_after_write)
+		return Q_CREATE_KEYED_FAIL;
+#else
+	(void)ctx;
+#endif
+	return Q_CREATE_KEYED;
+}
+
+/* Run the keyed create until it either owned the key or found its row.
+ * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. The
+ * statement stores only its 201, a success (cmd_stores): every refusal of
+ * a create is a validation error, answered before the key is claimed. */
+static void create_keyed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                         const char *const p[15], const char *location, const struct buf *body)
+{
+	struct err e;
+
+	/* Three rounds cover an expired key (delete it, claim again) and a
+	 * row that vanished between the claim and the read (pruned). */
+	for (int round = 0; round < 3; round++) {
+		PGresult *res = db_run(ctx->db, create_stmt(ctx), 15, p, &e);
+		if (res == NULL)
+			goto db_error;
+		if (PQntuples(res) == 0) {
+			/* A concurrent owner committed while we waited on the
+			 * unique index: its row is visible to a new statement. */
+			PQclear(res);
+			res = db_run(ctx->db, Q_KEY_GET, 2, p, &e);
+			if (res == NULL)
+				goto db_error;
+			if (PQntuples(res) == 0) {
+				PQclear(res);
+				continue;
+			}
+		} else if (strcmp(PQgetvalue(res, 0, 0), "created") == 0) {
+			PQclear(res);
+			ctx->idem = IDEM_CREATED;
+			ctx->created = 1;
+			answer_created(resp, location, body);
+			return;
+		}
+		if (strcmp(PQgetvalue(res, 0, 5), "t") != 0) {
+			cmd_answer_existing(ctx, resp, req, res, p[4]);
+			PQclear(res);
+			return;
+		}
+		PQclear(res);
+		/* Past its TTL a key is forgotten: remove the old row (only if
+		 * it is still expired) and claim the key afresh. */
+		res = db_run(ctx->db, Q_KEY_DELETE_EXPIRED, 2, p, &e);
+		if (res == NULL)
+			goto db_error;
+		PQclear(res);
+	}
+	err_set(&e, ERR_INTERNAL, "idempotency key row kept changing; giving up");
+db_error:
+	if (e.code == ERR_LOCK_TIMEOUT)
+		cmd_key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
+	else
+		handler_db_error(ctx, resp, req, &e);
+}
+
+static void create_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                           const char *const p[15], const char *location, const struct buf *body)
+{
+	const char *q[7] = {p[0], p[7], p[9], p[10], p[11], p[12], p[13]};
+	struct err e;
+	PGresult *res = db_run(ctx->db, Q_CREATE_UNKEYED, 7, q, &e);
+
+	if (res == NULL) {
+		handler_db_error(ctx, resp, req, &e);
+		return;
+	}
+	PQclear(res);
+	ctx->created = 1;
+	answer_created(resp, location, body);
+}
+
+/* The created workflow's answer was rendered before the statement; the
+ * 'existing' one comes from the row. */
+struct create_run {
+	const char *location;
+	const struct buf *body;
+};
+
+static int render_create_run(struct handler_ctx *ctx, const struct http_req *req,
+                             struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                             struct err *e)
+{
+	const struct create_run *cr = c->arg;
+	char location[64];
+
+	(void)req;
+	if (PQntuples(res) != 1)
+		return err_set(e, ERR_INTERNAL, "idemflow_wf_create returned %d rows",
+		               PQntuples(res));
+	if (strcmp(PQgetvalue(res, 0, 2), "created") == 0) {
+		answer_created(resp, cr->location, cr->body);
+		return 0;
+	}
+	/* An active workflow already has this business key: that one. */
+	resp->status = 200;
+	resp->content_type = "application/json";
+	snprintf(location, sizeof(location), "/v1/workflows/%s", PQgetvalue(res, 0, 3));
+	http_resp_header(resp, "Location", location);
+	return wf_write_row(&resp->body, &ctx->body, res, 0, 3, 1, e);
+}
+
+void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	const struct conf *c = ctx->conf;
+	struct json_object *root = NULL;
+	struct wf_body b;
+	struct buf *sc = &ctx->scratch;
+	char detail[300];
+	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
+	char location[64], event_id[IDS_UUID_LEN + 8], fp_text[IDEM_FP_TEXT];
+	struct buf out = BUF_INIT; /* the response body, also stored */
+	struct buf payload = BUF_INIT;
+	size_t input_off, input_len, steps_off = 0, steps_len = 0;
+	struct err e;
+
+	root = cmd_read_json(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED);
+	if (root == NULL)
+		goto out;
+	if (validate(root, &b, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, P_INVALID_WORKFLOW, detail);
+		goto out;
+	}
+
+	/* The canonical body is what the fingerprint covers; the canonical
+	 * input (and steps) are what is stored and echoed. All go in one
+	 * scratch buffer, each followed by a NUL as text parameters. */
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	input_off = sc->len;
+	if (b.input != NULL) {
+		if (canon_write(sc, b.input, &e) < 0) {
+			handler_problem(resp, req, P_INVALID_JSON, e.msg);
+			goto out;
+		}
+	} else {
+		buf_puts(sc, "{}");
+	}
+	input_len = sc->len - input_off;
+	buf_putc(sc, '\0');
+	if (b.steps != NULL) {
+		steps_off = sc->len;
+		if (canon_write(sc, b.steps, &e) < 0) {
+			handler_problem(resp, req, P_INVALID_JSON, e.msg);
+			goto out;
+		}
+		steps_len = sc->len - steps_off;
+		buf_putc(sc, '\0');
+	}
+	if (sc->oom) {
+		handler_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
+		goto out;
+	}
+
+	/* The key's row came with the authentication: a replay or a conflict
+	 * is answered now, without another statement. */
+	if (ctx->key_row != NULL && strcmp(PQgetvalue(ctx->key_row, 0, 5), "t") != 0) {
+		cmd_answer_existing(ctx, resp, req, ctx->key_row, fp_text);
+		goto out;
+	}
+	/* Expired: the create below finds it again and takes it over. */
+
+	if (ids_uuid7(id) < 0) {
+		err_set(&e, ERR_INTERNAL, "could not read random bytes");
+		handler_db_error(ctx, resp, req, &e);
+		goto out;
+	}
+	ids_now(now);
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(ttl, sizeof(ttl), "%ld milliseconds", c->idempotency_ttl);
+	snprintf(location, sizeof(location), "/v1/workflows/%s", id);
+	snprintf(event_id, sizeof(event_id), "%s.1", id);
+
+	struct wf_view w = {.id = id,
+	                    .type = json_object_get_string(b.type),
+	                    .state = "pending",
+	                    .input = sc->data + input_off,
+	                    .input_len = input_len,
+	                    .created_at = now,
+	                    .business_key = b.business_key,
+	                    .steps = b.steps != NULL ? sc->data + steps_off : NULL,
+	                    .steps_len = steps_len,
+	                    .step = 1};
+	wf_write(&out, &w);
+	buf_printf(&payload,
+	           "{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\",\"seq\":1,"
+	           "\"tenant_id\":%ld,\"occurred_at\":\"%s\",\"data\":",
+	           event_id, id, ctx->tenant_id, now);
+	buf_append(&payload, out.data, out.len);
+	buf_putc(&payload, '}');
+	if (out.oom || payload.oom) {
+		err_set(&e, ERR_INTERNAL, "out of memory");
+		handler_db_error(ctx, resp, req, &e);
+		goto out;
+	}
+
+	if (b.steps != NULL || b.business_key != NULL) {
+		const struct create_run cr = {location, &out};
+		const char *q[8] = {tenant,
+		                    id,
+		                    json_object_get_string(b.type),
+		                    sc->data + input_off,
+		                    now,
+		                    b.steps != NULL ? sc->data + steps_off : "[]",
+		                    b.business_key,
+		                    payload.data};
+		const struct cmd cmd = {Q_WF_CREATE_RUN,   8,          q, fp_text,
+		                        render_create_run, (void *)&cr};
+		cmd_run(ctx, req, resp, &cmd);
+		goto out;
+	}
+
+	char stored_headers[96];
+	snprintf(stored_headers, sizeof(stored_headers), "Location: %s\r\n", location);
+	const char *p[15] = {tenant,
+	                     req->idem_key,
+	                     req->method,
+	                     req->path,
+	                     fp_text,
+	                     stored_headers,
+	                     out.data,
+	                     now,
+	                     ttl,
+	                     id,
+	                     json_object_get_string(b.type),
+	                     sc->data + input_off,
+	                     event_id,
+	                     payload.data,
+	                     ctx->bytes_fp};
+	if (req->idem_key != NULL)
+		create_keyed(ctx, req, resp, p, location, &out);
+	else
+		create_unkeyed(ctx, req, resp, p, location, &out);
+out:
+	json_object_put(root);
+	buf_free(&out);
+	buf_free(&payload);
+}
+
+void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
+{
+	char tenant[24];
+	struct err e;
+	PGresult *res;
+
+	if (!ids_is_uuid(id)) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
+		return;
+	}
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	const char *p[2] = {tenant, id};
+	res = db_run(ctx->db, Q_WF_GET, 2, p, &e);
+	if (res == NULL) {
+		handler_db_error(ctx, resp, req, &e);
+		return;
+	}
+	if (PQntuples(res) == 0) {
+		/* Another tenant's workflow looks exactly like a missing one. */
+		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
+	} else if (wf_write_row(&resp->body, &ctx->scratch, res, 0, 0, 0, &e) < 0) {
+		buf_reset(&resp->body);
+		handler_db_error(ctx, resp, req, &e);
+	} else {
+		resp->status = 200;
+		resp->content_type = "application/json";
+	}
+	PQclear(res);
+}
+
+/* A query parameter into out; "" when absent. -1 with resp filled when
+ * it is malformed. */
+static int query_param(const struct http_req *req, struct http_resp *resp, const char *name,
+                       char *out, size_t outlen)
+{
+	char detail[128];
+	int rc = http_query_param(req->query, name, out, outlen);
+
+	if (rc < 0) {
+		snprintf(detail, sizeof(detail),
+		         "query parameter \"%s\" is malformed or longer than %zu bytes", name,
+		         outlen - 1);
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		return -1;
+	}
+	if (rc == 0)
+		out[0] = '\0';
+	return 0;
+}
+
+/* limit=N within 1..WF_PAGE_MAX, WF_PAGE_DEFAULT when absent. */
+static int query_limit(const struct http_req *req, struct http_resp *resp, long *limit)
+{
+	char v[16], *end;
+
+	if (query_param(req, resp, "limit", v, sizeof(v)) < 0)
+		return -1;
+	*limit = WF_PAGE_DEFAULT;
+	if (v[0] == '\0')
+		return 0;
+	*limit = strtol(v, &end, 10);
+	if (*end != '\0' || end == v || *limit < 1 || *limit > WF_PAGE_MAX) {
+		handler_problem(resp, req, P_INVALID_REQUEST,
+		            "limit must be an integer from 1 to 1000");
+		return -1;
+	}
+	return 0;
+}
+
+static int is_state(const char *s)
+{
+	static const char *const states[] = {"pending", "running", "completed", "failed",
+	                                     "cancelled"};
+
+	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
+		if (strcmp(s, states[i]) == 0)
+			return 1;
+	return 0;
+}
+
+/* Append row i of res to out as one item of a page; 0, or -1 with e. */
+typedef int (*page_item_fn)(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                            struct err *e);
+
+/* The longest end of a page: "],"next_cursor":"<uuid>"}". */
+#define PAGE_TAIL_MAX 64
+
+/*
+ * Answer 200 {"<name>":[items],"next_cursor":...} from the first rows of
+ * res: at most limit items and at most max_answer bytes, the first item
+ * always (so a walk always moves on, even past an item bigger than the
+ * cap). The query asked for one row more than limit and stopped one row
+ * past its byte budget; column within_col says whether a row starts
+ * within that budget. A row left over means a next page; the cursor is
+ * column 0 of the last row shown.
+ */
+static void answer_page(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                        const char *name, const PGresult *res, int n, long limit, int within_col,
+                        page_item_fn item)
+{
+	const size_t cap = (size_t)ctx->conf->max_answer;
+	struct buf *b = &resp->body;
+	int shown = 0;
+	struct err e;
+
+	buf_printf(b, "{\"%s\":[", name);
+	for (int i = 0; i < n && i < limit; i++) {
+		size_t mark = b->len;
+		if (i > 0 && strcmp(PQgetvalue(res, i, within_col), "t") != 0)
+			break;
+		if (i > 0)
+			buf_putc(b, ',');
+		if (item(ctx, b, res, i, &e) < 0)
+			goto fail;
+		if (i > 0 && b->len + PAGE_TAIL_MAX > cap) {
+			buf_truncate(b, mark); /* the next page starts with it */
+			break;
+		}
+		shown++;
+	}
+	if (shown < n)
+		buf_printf(b, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, shown - 1, 0));
+	else
+		buf_puts(b, "],\"next_cursor\":null}");
+	if (b->oom) {
+		err_set(&e, ERR_INTERNAL, "out of memory");
+		goto fail;
+	}
+	resp->status = 200;
+	resp->content_type = "application/json";
+	return;
+fail:
+	buf_reset(b);
+	handler_db_error(ctx, resp, req, &e);
+}
+
+static int list_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                     struct err *e)
+{
+	return wf_write_row(out, &ctx->scratch, res, i, 0, 0, e);
+}
+
+/* Events are stored as the dispatcher sends them; pages show them in the
+ * canonical form, like everything else the API answers. */
+static int event_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                      struct err *e)
+{
+	(void)ctx;
+	if (recanon(out, PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), e) < 0)
+		return err_set(e, ERR_INTERNAL, "stored event %s is not valid JSON",
+		               PQgetvalue(res, i, 0));
+	return 0;
+}
+
+void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	char tenant[24], state[16], type[WF_TYPE_MAX + 1], after[IDS_UUID_LEN + 1], lim[24];
+	char budget[24];
+	long limit;
+	struct err e;
+	PGresult *res;
+	int n;
+
+	if (query_param(req, resp, "state", state, sizeof(state)) < 0 ||
+	    query_param(req, resp, "type", type, sizeof(type)) < 0 ||
+	    query_param(req, resp, "after", after, sizeof(after)) < 0 ||
+	    query_limit(req, resp, &limit) < 0)
+		return;
+	if (state[0] != '\0' && !is_state(state)) {
+		handler_problem(resp, req, P_INVALID_REQUEST,
+		            "state must be one of pending, running, completed, failed, cancelled");
+		return;
+	}
+	if (after[0] != '\0' && !ids_is_uuid(after)) {
+		handler_problem(resp, req, P_INVALID_REQUEST,
+		            "after must be the next_cursor of the previous page");
+		return;
+	}
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(lim, sizeof(lim), "%ld", limit + 1);
+	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
+	const char *p[6] = {tenant, state[0] ? state : NULL, type[0] ? type : NULL,
+	                    after[0] ? after : NULL, lim, budget};
+	res = db_run(ctx->db, Q_WF_LIST, 6, p, &e);
+	if (res == NULL) {
+		handler_db_error(ctx, resp, req, &e);
+		return;
+	}
+	n = PQntuples(res);
+	answer_page(ctx, req, resp, "workflows", res, n, limit, 8, list_item);
+	PQclear(res);
+}
+
+void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
+{
+	char tenant[24], after[24], lim[24], budget[24], *end;
+	long limit, after_seq = 0;
+	struct err e;
+	PGresult *res;
+	int n;
+
+	if (!ids_is_uuid(id)) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
+		return;
+	}
+	if (query_param(req, resp, "after", after, sizeof(after)) < 0 ||
+	    query_limit(req, resp, &limit) < 0)
+		return;
+	if (after[0] != '\0') {
+		after_seq = strtol(after, &end, 10);
+		if (*end != '\0' || after_seq < 0 || after_seq > 2147483647L) {
+			handler_problem(resp, req, P_INVALID_REQUEST,
+			            "after must be the next_cursor of the previous page");
+			return;
+		}
+	}
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(after, sizeof(after), "%ld", after_seq);
+	snprintf(lim, sizeof(lim), "%ld", limit + 1);
+	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
+	const char *p[5] = {tenant, id, after, lim, budget};
+	res = db_run(ctx->db, Q_WF_EVENTS, 5, p, &e);
+	if (res == NULL) {
+		handler_db_error(ctx, resp, req, &e);
+		return;
+	}
+	n = PQntuples(res);
+	if (n == 0) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
+		PQclear(res);
+		return;
+	}
+	if (PQgetisnull(res, 0, 0))
+		n = 0;
+	answer_page(ctx, req, resp, "events", res, n, limit, 2, event_item);
+	PQclear(res);
+}
+
+static int render_transition(struct handler_ctx *ctx, const struct http_req *req,
+                             struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                             struct err *e)
+{
+	(void)req;
+	(void)c;
+	resp->status = 200;
+	resp->content_type = "application/json";
+	return wf_write_row(&resp->body, &ctx->body, res, 0, 3, 0, e);
+}
+
+void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id,
+                   struct http_resp *resp)
+{
+	static const char *const members[] = {"to", "from", NULL};
+	struct json_object *root;
+	const char *to, *from;
+	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
+
+	root = cmd_read_json(ctx, req, resp, 0);
+	if (root == NULL)
+		return;
+	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "to", 1, 16, &to, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "from", 0, 16, &from, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (!is_state(to) || (from != NULL && !is_state(from))) {
+		snprintf(
+		    detail, sizeof(detail),
+		    "unknown state \"%s\": a workflow is pending, running, completed, failed or "
+		    "cancelled",
+		    is_state(to) ? from : to);
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (!ids_is_uuid(id)) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
+		goto out;
+	}
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	const char *p[4] = {tenant, id, to, from};
+	const struct cmd cmd = {Q_WF_TRANSITION, 4, p, fp_text, render_transition, NULL};
+	cmd_run(ctx, req, resp, &cmd);
+out:
+	json_object_put(root);
+}
+
+static int render_message(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                          const PGresult *res, const struct cmd *c, struct err *e)
+{
+	const char *message_id = c->arg, *outcome;
+
+	(void)ctx;
+	(void)req;
+	if (PQntuples(res) != 1)
+		return err_set(e, ERR_INTERNAL, "idemflow_wf_message returned %d rows",
+		               PQntuples(res));
+	outcome = PQgetvalue(res, 0, 2);
+	resp->status = strcmp(outcome, "recorded") == 0 ? 202 : 200;
+	resp->content_type = "application/json";
+	buf_puts(&resp->body, "{\"message_id\":");
+	canon_write_string(&resp->body, message_id, strlen(message_id));
+	buf_printf(&resp->body, ",\"duplicate\":%s,\"correlated\":%s",
+	           strcmp(outcome, "duplicate") == 0 ? "true" : "false",
+	           PQgetisnull(res, 0, 3) ? "false" : "true");
+	if (!PQgetisnull(res, 0, 3))
+		buf_printf(&resp->body, ",\"step\":%s", PQgetvalue(res, 0, 3));
+	buf_putc(&resp->body, '}');
+	return 0;
+}
+
+void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
+{
+	static const char *const members[] = {"message_id", "name", "payload", NULL};
+	struct json_object *root, *payload;
+	const char *message_id, *name;
+	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
+	size_t off;
+
+	root = cmd_read_json(ctx, req, resp, 0);
+	if (root == NULL)
+		return;
+	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "message_id", 1, 255, &message_id, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "name", 1, WF_TYPE_MAX, &name, detail, sizeof(detail)) < 0 ||
+	    cmd_object(root, "payload", &payload, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (!ids_is_uuid(id)) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
+		goto out;
+	}
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
+		goto out;
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	const char *p[5] = {tenant, id, message_id, name, ctx->scratch.data + off};
+	const struct cmd cmd = {Q_WF_MESSAGE, 5, p, fp_text, render_message, (void *)message_id};
+	cmd_run(ctx, req, resp, &cmd);
+out:
+	json_object_put(root);
+}

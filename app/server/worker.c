@@ -1,0 +1,347 @@
+/* worker.c - the FastCGI accept loop of one worker (see worker.h). */
+#include "server/worker.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <sys/epoll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/db.h"
+#include "core/fp.h"
+#include "core/log.h"
+#include "server/api.h"
+#include "server/http.h"
+#include "server/keystats.h"
+#include "server/metrics.h"
+#include "server/queries.h"
+#include "server/rcache.h"
+
+static volatile sig_atomic_t worker_stop;
+
+/*
+ * FCGX_Finish_r, without its lingering close. libfcgi shuts the write side
+ * down and then waits (up to 2 s) for the peer to close its end, so that
+ * no unread request data turns the close into a reset: one more sleep and
+ * wakeup, and three more system calls, per request. When the request has
+ * been read to its end there is nothing left to lose, so the answer is
+ * flushed (with FCGI_END_REQUEST) and the connection closed at once. A
+ * request with more than FINISH_DRAIN_MAX bytes still unread (a body too
+ * large to read), or a kept connection, gets libfcgi's own finish.
+ */
+#define FINISH_DRAIN_MAX 65536
+
+/*
+ * Memory a worker keeps between requests. Its buffers keep up to
+ * BUF_KEEP bytes each and give back more (buf_shrink), and every
+ * allocation from MMAP_FLOOR up is a mapping of its own, returned to the
+ * system when freed: glibc would otherwise raise that threshold after the
+ * first big free, serve later big pages from the heap, and keep the heap's
+ * high-water mark. So a worker that answered a 4 MiB page returns to its
+ * usual size (t/e2e/test_stores.c measures it).
+ */
+#define BUF_KEEP   (64 * 1024)
+#define MMAP_FLOOR (128 * 1024)
+
+static void finish_request(FCGX_Request *f)
+{
+	char scratch[4096];
+	int drained = 0, n, fd;
+
+	if (f->in == NULL || f->keepConnection) {
+		FCGX_Finish_r(f);
+		return;
+	}
+	while (drained < FINISH_DRAIN_MAX && (n = FCGX_GetStr(scratch, sizeof(scratch), f->in)) > 0)
+		drained += n;
+	if (!FCGX_HasSeenEOF(f->in) || FCGX_GetError(f->in)) {
+		FCGX_Finish_r(f);
+		return;
+	}
+	FCGX_FClose(f->err);
+	FCGX_FClose(f->out);
+	fd = f->ipcFd;
+	FCGX_Free(f, 0);
+	f->ipcFd = -1;
+	if (fd >= 0)
+		close(fd);
+}
+
+static void on_stop(int sig)
+{
+	(void)sig;
+	worker_stop = 1;
+}
+
+/*
+ * Dispatchers in --loop wait for NOTIFY idemflow_outbox. A NOTIFY inside
+ * the create's own transaction would serialize every create on the
+ * database-wide notify lock, so the worker sends one afterwards, on its
+ * own, at most every NOTIFY_EVERY_MS: a dispatcher wakes within that much
+ * of a create, and the notify costs nothing per request under load.
+ */
+#define NOTIFY_EVERY_MS 100
+
+struct notifier {
+	int pending;
+	struct timespec last;
+};
+
+/* ms until a pending notify is due (0 = now), or -1 when none is pending. */
+static long notify_wait_ms(const struct notifier *n)
+{
+	struct timespec now;
+	long since;
+
+	if (!n->pending)
+		return -1;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	since = (now.tv_sec - n->last.tv_sec) * 1000 + (now.tv_nsec - n->last.tv_nsec) / 1000000;
+	return since >= NOTIFY_EVERY_MS ? 0 : NOTIFY_EVERY_MS - since;
+}
+
+static void notify_if_due(struct notifier *n, struct db *db)
+{
+	struct err e;
+	PGresult *res;
+
+	if (notify_wait_ms(n) != 0)
+		return;
+	res = db_run(db, Q_NOTIFY, 0, NULL, &e);
+	if (res == NULL) {
+		/* The dispatcher's poll is the fallback; try again later. */
+		log_debug("could not notify dispatchers", "error=\"%s\"", e.msg);
+	}
+	PQclear(res);
+	n->pending = 0;
+	clock_gettime(CLOCK_MONOTONIC, &n->last);
+}
+
+static double elapsed_ms(const struct timespec *t0)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* v as decimal text ending just before end (which gets the NUL), with
+ * its last three digits as thousandths when thousandths is set; returns
+ * its start. (snprintf was most of the cost of a request's log line.) */
+static char *decimal(char *end, unsigned long v, int thousandths)
+{
+	char *p = end;
+
+	*--p = '\0';
+	if (thousandths) {
+		for (int i = 0; i < 3; i++, v /= 10)
+			*--p = (char)('0' + v % 10);
+		*--p = '.';
+	}
+	return buf_utoa(p, v);
+}
+
+static void log_request(const struct handler_ctx *ctx, const struct http_req *req,
+			const struct http_resp *resp, double ms)
+{
+	char line[1024];
+	size_t n = 0;
+	char num[48];
+
+	log_kv(line, sizeof(line), &n, "request_id", req->request_id);
+	log_kv(line, sizeof(line), &n, "method", req->method);
+	log_kv(line, sizeof(line), &n, "path", req->path);
+	log_kv(line, sizeof(line), &n, "route", metrics_route_name(metrics_route_of(req->path)));
+	log_kv(line, sizeof(line), &n, "status",
+	       decimal(num + sizeof(num), (unsigned long)resp->status, 0));
+	log_kv(line, sizeof(line), &n, "tenant",
+	       decimal(num + sizeof(num), (unsigned long)ctx->tenant_id, 0));
+	log_kv(line, sizeof(line), &n, "idem", idem_outcome_name(ctx->idem));
+	if (ctx->cached)
+		log_kv(line, sizeof(line), &n, "cache", "hit");
+	if (req->idem_key != NULL) {
+		/* Enough to follow one key through the logs (printf %s KEY |
+		 * b2sum -l 256), never the key itself: keys may carry meaning. */
+		uint8_t h[FP_LEN];
+		char hex[2 * FP_LEN + 1];
+		fp_token(h, req->idem_key, strlen(req->idem_key));
+		fp_hex(hex, h, FP_LEN);
+		hex[12] = '\0';
+		log_kv(line, sizeof(line), &n, "key_fp", hex);
+	}
+	log_kv(line, sizeof(line), &n, "duration_ms",
+	       decimal(num + sizeof(num), ms < 0 ? 0 : (unsigned long)(ms * 1000 + 0.5), 1));
+	if (ctx->err.code != ERR_NONE) {
+		log_kv(line, sizeof(line), &n, "sqlstate", ctx->err.sqlstate);
+		log_kv(line, sizeof(line), &n, "error", ctx->err.msg);
+	}
+	if (resp->status >= 500)
+		log_error("request failed", "%s", line);
+	else
+		log_info("request", "%s", line);
+}
+
+/* Flush the per-key counts when due (or now, at exit). An outage is
+ * already visible as 503s; only other failures are worth a line. */
+static void flush_keystats(struct keystats *ks, struct db *db, int now)
+{
+	struct err e;
+
+	if ((now ? keystats_flush(ks, db, &e) : keystats_flush_due(ks, db, &e)) < 0 &&
+	    e.code != ERR_DB_DOWN)
+		log_warning("could not store idempotency key counts", "error=\"%s\"", e.msg);
+}
+
+int worker_run(const struct conf *c, int listen_fd)
+{
+	struct sigaction sa;
+	sigset_t stopset, waitmask;
+	char appname[128];
+	struct db_settings ds;
+	struct handler_ctx ctx;
+	struct http_resp resp = {0};
+	FCGX_Request freq;
+	struct keystats ks;
+	struct rcache rc_cache = {0};
+	struct notifier nt = {0};
+	struct err e;
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd};
+	long served = 0;
+	int rc = 0, ep = -1;
+
+	log_set_component("worker");
+	mallopt(M_MMAP_THRESHOLD, MMAP_FLOOR); /* also fixes it: no dynamic raise */
+	/* No SA_RESTART: a stop must interrupt epoll_pwait(). */
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	sa.sa_handler = SIG_DFL;
+	sigaction(SIGCHLD, &sa, NULL);
+	sigaction(SIGALRM, &sa, NULL);
+	sa.sa_handler = log_reopen_on_signal; /* SIGUSR1, from the supervisor */
+	sigaction(SIGUSR1, &sa, NULL);
+
+	sigemptyset(&stopset);
+	sigaddset(&stopset, SIGTERM);
+	sigaddset(&stopset, SIGINT);
+	sigaddset(&stopset, SIGUSR1);
+	sigprocmask(SIG_SETMASK, &stopset, &waitmask);
+	sigdelset(&waitmask, SIGTERM);
+	sigdelset(&waitmask, SIGINT);
+	sigdelset(&waitmask, SIGUSR1);
+
+	snprintf(appname, sizeof(appname), "%s-worker-%ld", c->application_name, (long)getpid());
+	ds = (struct db_settings){.conninfo = c->db,
+				  .application_name = appname,
+				  .lock_timeout_ms = c->idempotency_wait,
+				  .statement_timeout_ms = c->statement_timeout,
+				  .stmts = queries,
+				  .nstmts = Q__COUNT};
+	memset(&ctx, 0, sizeof(ctx));
+	ctx.conf = c;
+	ctx.rcache = &rc_cache;
+	ctx.db = db_open(&ds, &e);
+	if (ctx.db == NULL || keystats_init(&ks) < 0) {
+		log_error("could not start worker", "error=\"out of memory\"");
+		db_close(ctx.db);
+		return 1;
+	}
+	if (e.code != ERR_NONE)
+		log_warning("database unavailable at start; answering 503 until it is back",
+			    "error=\"%s\"", e.msg);
+
+	if (FCGX_Init() != 0 || FCGX_InitRequest(&freq, listen_fd, FCGI_FAIL_ACCEPT_ON_INTR) != 0) {
+		log_error("could not initialise libfcgi", NULL);
+		rc = 1;
+		goto out;
+	}
+	/* One epoll set per worker, the listening socket in it with
+	 * EPOLLEXCLUSIVE: a new connection wakes one idle worker (or a few),
+	 * not the whole pool, which would all race for one accept(). */
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev) < 0) {
+		log_error("could not watch the listening socket", "error=\"%s\"", strerror(errno));
+		rc = 1;
+		goto out;
+	}
+	log_info("worker started", NULL);
+
+	while (!worker_stop) {
+		struct timespec t0;
+		struct http_req req;
+
+		/* Wait for a connection with the stop signals unblocked,
+		 * atomically; wake for a due key-stats flush when idle. */
+		long ks_wait = keystats_wait_ms(&ks), nt_wait = notify_wait_ms(&nt);
+		if (nt_wait >= 0 && (ks_wait < 0 || nt_wait < ks_wait))
+			ks_wait = nt_wait;
+		struct epoll_event ready;
+		int r = epoll_pwait(ep, &ready, 1, ks_wait < 0 ? -1 : (int)ks_wait, &waitmask);
+		if (worker_stop)
+			break;
+		log_reopen_if_asked();
+		if (r == 0) {
+			flush_keystats(&ks, ctx.db, 0);
+			notify_if_due(&nt, ctx.db);
+		}
+		if (r <= 0)
+			continue;
+		/* The socket is non-blocking: when another worker won the
+		 * connection, accept fails with EAGAIN and we wait again. */
+		if (FCGX_Accept_r(&freq) < 0)
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		http_req_init(&req, &freq);
+		http_resp_reset(&resp);
+		db_check(ctx.db);
+		api_handle(&ctx, &req, &resp);
+		metrics_request(req.path, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
+				db_reconnects(ctx.db));
+		if (ctx.cached)
+			metrics_replay_cache_hit();
+		keystats_note(&ks, ctx.tenant_id, req.idem_key, ctx.idem);
+		if (http_send(&freq, &resp) < 0)
+			log_warning("client went away before the answer was sent", "request_id=%s",
+				    req.request_id);
+		/* Log before finish_request: it frees the strings req points to. */
+		log_request(&ctx, &req, &resp, elapsed_ms(&t0));
+		finish_request(&freq);
+		http_resp_shrink(&resp, BUF_KEEP);
+		buf_shrink(&ctx.body, BUF_KEEP);
+		buf_shrink(&ctx.scratch, BUF_KEEP);
+		/* After the answer went out: the flush never delays a response. */
+		flush_keystats(&ks, ctx.db, 0);
+		nt.pending |= ctx.created;
+		notify_if_due(&nt, ctx.db);
+		if (c->max_requests > 0 && ++served >= c->max_requests) {
+			log_info("worker retiring after max_requests", "served=%ld", served);
+			break;
+		}
+	}
+	flush_keystats(&ks, ctx.db, 1);
+	if (nt.pending) {
+		nt.last.tv_sec = 0; /* due now */
+		notify_if_due(&nt, ctx.db);
+	}
+	log_info("worker stopped", NULL);
+	FCGX_Free(&freq, 0);
+out:
+	if (ep >= 0)
+		close(ep);
+	keystats_free(&ks);
+	rcache_free(&rc_cache);
+	http_resp_free(&resp);
+	PQclear(ctx.key_row);
+	buf_free(&ctx.body);
+	buf_free(&ctx.scratch);
+	db_close(ctx.db);
+	return rc;
+}
