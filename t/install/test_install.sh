@@ -205,7 +205,7 @@ keys=$("$top_builddir/app/idemflow-fcgi" --help |
 	sed -n '/^Configuration/,$ s/^  \([a-z_0-9]*\) .*/\1/p' | grep -vx config | grep -v '^test_')
 [[ -n $keys ]] || fail "no keys in idemflow-fcgi --help"
 for k in $keys; do
-	grep -qxF ".B $k" "$top_srcdir/app/idemflow.conf.5" || fail "idemflow.conf(5) lacks the key $k"
+	grep -qxF ".B $k" "$top_srcdir/doc/idemflow.conf.5" || fail "idemflow.conf(5) lacks the key $k"
 done
 
 # --- Uninstall ---------------------------------------------------------------
