@@ -82,6 +82,12 @@ expect_file "$inst_sysusersdir/idemflow.conf" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.yml" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
 expect_file "$inst_docdir/README.md" 644
+# The reference the README links to, beside it.
+DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
+	testing-notes.md ha.md distribution.md)
+for d in "${DOCS[@]}"; do
+	expect_file "$inst_docdir/$d" 644
+done
 PAGES=(man1/idemflow.1 man5/idemflow.conf.5 man8/idemflow-fcgi.8 man8/idemflow-dispatch.8)
 for p in "${PAGES[@]}"; do
 	expect_file "$inst_mandir/$p" 644
@@ -101,6 +107,7 @@ want=$(
 		"$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" \
 		"$inst_docdir/README.md" "$inst_docdir/ChangeLog" \
 		"$inst_pkgdatadir/sql/roles.sql"
+	for d in "${DOCS[@]}"; do echo "$inst_docdir/$d"; done
 	for f in "$top_srcdir"/sql/[0-9]*.sql; do echo "$inst_pkgdatadir/sql/${f##*/}"; done
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
 	if [[ $inst_unitdir != no ]]; then
@@ -205,7 +212,7 @@ keys=$("$top_builddir/app/idemflow-fcgi" --help |
 	sed -n '/^Configuration/,$ s/^  \([a-z_0-9]*\) .*/\1/p' | grep -vx config | grep -v '^test_')
 [[ -n $keys ]] || fail "no keys in idemflow-fcgi --help"
 for k in $keys; do
-	grep -qxF ".B $k" "$top_srcdir/app/idemflow.conf.5" || fail "idemflow.conf(5) lacks the key $k"
+	grep -qxF ".B $k" "$top_srcdir/doc/idemflow.conf.5" || fail "idemflow.conf(5) lacks the key $k"
 done
 
 # --- Uninstall ---------------------------------------------------------------
