@@ -1,7 +1,7 @@
 /*
  * migrate.h - applying the numbered SQL migrations of sql/.
  *
- * The migrations are compiled in (app/migrations.c is generated from
+ * The migrations are compiled in (app/core/migrations.c is generated from
  * sql/NNN_name.sql). Each one runs in its own transaction that first takes
  * a transaction-level advisory lock, so concurrent runs queue instead of
  * racing; it is recorded in schema_migrations, so a second run changes
