@@ -4,6 +4,7 @@
 # Sourced by scripts/run (a local stack for trying the service by hand) and by
 # t/run-test (a throwaway stack per test). It starts, on loopback only:
 #   - a private PostgreSQL cluster     stack_pg_start DIR [fast] / stack_pg_stop
+#     or a throwaway one, migrated     stack_scratch_start NAME [CLI] / stack_scratch_stop
 #   - the FastCGI server idemflow-fcgi stack_fcgi_start CONF SOCK PIDFILE LOG / stack_fcgi_stop
 #   - nginx in a private prefix        stack_nginx_start DIR PORT SOCK TEMPLATE / stack_nginx_stop
 #   - a private RabbitMQ node          stack_rabbit_start DIR / stack_rabbit_stop [RDIR]
@@ -322,6 +323,27 @@ stack_pg_stop() {
 	stack_kill_children "$pid" KILL
 	kill -KILL "$pid" 2>/dev/null || true
 	stack_wait_gone "$pid" 5
+}
+
+# stack_scratch_start NAME [CLI]: a throwaway PostgreSQL for a script that
+# starts its own: a directory /tmp/idemflow-NAME.XXXXXX (STACK_SCRATCH), a
+# fast cluster in it (stack_pg_start, which exports DATABASE_URL) and, when
+# CLI (an idemflow binary) is given, its database built by "CLI migrate".
+# The caller traps EXIT with stack_scratch_stop, which removes it all.
+stack_scratch_start() {
+	STACK_SCRATCH=$(mktemp -d "/tmp/idemflow-$1.XXXXXX") || return 1
+	chmod 755 "$STACK_SCRATCH"
+	stack_pg_start "$STACK_SCRATCH" fast || return 1
+	[[ -z ${2:-} ]] || "$2" --db "$DATABASE_URL" migrate >/dev/null || return 1
+}
+
+# stack_scratch_stop: stop and remove what stack_scratch_start made.
+stack_scratch_stop() {
+	[[ -n ${STACK_SCRATCH:-} ]] || return 0
+	stack_pg_stop "$STACK_SCRATCH/pg" >/dev/null 2>&1 || true
+	stack_sweep "$STACK_SCRATCH"
+	rm -rf -- "$STACK_SCRATCH"
+	STACK_SCRATCH=
 }
 
 # ------------------------------------------------------------------- FastCGI

@@ -471,7 +471,7 @@ static void installed_command(char *out, size_t outsz, const char *line, const c
 
 	n = (size_t)snprintf(out, outsz,
 	                     "exec env -u DATABASE_URL -u PGUSER -u PGDATABASE -u IDEMFLOW_CONFIG"
-	                     " PGSERVICEFILE='%s/scripts/dist/pg_service.conf' PGPASSFILE='%s'",
+	                     " PGSERVICEFILE='%s/etc/pg_service.conf' PGPASSFILE='%s'",
 	                     srcdir && *srcdir ? srcdir : ".", pgpass);
 	for (char *w = strtok_r(copy, " ", &save), *prev = NULL; w != NULL;
 	     prev = w, w = strtok_r(NULL, " ", &save)) {
@@ -521,9 +521,9 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 	FILE *f;
 	int rc;
 
-	snprintf(unit, sizeof(unit), "%s/scripts/dist/idemflow-fcgi.service",
+	snprintf(unit, sizeof(unit), "%s/etc/idemflow-fcgi.service",
 	         builddir && *builddir ? builddir : ".");
-	snprintf(cron, sizeof(cron), "%s/scripts/dist/idemflow.cron",
+	snprintf(cron, sizeof(cron), "%s/etc/idemflow.cron",
 	         builddir && *builddir ? builddir : ".");
 	tstack_pool_paths(&own, "shipped");
 	stack_path(pgpass, sizeof(pgpass), "pgpass");

@@ -157,7 +157,7 @@ expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=
 expect_line "$cron" "17 * * * * idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
 expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
 svc=$inst_sysconfdir/idemflow/pg_service.conf
-cmp -s "$top_srcdir/scripts/dist/pg_service.conf" "$DEST$svc" || fail "$svc is not the sample"
+cmp -s "$top_srcdir/etc/pg_service.conf" "$DEST$svc" || fail "$svc is not the sample"
 for s in idemflow-server idemflow-dispatch idemflow-maintenance; do
 	expect_line "$svc" "[$s]"
 done
@@ -166,7 +166,7 @@ grep -q 'kill-who=main --signal=USR1 idemflow-fcgi.service' "$DEST$inst_sysconfd
 if left=$(grep -rl '@[a-z]*dir@' "$DEST"); then
 	fail "unsubstituted @...dir@ in: $left"
 fi
-cmp -s "$top_srcdir/idemflow.conf.example" "$DEST$conf" || fail "$conf is not the sample"
+cmp -s "$top_srcdir/etc/idemflow.conf.example" "$DEST$conf" || fail "$conf is not the sample"
 
 # logrotate parses its file when it is there to ask (as root's, on a host
 # that has no idemflow user to name).

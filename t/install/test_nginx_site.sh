@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# t/install/test_nginx_site.sh - the production site nginx/idemflow.conf,
+# t/install/test_nginx_site.sh - the production site etc/idemflow.nginx,
 # installed as a site of the stock Debian nginx.conf (included inside its
 # http {} block, beside mime.types, conf.d/ and the modules), passes
 # "nginx -t". Only the paths nginx would write to (pid file, logs) are
@@ -22,10 +22,10 @@ grep -q '^[[:space:]]*include /etc/nginx/sites-enabled/\*;' "$STOCK" ||
 sed -e "s|/etc/nginx/sites-enabled/\*|$TMP/sites-enabled/*|" \
 	-e "s|^\([[:space:]]*pid\) .*;|\1 $TMP/nginx.pid;|" \
 	-e "s|/var/log/nginx/|$TMP/log/|g" "$STOCK" >"$TMP/nginx.conf"
-sed -e "s|/var/log/nginx/|$TMP/log/|g" "$top_srcdir/nginx/idemflow.conf" \
+sed -e "s|/var/log/nginx/|$TMP/log/|g" "$top_srcdir/etc/idemflow.nginx" \
 	>"$TMP/sites-enabled/idemflow"
 # Nothing but the log paths differs from the shipped site.
-diff <(grep -v /var/log/nginx/ "$top_srcdir/nginx/idemflow.conf") \
+diff <(grep -v /var/log/nginx/ "$top_srcdir/etc/idemflow.nginx") \
 	<(grep -v "$TMP/log/" "$TMP/sites-enabled/idemflow") >/dev/null
 
 if ! out=$("$NGINX" -t -c "$TMP/nginx.conf" -p "$TMP/" -e "$TMP/log/error.log" 2>&1); then
@@ -41,4 +41,4 @@ if grep -v 'the "user" directive makes sense only' <<<"$out" | grep -q '\[warn\]
 	exit 1
 fi
 echo "$out"
-echo "ok: nginx/idemflow.conf passes nginx -t inside the stock $STOCK"
+echo "ok: etc/idemflow.nginx passes nginx -t inside the stock $STOCK"

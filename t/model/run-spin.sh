@@ -76,6 +76,7 @@ if ((list)); then
 fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idemflow-spin.XXXXXX")
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() { [[ -n ${SPIN_KEEP:-} ]] || rm -rf -- "$WORK"; }
 trap cleanup EXIT
 

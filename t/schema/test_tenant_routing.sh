@@ -17,18 +17,9 @@ top_srcdir=$(cd "$top_srcdir" && pwd)
 source "$top_srcdir/scripts/lib/stack.sh"
 STACK_LOG_PREFIX=test_tenant_routing
 
-DIR=$(mktemp -d /tmp/idemflow-schema.XXXXXX)
-chmod 755 "$DIR"
-# shellcheck disable=SC2317 # run by the EXIT trap
-cleanup() {
-	stack_pg_stop "$DIR/pg" >/dev/null 2>&1 || true
-	stack_sweep "$DIR"
-	rm -rf -- "$DIR"
-}
-trap cleanup EXIT
-
-stack_pg_start "$DIR" fast || exit 99
-"$top_builddir/app/idemflow" --db "$DATABASE_URL" migrate >/dev/null || exit 99
+trap stack_scratch_stop EXIT
+stack_scratch_start schema "$top_builddir/app/idemflow" || exit 99
+DIR=$STACK_SCRATCH
 
 check() {
 	python3 "$top_srcdir/t/schema/tenant_routing.py" --db "$DATABASE_URL" \
