@@ -3,7 +3,7 @@
  * requests, the in-flight wait and its timeout, workers dying before and
  * after the commit, expiry and takeover, prune, and the workers' replay
  * caches (app/server/: api.c, rcache.c, wf.c, cmd.c, queries.c;
- * app/cli/main.c).
+ * app/cli/prune.c).
  *
  * Each step says which code or SQL it stands for; t/model/README.md has
  * the map, the bounds and what spin prints for each broken variant.
@@ -311,7 +311,7 @@ done:
 	atomic { ndone++; w = 0; tries = 0; round = 0; g = 0; f = 0; left = 0; owned = 0 }
 }
 
-/* app/cli/main.c, cmd_prune: the cutoff "SELECT now()" first, then
+/* app/cli/prune.c, cli_prune: the cutoff "SELECT now()" first, then
  * PRUNE_KEYS: "DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(SELECT
  * ctid ... WHERE expires_at <= $1::timestamptz ... FOR UPDATE SKIP
  * LOCKED))". A row that is there at the delete and had expired at the

@@ -1,6 +1,6 @@
 /*
  * outbox.pml - the outbox protocol: dispatchers with leases, recording,
- * requeue and per-workflow order (app/dispatch/dispatch.c, app/cli/main.c).
+ * requeue and per-workflow order (app/dispatch/dispatch.c, app/cli/outbox.c).
  *
  * Each step says which code or SQL it stands for; t/model/README.md has
  * the whole map, the bounds and what spin prints for each broken variant.
@@ -450,7 +450,7 @@ died:
 	goto newrun
 }
 
-/* app/cli/main.c, cmd_outbox, "requeue ID": "UPDATE outbox SET dead_at =
+/* app/cli/outbox.c, outbox_requeue, "requeue ID": "UPDATE outbox SET dead_at =
  * NULL, attempts = 0, next_attempt_at = now(), lease_owner = NULL,
  * lease_until = NULL WHERE <id> AND published_at IS NULL", refusing an
  * event under a live lease ("AND (lease_until IS NULL OR lease_until <

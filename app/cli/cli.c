@@ -1,0 +1,73 @@
+/*
+ * cli.c - what every noun of the admin CLI shares: the usage text, the
+ * mapping from an error to an exit code and a line on stderr, and the
+ * tab-separated printing of a result set. No noun's own logic lives here.
+ */
+#include <stdio.h>
+#include <sysexits.h>
+
+#include "cli/cli.h"
+
+void cli_usage(FILE *out)
+{
+	fprintf(
+	    out,
+	    "Usage: idemflow [--config FILE] [--db CONNINFO] COMMAND [ARGS]\n"
+	    "\n"
+	    "Commands:\n"
+	    "  migrate                        apply the SQL migrations (safe to repeat)\n"
+	    "  tenant create NAME             create a tenant\n"
+	    "  tenant list                    list tenants (id, name, created, key TTL)\n"
+	    "  tenant set-ttl NAME DURATION|default\n"
+	    "                                 how long the tenant's idempotency keys are\n"
+	    "                                 remembered (default: idempotency_ttl)\n"
+	    "  token create --tenant NAME     issue a bearer token; prints it once\n"
+	    "  token revoke TOKEN | --id N    revoke a token; returns after replay_cache_ttl,\n"
+	    "                                 when no worker answers it any more\n"
+	    "  token list [--tenant NAME]     list tokens (ids, tenants, states; never the "
+	    "tokens)\n"
+	    "  outbox list [--pending|--dead|--published] [--limit N]\n"
+	    "                                 list outbox events (default: undelivered)\n"
+	    "  outbox show ID                 one event in full (numeric id or event id)\n"
+	    "  outbox requeue ID [--force] | --dead\n"
+	    "                                 revive a dead or pending event: attempts\n"
+	    "                                 start again from zero, due now; an event a\n"
+	    "                                 dispatcher holds is refused (exit 75) unless\n"
+	    "                                 --force\n"
+	    "  prune [--outbox-retention D] [--prune-batch N]\n"
+	    "                                 delete expired idempotency keys and delivered\n"
+	    "                                 events older than outbox_retention (for cron)\n"
+	    "  reap [--prune-batch N]        make jobs whose lease ran out activatable again\n"
+	    "                                 (for cron; activation also takes them lazily)\n"
+	    "  debug idempotency-check --tenant NAME [--hours H] [--limit N] [--json]\n"
+	    "                                 keys first seen in the last H hours (24) with\n"
+	    "                                 their replays and conflicts, most replayed first\n"
+	    "\n"
+	    "The database is --db, else $DATABASE_URL, else the config file's db, else\n"
+	    "libpq's PG* variables.\n\n");
+	conf_usage(out);
+}
+
+int cli_usage_error(void)
+{
+	cli_usage(stderr);
+	return EX_USAGE;
+}
+
+int cli_fail(int code, const struct err *e)
+{
+	fprintf(stderr, "idemflow: %s\n", e->msg);
+	return code;
+}
+
+int cli_db_fail(const struct err *e)
+{
+	return cli_fail(e->code == ERR_DB_DOWN ? EX_TEMPFAIL : EX_SOFTWARE, e);
+}
+
+void cli_print_rows(const PGresult *res)
+{
+	for (int i = 0; i < PQntuples(res); i++)
+		for (int f = 0; f < PQnfields(res); f++)
+			printf("%s%c", PQgetvalue(res, i, f), f + 1 < PQnfields(res) ? '\t' : '\n');
+}

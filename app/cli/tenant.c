@@ -1,0 +1,123 @@
+/*
+ * tenant.c - "idemflow tenant": create a tenant, list them, and set how
+ * long one tenant's idempotency keys are remembered. Tokens for a tenant
+ * are token.c's; what a tenant may do is the server's business.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <sysexits.h>
+
+#include "cli/cli.h"
+#include "core/db.h"
+
+/* tenant create NAME: prints the new tenant's id. The name's shape is
+ * checked by the table (23514), so the server and the CLI agree on it. */
+static int tenant_create(PGconn *conn, const char *name)
+{
+	const char *p[1] = {name};
+	PGresult *res;
+	struct err e;
+	int rc = EX_OK;
+
+	res = db_exec(conn,
+	              "INSERT INTO tenants (name) VALUES ($1)"
+	              " ON CONFLICT (name) DO NOTHING RETURNING id",
+	              1, p, &e);
+	if (res == NULL) {
+		if (strcmp(e.sqlstate, "23514") == 0) {
+			fprintf(stderr,
+			        "idemflow: invalid tenant name \"%s\": use 1-63 letters, "
+			        "digits, '.', '_' or '-', starting with a letter or digit\n",
+			        name);
+			rc = EX_DATAERR;
+		} else
+			rc = cli_db_fail(&e);
+		goto out;
+	}
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: tenant \"%s\" already exists\n", name);
+		rc = EX_DATAERR;
+		goto out;
+	}
+	printf("%s\n", PQgetvalue(res, 0, 0));
+out:
+	PQclear(res);
+	return rc;
+}
+
+static int tenant_list(PGconn *conn)
+{
+	PGresult *res;
+	struct err e;
+
+	res = db_exec(conn,
+	              "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')"
+	              "  FROM tenants ORDER BY id",
+	              0, NULL, &e);
+	if (res == NULL)
+		return cli_db_fail(&e);
+	cli_print_rows(res);
+	PQclear(res);
+	return EX_OK;
+}
+
+/* tenant set-ttl NAME DURATION|default: durations are read exactly as the
+ * idempotency_ttl key is, and at least as long (1 s). */
+static int tenant_set_ttl(PGconn *conn, const char *name, const char *value)
+{
+	char ms[24];
+	const char *p[2] = {name, NULL}; /* NULL: the server's idempotency_ttl */
+	struct conf *tmp = NULL;
+	PGresult *res = NULL;
+	struct err e;
+	int rc = EX_OK;
+
+	if (strcmp(value, "default") != 0) {
+		tmp = conf_new();
+		if (tmp == NULL) {
+			fprintf(stderr, "idemflow: out of memory\n");
+			rc = EX_OSERR;
+			goto out;
+		}
+		if (conf_set(tmp, "idempotency_ttl", value, "tenant set-ttl", &e) < 0) {
+			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
+			rc = EX_USAGE;
+			goto out;
+		}
+		snprintf(ms, sizeof(ms), "%ld", tmp->idempotency_ttl);
+		p[1] = ms;
+	}
+	res = db_exec(conn,
+	              "UPDATE tenants SET idempotency_ttl = $2::bigint * interval '1 millisecond'"
+	              " WHERE name = $1 RETURNING id",
+	              2, p, &e);
+	if (res == NULL) {
+		rc = cli_db_fail(&e);
+		goto out;
+	}
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: no tenant named \"%s\"\n", name);
+		rc = EX_DATAERR;
+		goto out;
+	}
+	if (p[1] == NULL)
+		printf("tenant %s: idempotency keys kept for the server's idempotency_ttl\n", name);
+	else
+		printf("tenant %s: idempotency keys kept for %s (from new keys on)\n", name, value);
+out:
+	PQclear(res);
+	conf_free(tmp);
+	return rc;
+}
+
+int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv)
+{
+	(void)c;
+	if (argc == 2 && strcmp(argv[0], "create") == 0)
+		return tenant_create(conn, argv[1]);
+	if (argc == 1 && strcmp(argv[0], "list") == 0)
+		return tenant_list(conn);
+	if (argc == 3 && strcmp(argv[0], "set-ttl") == 0)
+		return tenant_set_ttl(conn, argv[1], argv[2]);
+	return cli_usage_error();
+}
