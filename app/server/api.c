@@ -3,7 +3,8 @@
  *
  * Order of checks: route and method (404/405, no database), then the
  * bearer token (401), then the handler's own validation. A request that
- * fails any check writes nothing.
+ * fails any check writes nothing. The route is matched once (route.h) and
+ * kept on the request's context for the counters and the log line.
  */
 #include "server/api.h"
 
@@ -17,6 +18,7 @@
 #include "server/metrics.h"
 #include "server/queries.h"
 #include "server/rcache.h"
+#include "server/route.h"
 #include "server/wf.h"
 
 /* Resolve the bearer token to a tenant (and, when want_key, fetch the
@@ -128,7 +130,7 @@ static int schema_version_direct(const struct conf *c, struct err *e)
  * during an upgrade the migration runs before the workers are replaced, and
  * the old workers must keep serving meanwhile (migrations only add).
  */
-static void readyz(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp)
+static void readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	const int latest = migrate_latest();
 	char detail[128], ra[24];
@@ -177,88 +179,71 @@ static void readyz(struct handler_ctx *ctx, const struct http_req *req, struct h
 	handler_problem(resp, req, P_UNAVAILABLE, detail);
 }
 
-/* Split "seg/rest" into seg (copied into out) and rest ("" or after the
- * slash). Returns 0, or -1 when seg is empty or does not fit. */
-static int split_segment(const char *path, char *out, size_t outlen, const char **rest)
+/* Liveness: the process answers. No database, no authentication; also
+ * the cheapest request there is, the FastCGI ceiling. */
+static void healthz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
-	size_t n = strcspn(path, "/");
-
-	if (n == 0 || n >= outlen)
-		return -1;
-	memcpy(out, path, n);
-	out[n] = '\0';
-	*rest = path[n] == '/' ? path + n + 1 : path + n;
-	return 0;
+	(void)ctx;
+	(void)req;
+	resp->status = 204;
 }
 
-/* A POST that changes state: authenticated with its key row at hand. */
-static int post_allowed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+static void job_complete(struct handler_ctx *ctx, struct http_req *req, const char *key,
+                         struct http_resp *resp)
 {
-	if (strcmp(req->method, "POST") != 0) {
-		not_allowed(resp, req, "POST");
-		return 0;
-	}
-	return authenticate(ctx, req, resp, 1);
+	jobs_finish(ctx, req, key, "complete", resp);
 }
 
-/* /v1/workflows/{id}[/events|/transitions|/messages] */
-static void route_workflow(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                           const char *tail)
+static void job_fail(struct handler_ctx *ctx, struct http_req *req, const char *key,
+                     struct http_resp *resp)
 {
-	char id[64];
-	const char *sub;
-
-	if (split_segment(tail, id, sizeof(id), &sub) < 0) {
-		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
-		return;
-	}
-	if (strcmp(sub, "") == 0 && tail[strlen(id)] == '\0') {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else if (authenticate(ctx, req, resp, 0))
-			wf_get(ctx, req, id, resp);
-	} else if (strcmp(sub, "events") == 0) {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else if (authenticate(ctx, req, resp, 0))
-			wf_events(ctx, req, id, resp);
-	} else if (strcmp(sub, "transitions") == 0) {
-		if (post_allowed(ctx, req, resp))
-			wf_transition(ctx, req, id, resp);
-	} else if (strcmp(sub, "messages") == 0) {
-		if (post_allowed(ctx, req, resp))
-			wf_message(ctx, req, id, resp);
-	} else {
-		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
-	}
+	jobs_finish(ctx, req, key, "fail", resp);
 }
 
-/* /v1/jobs/activate, /v1/jobs/{key}/complete, /v1/jobs/{key}/fail */
-static void route_jobs(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                       const char *tail)
-{
-	char key[64];
-	const char *verb;
+/* Who may call a route's method. A POST changes state and is keyed: its
+ * key row is fetched in the same round trip as the token. */
+enum access {
+	OPEN,      /* anyone: no token, no database before the handler */
+	TOKEN,     /* a tenant's bearer token */
+	TOKEN_KEY, /* a tenant's bearer token, and the Idempotency-Key's row */
+};
 
-	if (strcmp(tail, "activate") == 0) {
-		if (post_allowed(ctx, req, resp))
-			jobs_activate(ctx, req, resp);
-		return;
-	}
-	if (split_segment(tail, key, sizeof(key), &verb) < 0 ||
-	    (strcmp(verb, "complete") != 0 && strcmp(verb, "fail") != 0)) {
-		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
-		return;
-	}
-	if (post_allowed(ctx, req, resp))
-		jobs_finish(ctx, req, key, verb, resp);
-}
+/*
+ * The route table: which method of which route (route.h's templates) runs
+ * which handler, behind which check. A route's methods, in table order,
+ * are its Allow header. A NULL method takes every method: the handler
+ * answers 405 itself, after a check of its own (/metrics tells a stranger
+ * nothing, not even which methods exist).
+ */
+static const struct {
+	enum route route;
+	const char *method;
+	enum access access;
+	/* One of the two: by_id takes the template's {id} or {key}. */
+	void (*plain)(struct handler_ctx *, struct http_req *, struct http_resp *);
+	void (*by_id)(struct handler_ctx *, struct http_req *, const char *, struct http_resp *);
+} table[] = {
+    {ROUTE_HEALTHZ, "GET", OPEN, healthz, NULL},
+    {ROUTE_READYZ, "GET", OPEN, readyz, NULL},
+    /* For the operator's scraper, not for tenants: metrics.c decides who. */
+    {ROUTE_METRICS, NULL, OPEN, metrics_handle, NULL},
+    {ROUTE_WORKFLOWS, "GET", TOKEN, wf_list, NULL},
+    {ROUTE_WORKFLOWS, "POST", TOKEN_KEY, wf_create, NULL},
+    {ROUTE_WORKFLOW, "GET", TOKEN, NULL, wf_get},
+    {ROUTE_WF_EVENTS, "GET", TOKEN, NULL, wf_events},
+    {ROUTE_WF_TRANSITIONS, "POST", TOKEN_KEY, NULL, wf_transition},
+    {ROUTE_WF_MESSAGES, "POST", TOKEN_KEY, NULL, wf_message},
+    {ROUTE_JOBS_ACTIVATE, "POST", TOKEN_KEY, jobs_activate, NULL},
+    {ROUTE_JOB_COMPLETE, "POST", TOKEN_KEY, NULL, job_complete},
+    {ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail},
+};
+#define NTABLE (sizeof(table) / sizeof(table[0]))
 
 void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
-	static const char wf_prefix[] = "/v1/workflows/";
-	static const char jobs_prefix[] = "/v1/jobs/";
-	const char *path = req->path;
+	const char *arg = NULL;
+	size_t arglen = 0, row = NTABLE, n = 0;
+	char id[64], allow[48];
 
 	ctx->tenant_id = 0;
 	PQclear(ctx->key_row);
@@ -270,46 +255,43 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 
-	/* Liveness: the process answers. No database, no authentication;
-	 * also the cheapest request there is, the FastCGI ceiling. */
-	if (strcmp(path, "/healthz") == 0) {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else
-			resp->status = 204;
+	/* The one place a path is matched: the counters and the request's
+	 * log line take the route from ctx. */
+	ctx->route = route_match(req->path, &arg, &arglen);
+	if (ctx->route == ROUTE_OTHER) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
 		return;
 	}
-	if (strcmp(path, "/readyz") == 0) {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else
-			readyz(ctx, req, resp);
-		return;
-	}
-	/* For the operator's scraper, not for tenants: metrics.c decides who. */
-	if (strcmp(path, "/metrics") == 0) {
-		metrics_handle(ctx, req, resp);
-		return;
-	}
-	if (strcmp(path, "/v1/workflows") == 0) {
-		if (strcmp(req->method, "POST") == 0) {
-			if (authenticate(ctx, req, resp, 1))
-				wf_create(ctx, req, resp);
-		} else if (strcmp(req->method, "GET") == 0) {
-			if (authenticate(ctx, req, resp, 0))
-				wf_list(ctx, req, resp);
-		} else {
-			not_allowed(resp, req, "GET, POST");
+	/* An id longer than any id is no resource either, whatever the method. */
+	if (arg != NULL) {
+		if (arglen >= sizeof(id)) {
+			handler_problem(resp, req, P_NOT_FOUND, "no such resource");
+			return;
 		}
+		memcpy(id, arg, arglen);
+		id[arglen] = '\0';
+	}
+	allow[0] = '\0';
+	for (size_t i = 0; i < NTABLE; i++) {
+		if (table[i].route != ctx->route)
+			continue;
+		if (table[i].method == NULL || strcmp(table[i].method, req->method) == 0) {
+			row = i;
+			break;
+		}
+		if (n < sizeof(allow))
+			n += (size_t)snprintf(allow + n, sizeof(allow) - n, "%s%s", n ? ", " : "",
+			                      table[i].method);
+	}
+	if (row == NTABLE) {
+		not_allowed(resp, req, allow);
 		return;
 	}
-	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0) {
-		route_workflow(ctx, req, resp, path + sizeof(wf_prefix) - 1);
+	if (table[row].access != OPEN &&
+	    !authenticate(ctx, req, resp, table[row].access == TOKEN_KEY))
 		return;
-	}
-	if (strncmp(path, jobs_prefix, sizeof(jobs_prefix) - 1) == 0) {
-		route_jobs(ctx, req, resp, path + sizeof(jobs_prefix) - 1);
-		return;
-	}
-	handler_problem(resp, req, P_NOT_FOUND, "no such resource");
+	if (table[row].by_id != NULL)
+		table[row].by_id(ctx, req, id, resp);
+	else
+		table[row].plain(ctx, req, resp);
 }

@@ -13,7 +13,7 @@
  * there are more live workers than slots, and a scrape from ever reading a
  * torn value.
  *
- * Label values are bounded: routes are templates (METRICS_ROUTES), statuses
+ * Label values are bounded: routes are templates (route.h), statuses
  * come from a fixed list (anything else is counted as "other").
  */
 #ifndef IDF_METRICS_H
@@ -22,32 +22,13 @@
 #include "core/buf.h"
 #include "core/err.h"
 #include "core/idem.h"
+#include "server/route.h"
 
 struct handler_ctx;
 struct http_req;
 struct http_resp;
 
 #define METRICS_SLOTS 128
-
-/* The route label: a template, never the raw path. */
-enum metrics_route {
-	MR_WORKFLOWS,      /* /v1/workflows */
-	MR_WORKFLOW,       /* /v1/workflows/{id} */
-	MR_HEALTHZ,        /* /healthz */
-	MR_READYZ,         /* /readyz */
-	MR_METRICS,        /* /metrics */
-	MR_WF_EVENTS,      /* /v1/workflows/{id}/events */
-	MR_WF_TRANSITIONS, /* /v1/workflows/{id}/transitions */
-	MR_WF_MESSAGES,    /* /v1/workflows/{id}/messages */
-	MR_JOBS_ACTIVATE,  /* /v1/jobs/activate */
-	MR_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
-	MR_JOB_FAIL,       /* /v1/jobs/{key}/fail */
-	MR_OTHER,          /* anything else (404s) */
-	MR__COUNT
-};
-
-enum metrics_route metrics_route_of(const char *path);
-const char *metrics_route_name(enum metrics_route r);
 
 /*
  * Supervisor, before the first fork: map the shared counters (zeroed).
@@ -64,10 +45,11 @@ void metrics_worker_restarted(void);
 
 /*
  * Worker, once per request, as soon as the answer is ready: so a client
- * that has its answer can already see it counted. reconnects is the
+ * that has its answer can already see it counted. route is the one the
+ * router matched, from the request's context. reconnects is the
  * worker's db_reconnects() so far; only its growth is added.
  */
-void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
+void metrics_request(enum route route, int status, enum idem_outcome idem, double seconds,
                      unsigned long reconnects);
 
 /* Worker: the request just answered took its key row from the replay

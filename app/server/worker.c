@@ -19,6 +19,7 @@
 #include "server/metrics.h"
 #include "server/queries.h"
 #include "server/rcache.h"
+#include "server/route.h"
 
 static volatile sig_atomic_t worker_stop;
 
@@ -154,7 +155,7 @@ static void log_request(const struct handler_ctx *ctx, const struct http_req *re
 	log_kv(line, sizeof(line), &n, "request_id", req->request_id);
 	log_kv(line, sizeof(line), &n, "method", req->method);
 	log_kv(line, sizeof(line), &n, "path", req->path);
-	log_kv(line, sizeof(line), &n, "route", metrics_route_name(metrics_route_of(req->path)));
+	log_kv(line, sizeof(line), &n, "route", route_name(ctx->route));
 	log_kv(line, sizeof(line), &n, "status",
 	       decimal(num + sizeof(num), (unsigned long)resp->status, 0));
 	log_kv(line, sizeof(line), &n, "tenant",
@@ -303,7 +304,7 @@ int worker_run(const struct conf *c, int listen_fd)
 		http_resp_reset(&resp);
 		db_check(ctx.db);
 		api_handle(&ctx, &req, &resp);
-		metrics_request(req.path, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
+		metrics_request(ctx.route, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
 				db_reconnects(ctx.db));
 		if (ctx.cached)
 			metrics_replay_cache_hit();

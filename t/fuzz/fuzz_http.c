@@ -22,6 +22,7 @@
 #include "fuzz.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/route.h"
 
 #define MAX_PARAMS 64
 #define LINE_MAX_  1024 /* the worker's request line */
@@ -138,7 +139,7 @@ static void check_log_line(const struct http_req *r, int status)
 	log_kv(line, sizeof(line), &n, "request_id", r->request_id);
 	log_kv(line, sizeof(line), &n, "method", r->method);
 	log_kv(line, sizeof(line), &n, "path", r->path);
-	log_kv(line, sizeof(line), &n, "route", metrics_route_name(metrics_route_of(r->path)));
+	log_kv(line, sizeof(line), &n, "route", route_name(route_match(r->path, NULL, NULL)));
 	snprintf(num, sizeof(num), "%d", status);
 	log_kv(line, sizeof(line), &n, "status", num);
 	log_kv(line, sizeof(line), &n, "tenant", "0");
