@@ -13,9 +13,8 @@
 #include <string.h>
 
 #include "core/fp.h"
-#include "core/migrate.h"
 #include "server/jobs.h"
-#include "server/metrics.h"
+#include "server/ops.h"
 #include "server/queries.h"
 #include "server/rcache.h"
 #include "server/route.h"
@@ -96,98 +95,6 @@ static void not_allowed(struct http_resp *resp, const struct http_req *req, cons
 	handler_problem(resp, req, P_METHOD_NOT_ALLOWED, detail);
 }
 
-/*
- * The schema version, read on a connection of our own. Only when the
- * worker's connection failed: a worker cannot connect at all when it cannot
- * prepare its statements, which is what a schema older than the build
- * usually causes (the statements name columns it lacks), and the reason is
- * what the operator needs. -1 with e filled when this fails too.
- */
-static int schema_version_direct(const struct conf *c, struct err *e)
-{
-	char appname[96];
-	PGconn *conn;
-	int v;
-
-	snprintf(appname, sizeof(appname), "%s-readyz", c->application_name);
-	conn = db_connect_simple(c->db, appname, e);
-	if (conn == NULL)
-		return -1;
-	v = migrate_current(conn, e);
-	PQfinish(conn);
-	return v;
-}
-
-/*
- * Readiness: the database answers, takes writes, and its schema is the one
- * this build needs. One statement per probe on the worker's own
- * connection, with no cache: reading the version is as cheap as a SELECT 1
- * and is itself the round trip that proves the database reachable. A
- * server in recovery (a standby) or read-only (a demoted primary,
- * default_transaction_read_only) is not ready, and the worker's connection
- * is dropped so its next statement reconnects (to the new primary, with a
- * multi-host conninfo). A schema newer than the build counts as ready:
- * during an upgrade the migration runs before the workers are replaced, and
- * the old workers must keep serving meanwhile (migrations only add).
- */
-static void readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
-{
-	const int latest = migrate_latest();
-	char detail[128], ra[24];
-	struct err e, direct;
-	PGresult *res = db_run(ctx->db, Q_SCHEMA_VERSION, 0, NULL, &e);
-	const char *read_only = NULL;
-	int version;
-
-	if (res != NULL) {
-		version = atoi(PQgetvalue(res, 0, 0));
-		if (strcmp(PQgetvalue(res, 0, 1), "t") == 0)
-			read_only = "in recovery (a standby)";
-		else if (strcmp(PQgetvalue(res, 0, 2), "on") == 0)
-			read_only = "read-only (transaction_read_only is on)";
-		PQclear(res);
-	} else {
-		ctx->err = e; /* for the log line */
-		version = schema_version_direct(ctx->conf, &direct);
-		if (version < 0)
-			e = direct;
-	}
-	if (read_only != NULL) {
-		db_reset(ctx->db);
-		snprintf(detail, sizeof(detail), "the database is %s", read_only);
-		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
-		http_resp_header(resp, "Retry-After", ra);
-		handler_problem(resp, req, P_UNAVAILABLE, detail);
-		return;
-	}
-	if (res != NULL && version >= latest) {
-		resp->status = 200;
-		resp->content_type = "application/json";
-		buf_printf(&resp->body, "{\"status\":\"ready\",\"schema_version\":%d}", version);
-		return;
-	}
-	if (version >= 0 && version < latest)
-		snprintf(detail, sizeof(detail),
-		         "schema at version %d, expected %d: run \"idemflow migrate\"", version,
-		         latest);
-	else if (e.code == ERR_DB_DOWN)
-		snprintf(detail, sizeof(detail), "database unreachable");
-	else
-		snprintf(detail, sizeof(detail), "database error (see the server log)");
-	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
-	http_resp_header(resp, "Retry-After", ra);
-	handler_problem(resp, req, P_UNAVAILABLE, detail);
-}
-
-/* Liveness: the process answers. No database, no authentication; also
- * the cheapest request there is, the FastCGI ceiling. */
-static void healthz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
-{
-	(void)ctx;
-	(void)req;
-	resp->status = 204;
-}
-
 static void job_complete(struct handler_ctx *ctx, struct http_req *req, const char *key,
                          struct http_resp *resp)
 {
@@ -223,10 +130,10 @@ static const struct {
 	void (*plain)(struct handler_ctx *, struct http_req *, struct http_resp *);
 	void (*by_id)(struct handler_ctx *, struct http_req *, const char *, struct http_resp *);
 } table[] = {
-    {ROUTE_HEALTHZ, "GET", OPEN, healthz, NULL},
-    {ROUTE_READYZ, "GET", OPEN, readyz, NULL},
-    /* For the operator's scraper, not for tenants: metrics.c decides who. */
-    {ROUTE_METRICS, NULL, OPEN, metrics_handle, NULL},
+    {ROUTE_HEALTHZ, "GET", OPEN, ops_healthz, NULL},
+    {ROUTE_READYZ, "GET", OPEN, ops_readyz, NULL},
+    /* For the operator's scraper, not for tenants: ops.c decides who. */
+    {ROUTE_METRICS, NULL, OPEN, ops_metrics, NULL},
     {ROUTE_WORKFLOWS, "GET", TOKEN, wf_list, NULL},
     {ROUTE_WORKFLOWS, "POST", TOKEN_KEY, wf_create, NULL},
     {ROUTE_WORKFLOW, "GET", TOKEN, NULL, wf_get},

@@ -1,4 +1,4 @@
-/* metrics.c - pool-wide counters in shared memory, GET /metrics (see metrics.h). */
+/* metrics.c - pool-wide counters in shared memory and their exposition (see metrics.h). */
 #include "server/metrics.h"
 
 #include <arpa/inet.h>
@@ -10,9 +10,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "core/fp.h"
-#include "server/handler.h"
-#include "server/queries.h"
 
 /* Counters are shared between processes: only lock-free atomics work there. */
 #if ATOMIC_LLONG_LOCK_FREE != 2
@@ -396,65 +393,4 @@ int metrics_allow_match(const char *allow, const char *addr, struct err *e)
 			found = 1;
 	}
 	return found;
-}
-
-int metrics_token_match(const char *token, const char *authorization)
-{
-	uint8_t want[FP_LEN], got[FP_LEN];
-	const char *tok = http_bearer_token(authorization);
-	unsigned char diff = 0;
-
-	if (token == NULL || *token == '\0' || tok == NULL)
-		return 0;
-	/* Digests have one length whatever was sent, so the comparison's
-	 * time tells nothing about the token, not even its length. */
-	fp_token(want, token, strlen(token));
-	fp_token(got, tok, strlen(tok));
-	for (size_t i = 0; i < FP_LEN; i++)
-		diff |= (unsigned char)(want[i] ^ got[i]);
-	return diff == 0;
-}
-
-/* --- GET /metrics -------------------------------------------------------- */
-
-void metrics_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
-{
-	struct metrics_outbox ob;
-	struct err e;
-	PGresult *res;
-	int db_ok;
-
-	/* Checked before the method, so a stranger learns nothing about the
-	 * resource. Tenants' tokens are never looked up here: they open the
-	 * API, not the operator's view of every tenant. */
-	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
-	    !metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
-		handler_problem(resp, req, P_FORBIDDEN,
-		            "/metrics is open to the addresses in metrics_allow, or with the "
-		            "metrics_token");
-		return;
-	}
-	if (strcmp(req->method, "GET") != 0) {
-		http_resp_header(resp, "Allow", "GET");
-		handler_problem(resp, req, P_METHOD_NOT_ALLOWED, "this resource allows GET only");
-		return;
-	}
-	res = db_run(ctx->db, Q_METRICS_OUTBOX, 0, NULL, &e);
-	db_ok = res != NULL;
-	if (db_ok) {
-		ob.pending = atol(PQgetvalue(res, 0, 0));
-		ob.oldest_pending_s = atof(PQgetvalue(res, 0, 1));
-		ob.dead = atol(PQgetvalue(res, 0, 2));
-		PQclear(res);
-	} else {
-		ctx->err = e; /* for the request's log line */
-	}
-	resp->status = 200;
-	resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
-	buf_reset(&resp->body);
-	metrics_render(&resp->body, db_ok ? &ob : NULL);
-	if (resp->body.oom) {
-		err_set(&e, ERR_INTERNAL, "out of memory");
-		handler_db_error(ctx, resp, req, &e);
-	}
 }

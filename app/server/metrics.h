@@ -1,5 +1,7 @@
 /*
- * metrics.h - Prometheus metrics of the whole worker pool, and GET /metrics.
+ * metrics.h - Prometheus metrics of the whole worker pool: the counters and
+ * their exposition. Nothing about HTTP: GET /metrics is ops.h's, and the
+ * supervisor maps and updates the counters without knowing any request.
  *
  * The counters live in one shared memory segment that the supervisor maps
  * (MAP_SHARED | MAP_ANONYMOUS) before it forks the first worker, so every
@@ -23,10 +25,6 @@
 #include "core/err.h"
 #include "core/idem.h"
 #include "server/route.h"
-
-struct handler_ctx;
-struct http_req;
-struct http_resp;
 
 #define METRICS_SLOTS 128
 
@@ -77,13 +75,5 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob);
  * configuration before it is put in use: addr NULL).
  */
 int metrics_allow_match(const char *allow, const char *addr, struct err *e);
-
-/* Is authorization ("Bearer <token>") the metrics token? Never true when
- * token is "". Compares BLAKE2b digests in constant time. */
-int metrics_token_match(const char *token, const char *authorization);
-
-/* GET /metrics: 403 problem unless the client's address is allowed or it
- * sent the metrics token; 405 for other methods; else the exposition. */
-void metrics_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
 
 #endif

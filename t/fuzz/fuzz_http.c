@@ -1,7 +1,7 @@
 /*
  * fuzz_http.c - request headers: the FastCGI parameters (http_req_init),
  * the Idempotency-Key syntax (idem_key_valid), the bearer token
- * (http_bearer_token, metrics_token_match), the query (http_query_param),
+ * (http_bearer_token, ops_metrics_token_match), the query (http_query_param),
  * and what echoes them back: the
  * problem+json body and the request's log line in both formats.
  *
@@ -21,7 +21,7 @@
 #include "core/problem.h"
 #include "fuzz.h"
 #include "server/http.h"
-#include "server/metrics.h"
+#include "server/ops.h"
 #include "server/route.h"
 
 #define MAX_PARAMS 64
@@ -240,11 +240,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		               tok <= r.authorization + strlen(r.authorization),
 		           "token outside the header");
 		FUZZ_CHECK(*tok != ' ', "token starts with a space");
-		FUZZ_CHECK(metrics_token_match(tok[0] ? tok : "x", r.authorization) ==
+		FUZZ_CHECK(ops_metrics_token_match(tok[0] ? tok : "x", r.authorization) ==
 		               (tok[0] != 0),
 		           "the metrics token does not match itself");
 	}
-	FUZZ_CHECK(!metrics_token_match("", r.authorization), "an empty metrics token matched");
+	FUZZ_CHECK(!ops_metrics_token_match("", r.authorization), "an empty metrics token matched");
 
 	/* The query of GET /v1/workflows and .../events: a decoded value
 	 * fits its buffer, holds no NUL, and is never longer than the text. */

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "server/metrics.h"
+#include "server/ops.h"
 
 Test(metrics, allowlist_matches_addresses_networks_and_mapped_ipv4)
 {
@@ -48,14 +49,14 @@ Test(metrics, a_bad_allowlist_entry_is_an_error_naming_it)
 
 Test(metrics, only_the_metrics_token_opens_and_never_an_empty_one)
 {
-	cr_assert(metrics_token_match("s3cret", "Bearer s3cret"));
-	cr_assert(metrics_token_match("s3cret", "bearer   s3cret"));
-	cr_assert_not(metrics_token_match("s3cret", "Bearer s3cre"));
-	cr_assert_not(metrics_token_match("s3cret", "Bearer s3cretX"));
-	cr_assert_not(metrics_token_match("s3cret", "Basic s3cret"));
-	cr_assert_not(metrics_token_match("s3cret", NULL));
-	cr_assert_not(metrics_token_match("", "Bearer "));
-	cr_assert_not(metrics_token_match("", NULL));
+	cr_assert(ops_metrics_token_match("s3cret", "Bearer s3cret"));
+	cr_assert(ops_metrics_token_match("s3cret", "bearer   s3cret"));
+	cr_assert_not(ops_metrics_token_match("s3cret", "Bearer s3cre"));
+	cr_assert_not(ops_metrics_token_match("s3cret", "Bearer s3cretX"));
+	cr_assert_not(ops_metrics_token_match("s3cret", "Basic s3cret"));
+	cr_assert_not(ops_metrics_token_match("s3cret", NULL));
+	cr_assert_not(ops_metrics_token_match("", "Bearer "));
+	cr_assert_not(ops_metrics_token_match("", NULL));
 }
 
 static int has_line(const char *text, const char *line)
