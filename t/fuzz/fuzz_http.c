@@ -97,15 +97,13 @@ static void check_problem(const struct http_req *r)
 	buf_free(&b);
 }
 
-/* What log_kv makes of value once read back: \n kept, other controls '?'. */
+/* What log_kv makes of value once read back: the value itself, every
+ * control byte escaped in the line and unescaped in its JSON form. */
 static void logged(char *out, size_t cap, const char *value)
 {
-	size_t n = 0;
+	size_t n = strlen(value) < cap - 1 ? strlen(value) : cap - 1;
 
-	for (; *value && n < cap - 1; value++) {
-		unsigned char c = (unsigned char)*value;
-		out[n++] = c == '\n' || (c >= 0x20 && c != 0x7f) ? (char)c : '?';
-	}
+	memcpy(out, value, n);
 	out[n] = '\0';
 }
 
