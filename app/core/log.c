@@ -106,6 +106,66 @@ static int put(char *buf, size_t cap, size_t *n, const char *s, size_t len)
 	return fit ? 0 : -1;
 }
 
+/* c as it stands inside a quoted value, in esc; returns its length. */
+static size_t escape(unsigned char c, char esc[8])
+{
+	static const char hex[] = "0123456789abcdef";
+
+	switch (c) {
+	case '"': memcpy(esc, "\\\"", 2); return 2;
+	case '\\': memcpy(esc, "\\\\", 2); return 2;
+	case '\n': memcpy(esc, "\\n", 2); return 2;
+	case '\t': memcpy(esc, "\\t", 2); return 2;
+	case '\r': memcpy(esc, "\\r", 2); return 2;
+	default: break;
+	}
+	if (c < ' ' || c == 0x7f) {
+		memcpy(esc, "\\u00", 4);
+		esc[4] = hex[c >> 4];
+		esc[5] = hex[c & 0xf];
+		return 6;
+	}
+	esc[0] = (char)c;
+	return 1;
+}
+
+/*
+ * The one quoting of log values: value between double quotes at buf + *n
+ * (*n < cap), escaped. Cut where the next character would not fit with
+ * the closing quote (never inside an escape); the closing quote is always
+ * written when the opening one was. Nothing when not even "" fits.
+ */
+static void quote(char *buf, size_t cap, size_t *n, const char *value)
+{
+	size_t at = *n;
+	char esc[8];
+
+	if (at + 3 > cap)
+		return;
+	buf[at++] = '"';
+	for (const char *p = value; *p; p++) {
+		size_t k = escape((unsigned char)*p, esc);
+		if (at + k + 2 > cap)
+			break;
+		memcpy(buf + at, esc, k);
+		at += k;
+	}
+	buf[at++] = '"';
+	buf[at] = '\0';
+	*n = at;
+}
+
+const char *log_quote(char *out, size_t cap, const char *value)
+{
+	size_t n = 0;
+
+	if (cap == 0)
+		return out;
+	out[0] = '\0';
+	quote(out, cap, &n, value != NULL ? value : "");
+	return out;
+}
+
 void log_kv(char *buf, size_t cap, size_t *len, const char *key, const char *value)
 {
 	size_t n = *len;
@@ -117,28 +177,10 @@ void log_kv(char *buf, size_t cap, size_t *len, const char *key, const char *val
 	if ((n > 0 && put(buf, cap, &n, " ", 1) < 0) || put(buf, cap, &n, key, strlen(key)) < 0 ||
 	    put(buf, cap, &n, "=", 1) < 0)
 		goto out;
-	if (!needs_quotes(value)) {
+	if (!needs_quotes(value))
 		put(buf, cap, &n, value, strlen(value));
-		goto out;
-	}
-	buf[n++] = '"';
-	for (const char *p = value; *p && n + 4 < cap; p++) {
-		unsigned char c = (unsigned char)*p;
-		if (c == '"' || c == '\\') {
-			buf[n++] = '\\';
-			buf[n++] = (char)c;
-		} else if (c == '\n') {
-			buf[n++] = '\\';
-			buf[n++] = 'n';
-		} else if (c < ' ' || c == 0x7f) {
-			buf[n++] = '?';
-		} else {
-			buf[n++] = (char)c;
-		}
-	}
-	if (n + 1 < cap)
-		buf[n++] = '"';
-	buf[n < cap ? n : cap - 1] = '\0';
+	else
+		quote(buf, cap, &n, value);
 out:
 	*len = n < cap ? n : cap - 1;
 }
@@ -216,8 +258,44 @@ static size_t utf8_len(const unsigned char *p, const unsigned char *end)
 	return n;
 }
 
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* The character that the escape after a backslash (at p) stands for, as
+ * JSON; returns where the escape ends. The escapes are quote()'s; any
+ * other character stands for itself. */
+static const char *jw_unescape(struct jw *w, const char *p, const char *end)
+{
+	int v = 0;
+
+	switch (*p) {
+	case 'n': jw_char(w, '\n'); return p + 1;
+	case 't': jw_char(w, '\t'); return p + 1;
+	case 'r': jw_char(w, '\r'); return p + 1;
+	case 'u':
+		for (int i = 1; i <= 4 && v >= 0; i++)
+			v = p + i < end && hexval(p[i]) >= 0 ? v * 16 + hexval(p[i]) : -1;
+		if (v >= 0 && v < 0x80) {
+			jw_char(w, (unsigned char)v);
+			return p + 5;
+		}
+		break;
+	default: break;
+	}
+	jw_char(w, (unsigned char)*p);
+	return p + 1;
+}
+
 /* The text [p, end) as the inside of a JSON string; quoted logfmt text has
- * its \" \\ \n escapes undone first. */
+ * its escapes (quote()) undone first. */
 static void jw_text(struct jw *w, const char *p, const char *end, int quoted)
 {
 	while (p < end) {
@@ -225,8 +303,7 @@ static void jw_text(struct jw *w, const char *p, const char *end, int quoted)
 		size_t n;
 
 		if (quoted && c == '\\' && p + 1 < end) {
-			jw_char(w, p[1] == 'n' ? '\n' : (unsigned char)p[1]);
-			p += 2;
+			p = jw_unescape(w, p + 1, end);
 		} else if (c < 0x80) {
 			jw_char(w, c);
 			p++;
@@ -422,15 +499,15 @@ void log_reopen(void)
 	fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
 	if (fd < 0) {
 		log_warning("could not reopen the log file; still writing to the old one",
-			    "log_file=\"%s\" error=\"%s\"", log_path, strerror(errno));
+			    "log_file=%s error=%s", LOG_Q(log_path), LOG_Q(strerror(errno)));
 		return;
 	}
 	if (log_fd_to_stderr(fd, log_path, &e) < 0) {
 		log_warning("could not reopen the log file; still writing to the old one",
-			    "error=\"%s\"", e.msg);
+			    "error=%s", LOG_Q(e.msg));
 		return;
 	}
-	log_info("log file reopened", "log_file=\"%s\"", log_path);
+	log_info("log file reopened", "log_file=%s", LOG_Q(log_path));
 }
 
 void log_reopen_on_signal(int sig)

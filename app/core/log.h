@@ -8,8 +8,9 @@
  *   {"ts":"2026-11-29T14:00:00.123Z","level":"info","pid":123,"msg":"worker started","slot":2}
  * Callers always write logfmt pairs; the JSON form is made from them, so
  * both formats carry exactly the same fields. The LOG macros skip all
- * formatting below the configured level. Values are quoted and escaped when
- * they need to be (log_kv does it for callers that build key=value pairs).
+ * formatting below the configured level. Values are quoted and escaped by
+ * one function, log_quote: always with LOG_Q in a format ("error=%s"), when
+ * they need it with log_kv (for callers that build key=value pairs).
  * Never writes to stdout: in a FastCGI worker stdout is not ours, and for
  * the CLI it is reserved for results.
  */
@@ -75,9 +76,28 @@ void log_set_component(const char *component);
 /* Log msg plus the already-formatted logfmt pairs in fmt (may be NULL). */
 void log_write(enum log_level lvl, const char *msg, const char *fmt, ...) PRINTFLIKE(3, 4);
 
-/* Append key=value to buf (size cap, current length *len), quoting value when
- * it contains spaces, quotes, '=' or control characters. Truncates safely. */
+/* Append key=value to buf (size cap, current length *len), quoting value as
+ * log_quote does when it contains spaces, quotes, '=', backslashes or control
+ * characters, or is empty. Truncates safely. */
 void log_kv(char *buf, size_t cap, size_t *len, const char *key, const char *value);
+
+/*
+ * The one quoting of a log value: value (NULL as "") between double
+ * quotes, with the quote, the backslash, newline, tab and carriage return
+ * escaped as \" \\ \n \t \r and any other control byte as \u00XX (logfmt as
+ * Go reads it; log_json_from_logfmt undoes them); other bytes as they are.
+ * Written to out (cap bytes, cap >= 3), cut before what does not fit but
+ * always closed by its quote. Returns out. For values that may hold
+ * anything (PostgreSQL's messages quote names):
+ *   log_error("...", "error=%s", LOG_Q(e.msg));
+ */
+const char *log_quote(char *out, size_t cap, const char *value);
+
+/* LOG_Q(value): log_quote into a buffer of its own that lives until the end
+ * of the enclosing block; inside a log_* call it costs nothing below the
+ * level. A value longer than a line is cut anyway. */
+#define LOG_QUOTE_MAX 1024
+#define LOG_Q(value) log_quote((char[LOG_QUOTE_MAX]){0}, LOG_QUOTE_MAX, (value))
 
 #define LOG_AT(lvl, ...)                                                                            \
 	do {                                                                                        \

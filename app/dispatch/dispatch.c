@@ -756,7 +756,7 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 			/* A long-running dispatcher outlives a database restart:
 			 * wait a poll interval (or until stopped), reconnect, and
 			 * go on. Events claimed before are leased, never lost. */
-			log_warning("lost the database; reconnecting", "error=\"%s\"", e->msg);
+			log_warning("lost the database; reconnecting", "error=%s", LOG_Q(e->msg));
 			err_clear(e);
 			db_reset(d->db);
 			d->listening = 0; /* LISTEN again, reconnecting first */
@@ -775,8 +775,8 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 			break;
 		if (wait_for_work(d, e) < 0) {
 			if (e->code == ERR_DB_DOWN) {
-				log_warning("lost the database; reconnecting", "error=\"%s\"",
-					    e->msg);
+				log_warning("lost the database; reconnecting", "error=%s",
+					    LOG_Q(e->msg));
 				err_clear(e);
 				db_reset(d->db);
 				d->listening = 0;

@@ -3,7 +3,8 @@
  *
  * Order of checks: route and method (404/405, no database), then the
  * bearer token (401), then the handler's own validation. A request that
- * fails any check writes nothing.
+ * fails any check writes nothing. The route is matched once (route.h) and
+ * kept on the request's context for the counters and the log line.
  */
 #include "server/api.h"
 
@@ -12,11 +13,11 @@
 #include <string.h>
 
 #include "core/fp.h"
-#include "core/migrate.h"
 #include "server/jobs.h"
-#include "server/metrics.h"
+#include "server/ops.h"
 #include "server/queries.h"
 #include "server/rcache.h"
+#include "server/route.h"
 #include "server/wf.h"
 
 /* Resolve the bearer token to a tenant (and, when want_key, fetch the
@@ -94,171 +95,62 @@ static void not_allowed(struct http_resp *resp, const struct http_req *req, cons
 	handler_problem(resp, req, P_METHOD_NOT_ALLOWED, detail);
 }
 
-/*
- * The schema version, read on a connection of our own. Only when the
- * worker's connection failed: a worker cannot connect at all when it cannot
- * prepare its statements, which is what a schema older than the build
- * usually causes (the statements name columns it lacks), and the reason is
- * what the operator needs. -1 with e filled when this fails too.
- */
-static int schema_version_direct(const struct conf *c, struct err *e)
+static void job_complete(struct handler_ctx *ctx, struct http_req *req, const char *key,
+                         struct http_resp *resp)
 {
-	char appname[96];
-	PGconn *conn;
-	int v;
-
-	snprintf(appname, sizeof(appname), "%s-readyz", c->application_name);
-	conn = db_connect_simple(c->db, appname, e);
-	if (conn == NULL)
-		return -1;
-	v = migrate_current(conn, e);
-	PQfinish(conn);
-	return v;
+	jobs_finish(ctx, req, key, "complete", resp);
 }
+
+static void job_fail(struct handler_ctx *ctx, struct http_req *req, const char *key,
+                     struct http_resp *resp)
+{
+	jobs_finish(ctx, req, key, "fail", resp);
+}
+
+/* Who may call a route's method. A POST changes state and is keyed: its
+ * key row is fetched in the same round trip as the token. */
+enum access {
+	OPEN,      /* anyone: no token, no database before the handler */
+	TOKEN,     /* a tenant's bearer token */
+	TOKEN_KEY, /* a tenant's bearer token, and the Idempotency-Key's row */
+};
 
 /*
- * Readiness: the database answers, takes writes, and its schema is the one
- * this build needs. One statement per probe on the worker's own
- * connection, with no cache: reading the version is as cheap as a SELECT 1
- * and is itself the round trip that proves the database reachable. A
- * server in recovery (a standby) or read-only (a demoted primary,
- * default_transaction_read_only) is not ready, and the worker's connection
- * is dropped so its next statement reconnects (to the new primary, with a
- * multi-host conninfo). A schema newer than the build counts as ready:
- * during an upgrade the migration runs before the workers are replaced, and
- * the old workers must keep serving meanwhile (migrations only add).
+ * The route table: which method of which route (route.h's templates) runs
+ * which handler, behind which check. A route's methods, in table order,
+ * are its Allow header. A NULL method takes every method: the handler
+ * answers 405 itself, after a check of its own (/metrics tells a stranger
+ * nothing, not even which methods exist).
  */
-static void readyz(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp)
-{
-	const int latest = migrate_latest();
-	char detail[128], ra[24];
-	struct err e, direct;
-	PGresult *res = db_run(ctx->db, Q_SCHEMA_VERSION, 0, NULL, &e);
-	const char *read_only = NULL;
-	int version;
-
-	if (res != NULL) {
-		version = atoi(PQgetvalue(res, 0, 0));
-		if (strcmp(PQgetvalue(res, 0, 1), "t") == 0)
-			read_only = "in recovery (a standby)";
-		else if (strcmp(PQgetvalue(res, 0, 2), "on") == 0)
-			read_only = "read-only (transaction_read_only is on)";
-		PQclear(res);
-	} else {
-		ctx->err = e; /* for the log line */
-		version = schema_version_direct(ctx->conf, &direct);
-		if (version < 0)
-			e = direct;
-	}
-	if (read_only != NULL) {
-		db_reset(ctx->db);
-		snprintf(detail, sizeof(detail), "the database is %s", read_only);
-		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
-		http_resp_header(resp, "Retry-After", ra);
-		handler_problem(resp, req, P_UNAVAILABLE, detail);
-		return;
-	}
-	if (res != NULL && version >= latest) {
-		resp->status = 200;
-		resp->content_type = "application/json";
-		buf_printf(&resp->body, "{\"status\":\"ready\",\"schema_version\":%d}", version);
-		return;
-	}
-	if (version >= 0 && version < latest)
-		snprintf(detail, sizeof(detail),
-		         "schema at version %d, expected %d: run \"idemflow migrate\"", version,
-		         latest);
-	else if (e.code == ERR_DB_DOWN)
-		snprintf(detail, sizeof(detail), "database unreachable");
-	else
-		snprintf(detail, sizeof(detail), "database error (see the server log)");
-	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
-	http_resp_header(resp, "Retry-After", ra);
-	handler_problem(resp, req, P_UNAVAILABLE, detail);
-}
-
-/* Split "seg/rest" into seg (copied into out) and rest ("" or after the
- * slash). Returns 0, or -1 when seg is empty or does not fit. */
-static int split_segment(const char *path, char *out, size_t outlen, const char **rest)
-{
-	size_t n = strcspn(path, "/");
-
-	if (n == 0 || n >= outlen)
-		return -1;
-	memcpy(out, path, n);
-	out[n] = '\0';
-	*rest = path[n] == '/' ? path + n + 1 : path + n;
-	return 0;
-}
-
-/* A POST that changes state: authenticated with its key row at hand. */
-static int post_allowed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
-{
-	if (strcmp(req->method, "POST") != 0) {
-		not_allowed(resp, req, "POST");
-		return 0;
-	}
-	return authenticate(ctx, req, resp, 1);
-}
-
-/* /v1/workflows/{id}[/events|/transitions|/messages] */
-static void route_workflow(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                           const char *tail)
-{
-	char id[64];
-	const char *sub;
-
-	if (split_segment(tail, id, sizeof(id), &sub) < 0) {
-		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
-		return;
-	}
-	if (strcmp(sub, "") == 0 && tail[strlen(id)] == '\0') {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else if (authenticate(ctx, req, resp, 0))
-			wf_get(ctx, req, id, resp);
-	} else if (strcmp(sub, "events") == 0) {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else if (authenticate(ctx, req, resp, 0))
-			wf_events(ctx, req, id, resp);
-	} else if (strcmp(sub, "transitions") == 0) {
-		if (post_allowed(ctx, req, resp))
-			wf_transition(ctx, req, id, resp);
-	} else if (strcmp(sub, "messages") == 0) {
-		if (post_allowed(ctx, req, resp))
-			wf_message(ctx, req, id, resp);
-	} else {
-		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
-	}
-}
-
-/* /v1/jobs/activate, /v1/jobs/{key}/complete, /v1/jobs/{key}/fail */
-static void route_jobs(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                       const char *tail)
-{
-	char key[64];
-	const char *verb;
-
-	if (strcmp(tail, "activate") == 0) {
-		if (post_allowed(ctx, req, resp))
-			jobs_activate(ctx, req, resp);
-		return;
-	}
-	if (split_segment(tail, key, sizeof(key), &verb) < 0 ||
-	    (strcmp(verb, "complete") != 0 && strcmp(verb, "fail") != 0)) {
-		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
-		return;
-	}
-	if (post_allowed(ctx, req, resp))
-		jobs_finish(ctx, req, key, verb, resp);
-}
+static const struct {
+	enum route route;
+	const char *method;
+	enum access access;
+	/* One of the two: by_id takes the template's {id} or {key}. */
+	void (*plain)(struct handler_ctx *, struct http_req *, struct http_resp *);
+	void (*by_id)(struct handler_ctx *, struct http_req *, const char *, struct http_resp *);
+} table[] = {
+    {ROUTE_HEALTHZ, "GET", OPEN, ops_healthz, NULL},
+    {ROUTE_READYZ, "GET", OPEN, ops_readyz, NULL},
+    /* For the operator's scraper, not for tenants: ops.c decides who. */
+    {ROUTE_METRICS, NULL, OPEN, ops_metrics, NULL},
+    {ROUTE_WORKFLOWS, "GET", TOKEN, wf_list, NULL},
+    {ROUTE_WORKFLOWS, "POST", TOKEN_KEY, wf_create, NULL},
+    {ROUTE_WORKFLOW, "GET", TOKEN, NULL, wf_get},
+    {ROUTE_WF_EVENTS, "GET", TOKEN, NULL, wf_events},
+    {ROUTE_WF_TRANSITIONS, "POST", TOKEN_KEY, NULL, wf_transition},
+    {ROUTE_WF_MESSAGES, "POST", TOKEN_KEY, NULL, wf_message},
+    {ROUTE_JOBS_ACTIVATE, "POST", TOKEN_KEY, jobs_activate, NULL},
+    {ROUTE_JOB_COMPLETE, "POST", TOKEN_KEY, NULL, job_complete},
+    {ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail},
+};
+#define NTABLE (sizeof(table) / sizeof(table[0]))
 
 void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
-	static const char wf_prefix[] = "/v1/workflows/";
-	static const char jobs_prefix[] = "/v1/jobs/";
-	const char *path = req->path;
+	const char *arg = NULL;
+	size_t arglen = 0, row = NTABLE, n = 0;
+	char id[64], allow[48];
 
 	ctx->tenant_id = 0;
 	PQclear(ctx->key_row);
@@ -270,46 +162,43 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 
-	/* Liveness: the process answers. No database, no authentication;
-	 * also the cheapest request there is, the FastCGI ceiling. */
-	if (strcmp(path, "/healthz") == 0) {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else
-			resp->status = 204;
+	/* The one place a path is matched: the counters and the request's
+	 * log line take the route from ctx. */
+	ctx->route = route_match(req->path, &arg, &arglen);
+	if (ctx->route == ROUTE_OTHER) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
 		return;
 	}
-	if (strcmp(path, "/readyz") == 0) {
-		if (strcmp(req->method, "GET") != 0)
-			not_allowed(resp, req, "GET");
-		else
-			readyz(ctx, req, resp);
-		return;
-	}
-	/* For the operator's scraper, not for tenants: metrics.c decides who. */
-	if (strcmp(path, "/metrics") == 0) {
-		metrics_handle(ctx, req, resp);
-		return;
-	}
-	if (strcmp(path, "/v1/workflows") == 0) {
-		if (strcmp(req->method, "POST") == 0) {
-			if (authenticate(ctx, req, resp, 1))
-				wf_create(ctx, req, resp);
-		} else if (strcmp(req->method, "GET") == 0) {
-			if (authenticate(ctx, req, resp, 0))
-				wf_list(ctx, req, resp);
-		} else {
-			not_allowed(resp, req, "GET, POST");
+	/* An id longer than any id is no resource either, whatever the method. */
+	if (arg != NULL) {
+		if (arglen >= sizeof(id)) {
+			handler_problem(resp, req, P_NOT_FOUND, "no such resource");
+			return;
 		}
+		memcpy(id, arg, arglen);
+		id[arglen] = '\0';
+	}
+	allow[0] = '\0';
+	for (size_t i = 0; i < NTABLE; i++) {
+		if (table[i].route != ctx->route)
+			continue;
+		if (table[i].method == NULL || strcmp(table[i].method, req->method) == 0) {
+			row = i;
+			break;
+		}
+		if (n < sizeof(allow))
+			n += (size_t)snprintf(allow + n, sizeof(allow) - n, "%s%s", n ? ", " : "",
+			                      table[i].method);
+	}
+	if (row == NTABLE) {
+		not_allowed(resp, req, allow);
 		return;
 	}
-	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0) {
-		route_workflow(ctx, req, resp, path + sizeof(wf_prefix) - 1);
+	if (table[row].access != OPEN &&
+	    !authenticate(ctx, req, resp, table[row].access == TOKEN_KEY))
 		return;
-	}
-	if (strncmp(path, jobs_prefix, sizeof(jobs_prefix) - 1) == 0) {
-		route_jobs(ctx, req, resp, path + sizeof(jobs_prefix) - 1);
-		return;
-	}
-	handler_problem(resp, req, P_NOT_FOUND, "no such resource");
+	if (table[row].by_id != NULL)
+		table[row].by_id(ctx, req, id, resp);
+	else
+		table[row].plain(ctx, req, resp);
 }

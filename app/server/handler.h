@@ -17,6 +17,7 @@
 #include "core/idem.h"
 #include "core/problem.h"
 #include "server/http.h"
+#include "server/route.h"
 
 /* One per worker process; buffers are reused across requests. */
 struct handler_ctx {
@@ -26,6 +27,8 @@ struct handler_ctx {
 	struct buf body;         /* the request body */
 	struct buf scratch;      /* canonical forms, payloads */
 	/* Per request, for the access log: */
+	enum route route;        /* matched once, by the router, before anything
+				  * else; the counters and the log line read it */
 	long tenant_id;          /* 0 until authenticated */
 	PGresult *key_row;       /* a keyed POST's stored key row, found while
 				  * authenticating (Q_AUTH_KEY), or NULL; owned */

@@ -1,4 +1,4 @@
-/* metrics.c - pool-wide counters in shared memory, GET /metrics (see metrics.h). */
+/* metrics.c - pool-wide counters in shared memory and their exposition (see metrics.h). */
 #include "server/metrics.h"
 
 #include <arpa/inet.h>
@@ -10,9 +10,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "core/fp.h"
-#include "server/handler.h"
-#include "server/queries.h"
 
 /* Counters are shared between processes: only lock-free atomics work there. */
 #if ATOMIC_LLONG_LOCK_FREE != 2
@@ -34,24 +31,6 @@ static const char *const bucket_le_text[] = {"0.001", "0.0025", "0.005", "0.01",
                                              "2.5",   "5",      "10"};
 #define NBUCKETS (sizeof(bucket_le) / sizeof(bucket_le[0]))
 
-static const struct {
-	const char *name;
-	int keyed; /* takes an Idempotency-Key: has idempotency series */
-} routes[MR__COUNT] = {
-    [MR_WORKFLOWS] = {"/v1/workflows", 1},
-    [MR_WORKFLOW] = {"/v1/workflows/{id}", 0},
-    [MR_HEALTHZ] = {"/healthz", 0},
-    [MR_READYZ] = {"/readyz", 0},
-    [MR_METRICS] = {"/metrics", 0},
-    [MR_WF_EVENTS] = {"/v1/workflows/{id}/events", 0},
-    [MR_WF_TRANSITIONS] = {"/v1/workflows/{id}/transitions", 1},
-    [MR_WF_MESSAGES] = {"/v1/workflows/{id}/messages", 1},
-    [MR_JOBS_ACTIVATE] = {"/v1/jobs/activate", 1},
-    [MR_JOB_COMPLETE] = {"/v1/jobs/{key}/complete", 1},
-    [MR_JOB_FAIL] = {"/v1/jobs/{key}/fail", 1},
-    [MR_OTHER] = {"other", 0},
-};
-
 struct route_ctr {
 	atomic_ullong requests[NSTATUS + 1]; /* the last one: any other status */
 	atomic_ullong buckets[NBUCKETS + 1]; /* per bucket, not cumulative; last: +Inf */
@@ -60,7 +39,7 @@ struct route_ctr {
 };
 
 struct slot {
-	_Alignas(64) struct route_ctr route[MR__COUNT];
+	_Alignas(64) struct route_ctr route[ROUTE__COUNT];
 	atomic_ullong db_reconnects;
 	atomic_ullong replay_cache_hits;
 };
@@ -73,11 +52,11 @@ struct shm {
 
 /* Plain sums of every slot, for one scrape. */
 struct totals {
-	unsigned long long requests[MR__COUNT][NSTATUS + 1];
-	unsigned long long buckets[MR__COUNT][NBUCKETS + 1];
-	unsigned long long duration_us[MR__COUNT];
-	unsigned long long created[MR__COUNT], replays[MR__COUNT], mismatch[MR__COUNT],
-	    in_flight[MR__COUNT];
+	unsigned long long requests[ROUTE__COUNT][NSTATUS + 1];
+	unsigned long long buckets[ROUTE__COUNT][NBUCKETS + 1];
+	unsigned long long duration_us[ROUTE__COUNT];
+	unsigned long long created[ROUTE__COUNT], replays[ROUTE__COUNT], mismatch[ROUTE__COUNT],
+	    in_flight[ROUTE__COUNT];
 	unsigned long long db_reconnects;
 	unsigned long long replay_cache_hits;
 	long long workers;
@@ -87,54 +66,6 @@ struct totals {
 static struct shm *metrics_shm;
 static int metrics_slot;
 static unsigned long metrics_seen_reconnects;
-
-/* The route of "<prefix>{id}" or "<prefix>{id}/<sub>" for a sub in subs
- * (NULL-terminated, "" for no sub), or MR_OTHER. */
-static enum metrics_route id_route(const char *tail, const char *const *subs,
-                                   const enum metrics_route *routes_of)
-{
-	const char *slash = strchr(tail, '/');
-
-	if (tail == slash || *tail == '\0')
-		return MR_OTHER;
-	for (int i = 0; subs[i] != NULL; i++) {
-		if (subs[i][0] == '\0' ? slash == NULL
-		                       : (slash != NULL && strcmp(slash + 1, subs[i]) == 0))
-			return routes_of[i];
-	}
-	return MR_OTHER;
-}
-
-enum metrics_route metrics_route_of(const char *path)
-{
-	static const char wf_prefix[] = "/v1/workflows/", jobs_prefix[] = "/v1/jobs/";
-	static const char *const wf_subs[] = {"", "events", "transitions", "messages", NULL};
-	static const enum metrics_route wf_routes[] = {MR_WORKFLOW, MR_WF_EVENTS, MR_WF_TRANSITIONS,
-	                                               MR_WF_MESSAGES};
-	static const char *const job_subs[] = {"complete", "fail", NULL};
-	static const enum metrics_route job_routes[] = {MR_JOB_COMPLETE, MR_JOB_FAIL};
-
-	if (strcmp(path, "/v1/workflows") == 0)
-		return MR_WORKFLOWS;
-	if (strncmp(path, wf_prefix, sizeof(wf_prefix) - 1) == 0)
-		return id_route(path + sizeof(wf_prefix) - 1, wf_subs, wf_routes);
-	if (strcmp(path, "/v1/jobs/activate") == 0)
-		return MR_JOBS_ACTIVATE;
-	if (strncmp(path, jobs_prefix, sizeof(jobs_prefix) - 1) == 0)
-		return id_route(path + sizeof(jobs_prefix) - 1, job_subs, job_routes);
-	if (strcmp(path, "/healthz") == 0)
-		return MR_HEALTHZ;
-	if (strcmp(path, "/readyz") == 0)
-		return MR_READYZ;
-	if (strcmp(path, "/metrics") == 0)
-		return MR_METRICS;
-	return MR_OTHER;
-}
-
-const char *metrics_route_name(enum metrics_route r)
-{
-	return r < MR__COUNT ? routes[r].name : routes[MR_OTHER].name;
-}
 
 int metrics_init(struct err *e)
 {
@@ -183,7 +114,7 @@ static void add(atomic_ullong *c, unsigned long long n)
 	atomic_fetch_add_explicit(c, n, memory_order_relaxed);
 }
 
-void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
+void metrics_request(enum route route, int status, enum idem_outcome idem, double seconds,
                      unsigned long reconnects)
 {
 	struct slot *s;
@@ -193,7 +124,7 @@ void metrics_request(const char *path, int status, enum idem_outcome idem, doubl
 	if (metrics_shm == NULL)
 		return;
 	s = &metrics_shm->slots[metrics_slot];
-	r = &s->route[metrics_route_of(path)];
+	r = &s->route[(unsigned)route < ROUTE__COUNT ? route : ROUTE_OTHER];
 	if (seconds < 0)
 		seconds = 0;
 	while (b < NBUCKETS && seconds > bucket_le[b])
@@ -238,7 +169,7 @@ static void sum_slots(struct totals *t)
 		struct slot *s = &metrics_shm->slots[i];
 		t->db_reconnects += get(&s->db_reconnects);
 		t->replay_cache_hits += get(&s->replay_cache_hits);
-		for (int r = 0; r < MR__COUNT; r++) {
+		for (enum route r = 0; r < ROUTE__COUNT; r++) {
 			struct route_ctr *c = &s->route[r];
 			for (size_t k = 0; k <= NSTATUS; k++)
 				t->requests[r][k] += get(&c->requests[k]);
@@ -266,7 +197,7 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 
 	help(out, "idemflow_requests_total", "counter",
 	     "Requests answered by the workers, by route template and status.");
-	for (int r = 0; r < MR__COUNT; r++) {
+	for (enum route r = 0; r < ROUTE__COUNT; r++) {
 		for (size_t k = 0; k <= NSTATUS; k++) {
 			if (t.requests[r][k] == 0)
 				continue;
@@ -274,18 +205,18 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 				buf_printf(
 				    out,
 				    "idemflow_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
-				    routes[r].name, statuses[k], t.requests[r][k]);
+				    route_name(r), statuses[k], t.requests[r][k]);
 			else
 				buf_printf(
 				    out,
 				    "idemflow_requests_total{route=\"%s\",status=\"other\"} %llu\n",
-				    routes[r].name, t.requests[r][k]);
+				    route_name(r), t.requests[r][k]);
 		}
 	}
 
 	help(out, "idemflow_request_duration_seconds", "histogram",
 	     "Time from accepting a request to having its answer ready, by route template.");
-	for (int r = 0; r < MR__COUNT; r++) {
+	for (enum route r = 0; r < ROUTE__COUNT; r++) {
 		unsigned long long cum = 0;
 		for (size_t k = 0; k < NBUCKETS; k++) {
 			cum += t.buckets[r][k];
@@ -293,7 +224,7 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 			    out,
 			    "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"%s\"} "
 			    "%llu\n",
-			    routes[r].name, bucket_le_text[k], cum);
+			    route_name(r), bucket_le_text[k], cum);
 		}
 		/* The count is the +Inf bucket by construction, so the two can
 		 * never disagree even while workers are counting. */
@@ -301,40 +232,40 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 		buf_printf(
 		    out,
 		    "idemflow_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n",
-		    routes[r].name, cum);
+		    route_name(r), cum);
 		buf_printf(out, "idemflow_request_duration_seconds_sum{route=\"%s\"} %llu.%06llu\n",
-		           routes[r].name, t.duration_us[r] / 1000000, t.duration_us[r] % 1000000);
+		           route_name(r), t.duration_us[r] / 1000000, t.duration_us[r] % 1000000);
 		buf_printf(out, "idemflow_request_duration_seconds_count{route=\"%s\"} %llu\n",
-		           routes[r].name, cum);
+		           route_name(r), cum);
 	}
 
 	help(out, "idemflow_idempotency_created_total", "counter",
 	     "Keyed requests that executed and stored their response.");
-	for (int r = 0; r < MR__COUNT; r++)
-		if (routes[r].keyed)
+	for (enum route r = 0; r < ROUTE__COUNT; r++)
+		if (route_keyed(r))
 			buf_printf(out, "idemflow_idempotency_created_total{route=\"%s\"} %llu\n",
-			           routes[r].name, t.created[r]);
+			           route_name(r), t.created[r]);
 	help(out, "idemflow_idempotency_replays_total", "counter",
 	     "Keyed requests answered with the stored response of an earlier one.");
-	for (int r = 0; r < MR__COUNT; r++)
-		if (routes[r].keyed)
+	for (enum route r = 0; r < ROUTE__COUNT; r++)
+		if (route_keyed(r))
 			buf_printf(out, "idemflow_idempotency_replays_total{route=\"%s\"} %llu\n",
-			           routes[r].name, t.replays[r]);
+			           route_name(r), t.replays[r]);
 	help(out, "idemflow_idempotency_conflicts_total", "counter",
 	     "Keyed requests refused with 409: the key was used for a different request "
 	     "(mismatch) or its first request was still running (in_flight).");
-	for (int r = 0; r < MR__COUNT; r++) {
-		if (!routes[r].keyed)
+	for (enum route r = 0; r < ROUTE__COUNT; r++) {
+		if (!route_keyed(r))
 			continue;
 		buf_printf(out,
 		           "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"mismatch\"} "
 		           "%llu\n",
-		           routes[r].name, t.mismatch[r]);
+		           route_name(r), t.mismatch[r]);
 		buf_printf(
 		    out,
 		    "idemflow_idempotency_conflicts_total{route=\"%s\",reason=\"in_flight\"} "
 		    "%llu\n",
-		    routes[r].name, t.in_flight[r]);
+		    route_name(r), t.in_flight[r]);
 	}
 
 	help(out, "idemflow_replay_cache_hits_total", "counter",
@@ -462,65 +393,4 @@ int metrics_allow_match(const char *allow, const char *addr, struct err *e)
 			found = 1;
 	}
 	return found;
-}
-
-int metrics_token_match(const char *token, const char *authorization)
-{
-	uint8_t want[FP_LEN], got[FP_LEN];
-	const char *tok = http_bearer_token(authorization);
-	unsigned char diff = 0;
-
-	if (token == NULL || *token == '\0' || tok == NULL)
-		return 0;
-	/* Digests have one length whatever was sent, so the comparison's
-	 * time tells nothing about the token, not even its length. */
-	fp_token(want, token, strlen(token));
-	fp_token(got, tok, strlen(tok));
-	for (size_t i = 0; i < FP_LEN; i++)
-		diff |= (unsigned char)(want[i] ^ got[i]);
-	return diff == 0;
-}
-
-/* --- GET /metrics -------------------------------------------------------- */
-
-void metrics_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
-{
-	struct metrics_outbox ob;
-	struct err e;
-	PGresult *res;
-	int db_ok;
-
-	/* Checked before the method, so a stranger learns nothing about the
-	 * resource. Tenants' tokens are never looked up here: they open the
-	 * API, not the operator's view of every tenant. */
-	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
-	    !metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
-		handler_problem(resp, req, P_FORBIDDEN,
-		            "/metrics is open to the addresses in metrics_allow, or with the "
-		            "metrics_token");
-		return;
-	}
-	if (strcmp(req->method, "GET") != 0) {
-		http_resp_header(resp, "Allow", "GET");
-		handler_problem(resp, req, P_METHOD_NOT_ALLOWED, "this resource allows GET only");
-		return;
-	}
-	res = db_run(ctx->db, Q_METRICS_OUTBOX, 0, NULL, &e);
-	db_ok = res != NULL;
-	if (db_ok) {
-		ob.pending = atol(PQgetvalue(res, 0, 0));
-		ob.oldest_pending_s = atof(PQgetvalue(res, 0, 1));
-		ob.dead = atol(PQgetvalue(res, 0, 2));
-		PQclear(res);
-	} else {
-		ctx->err = e; /* for the request's log line */
-	}
-	resp->status = 200;
-	resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
-	buf_reset(&resp->body);
-	metrics_render(&resp->body, db_ok ? &ob : NULL);
-	if (resp->body.oom) {
-		err_set(&e, ERR_INTERNAL, "out of memory");
-		handler_db_error(ctx, resp, req, &e);
-	}
 }

@@ -1,5 +1,7 @@
 /*
- * metrics.h - Prometheus metrics of the whole worker pool, and GET /metrics.
+ * metrics.h - Prometheus metrics of the whole worker pool: the counters and
+ * their exposition. Nothing about HTTP: GET /metrics is ops.h's, and the
+ * supervisor maps and updates the counters without knowing any request.
  *
  * The counters live in one shared memory segment that the supervisor maps
  * (MAP_SHARED | MAP_ANONYMOUS) before it forks the first worker, so every
@@ -13,7 +15,7 @@
  * there are more live workers than slots, and a scrape from ever reading a
  * torn value.
  *
- * Label values are bounded: routes are templates (METRICS_ROUTES), statuses
+ * Label values are bounded: routes are templates (route.h), statuses
  * come from a fixed list (anything else is counted as "other").
  */
 #ifndef IDF_METRICS_H
@@ -22,32 +24,9 @@
 #include "core/buf.h"
 #include "core/err.h"
 #include "core/idem.h"
-
-struct handler_ctx;
-struct http_req;
-struct http_resp;
+#include "server/route.h"
 
 #define METRICS_SLOTS 128
-
-/* The route label: a template, never the raw path. */
-enum metrics_route {
-	MR_WORKFLOWS,      /* /v1/workflows */
-	MR_WORKFLOW,       /* /v1/workflows/{id} */
-	MR_HEALTHZ,        /* /healthz */
-	MR_READYZ,         /* /readyz */
-	MR_METRICS,        /* /metrics */
-	MR_WF_EVENTS,      /* /v1/workflows/{id}/events */
-	MR_WF_TRANSITIONS, /* /v1/workflows/{id}/transitions */
-	MR_WF_MESSAGES,    /* /v1/workflows/{id}/messages */
-	MR_JOBS_ACTIVATE,  /* /v1/jobs/activate */
-	MR_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
-	MR_JOB_FAIL,       /* /v1/jobs/{key}/fail */
-	MR_OTHER,          /* anything else (404s) */
-	MR__COUNT
-};
-
-enum metrics_route metrics_route_of(const char *path);
-const char *metrics_route_name(enum metrics_route r);
 
 /*
  * Supervisor, before the first fork: map the shared counters (zeroed).
@@ -64,10 +43,11 @@ void metrics_worker_restarted(void);
 
 /*
  * Worker, once per request, as soon as the answer is ready: so a client
- * that has its answer can already see it counted. reconnects is the
+ * that has its answer can already see it counted. route is the one the
+ * router matched, from the request's context. reconnects is the
  * worker's db_reconnects() so far; only its growth is added.
  */
-void metrics_request(const char *path, int status, enum idem_outcome idem, double seconds,
+void metrics_request(enum route route, int status, enum idem_outcome idem, double seconds,
                      unsigned long reconnects);
 
 /* Worker: the request just answered took its key row from the replay
@@ -95,13 +75,5 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob);
  * configuration before it is put in use: addr NULL).
  */
 int metrics_allow_match(const char *allow, const char *addr, struct err *e);
-
-/* Is authorization ("Bearer <token>") the metrics token? Never true when
- * token is "". Compares BLAKE2b digests in constant time. */
-int metrics_token_match(const char *token, const char *authorization);
-
-/* GET /metrics: 403 problem unless the client's address is allowed or it
- * sent the metrics token; 405 for other methods; else the exposition. */
-void metrics_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
 
 #endif

@@ -84,7 +84,7 @@ static int open_listener(const struct conf *c)
 		int probe;
 
 		if (strlen(c->listen) >= sizeof(sun.sun_path)) {
-			log_error("socket path too long", "listen=\"%s\"", c->listen);
+			log_error("socket path too long", "listen=%s", LOG_Q(c->listen));
 			return -1;
 		}
 		/* Refuse to steal the socket of a running server; remove a stale one. */
@@ -94,7 +94,8 @@ static int open_listener(const struct conf *c)
 		probe = socket(AF_UNIX, SOCK_STREAM, 0);
 		if (probe >= 0 && connect(probe, (struct sockaddr *)&sun, sizeof(sun)) == 0) {
 			close(probe);
-			log_error("socket is in use by another server", "listen=\"%s\"", c->listen);
+			log_error("socket is in use by another server", "listen=%s",
+				  LOG_Q(c->listen));
 			return -1;
 		}
 		if (probe >= 0)
@@ -103,13 +104,13 @@ static int open_listener(const struct conf *c)
 	}
 	fd = FCGX_OpenSocket(c->listen, 1024);
 	if (fd < 0) {
-		log_error("could not listen", "listen=\"%s\" error=\"%s\"", c->listen,
-			  strerror(errno));
+		log_error("could not listen", "listen=%s error=%s", LOG_Q(c->listen),
+			  LOG_Q(strerror(errno)));
 		return -1;
 	}
 	if (is_unix_path(c->listen) && chmod(c->listen, (mode_t)c->listen_mode) < 0) {
-		log_error("could not set socket permissions", "listen=\"%s\" error=\"%s\"", c->listen,
-			  strerror(errno));
+		log_error("could not set socket permissions", "listen=%s error=%s",
+			  LOG_Q(c->listen), LOG_Q(strerror(errno)));
 		close(fd);
 		return -1;
 	}
@@ -147,7 +148,7 @@ static void spawn(struct sup *s)
 	slot = free_slot(s);
 	pid = fork();
 	if (pid < 0) {
-		log_error("could not fork a worker", "error=\"%s\"", strerror(errno));
+		log_error("could not fork a worker", "error=%s", LOG_Q(strerror(errno)));
 		s->respawn_at = time(NULL) + 1;
 		return;
 	}
@@ -310,8 +311,8 @@ static void reload(struct sup *s)
 		return;
 	}
 	if (strcmp(c->listen, s->conf->listen) != 0) {
-		log_warning("listen cannot change on reload; restart to apply it", "listen=\"%s\"",
-			    s->conf->listen);
+		log_warning("listen cannot change on reload; restart to apply it", "listen=%s",
+			    LOG_Q(s->conf->listen));
 		free(c->listen);
 		c->listen = strdup(s->conf->listen);
 	}
@@ -345,8 +346,8 @@ static int write_pid_file(const char *path)
 		return 0;
 	f = fopen(path, "w");
 	if (f == NULL) {
-		log_error("could not write pid file", "pid_file=\"%s\" error=\"%s\"", path,
-			  strerror(errno));
+		log_error("could not write pid file", "pid_file=%s error=%s", LOG_Q(path),
+			  LOG_Q(strerror(errno)));
 		return -1;
 	}
 	fprintf(f, "%ld\n", (long)getpid());
@@ -402,7 +403,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 	if (write_pid_file(c->pid_file) < 0)
 		return 73; /* EX_CANTCREAT */
 	pid_file = strdup(c->pid_file);
-	log_info("listening", "listen=\"%s\" workers=%d", c->listen, c->workers);
+	log_info("listening", "listen=%s workers=%d", LOG_Q(c->listen), c->workers);
 
 	for (;;) {
 		int pending = maintain(&s);

@@ -19,6 +19,7 @@
 #include "server/metrics.h"
 #include "server/queries.h"
 #include "server/rcache.h"
+#include "server/route.h"
 
 static volatile sig_atomic_t worker_stop;
 
@@ -113,7 +114,7 @@ static void notify_if_due(struct notifier *n, struct db *db)
 	res = db_run(db, Q_NOTIFY, 0, NULL, &e);
 	if (res == NULL) {
 		/* The dispatcher's poll is the fallback; try again later. */
-		log_debug("could not notify dispatchers", "error=\"%s\"", e.msg);
+		log_debug("could not notify dispatchers", "error=%s", LOG_Q(e.msg));
 	}
 	PQclear(res);
 	n->pending = 0;
@@ -154,7 +155,7 @@ static void log_request(const struct handler_ctx *ctx, const struct http_req *re
 	log_kv(line, sizeof(line), &n, "request_id", req->request_id);
 	log_kv(line, sizeof(line), &n, "method", req->method);
 	log_kv(line, sizeof(line), &n, "path", req->path);
-	log_kv(line, sizeof(line), &n, "route", metrics_route_name(metrics_route_of(req->path)));
+	log_kv(line, sizeof(line), &n, "route", route_name(ctx->route));
 	log_kv(line, sizeof(line), &n, "status",
 	       decimal(num + sizeof(num), (unsigned long)resp->status, 0));
 	log_kv(line, sizeof(line), &n, "tenant",
@@ -192,7 +193,7 @@ static void flush_keystats(struct keystats *ks, struct db *db, int now)
 
 	if ((now ? keystats_flush(ks, db, &e) : keystats_flush_due(ks, db, &e)) < 0 &&
 	    e.code != ERR_DB_DOWN)
-		log_warning("could not store idempotency key counts", "error=\"%s\"", e.msg);
+		log_warning("could not store idempotency key counts", "error=%s", LOG_Q(e.msg));
 }
 
 int worker_run(const struct conf *c, int listen_fd)
@@ -256,7 +257,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	}
 	if (e.code != ERR_NONE)
 		log_warning("database unavailable at start; answering 503 until it is back",
-			    "error=\"%s\"", e.msg);
+			    "error=%s", LOG_Q(e.msg));
 
 	if (FCGX_Init() != 0 || FCGX_InitRequest(&freq, listen_fd, FCGI_FAIL_ACCEPT_ON_INTR) != 0) {
 		log_error("could not initialise libfcgi", NULL);
@@ -268,7 +269,8 @@ int worker_run(const struct conf *c, int listen_fd)
 	 * not the whole pool, which would all race for one accept(). */
 	ep = epoll_create1(EPOLL_CLOEXEC);
 	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev) < 0) {
-		log_error("could not watch the listening socket", "error=\"%s\"", strerror(errno));
+		log_error("could not watch the listening socket", "error=%s",
+			  LOG_Q(strerror(errno)));
 		rc = 1;
 		goto out;
 	}
@@ -303,7 +305,7 @@ int worker_run(const struct conf *c, int listen_fd)
 		http_resp_reset(&resp);
 		db_check(ctx.db);
 		api_handle(&ctx, &req, &resp);
-		metrics_request(req.path, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
+		metrics_request(ctx.route, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
 				db_reconnects(ctx.db));
 		if (ctx.cached)
 			metrics_replay_cache_hit();

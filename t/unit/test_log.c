@@ -86,6 +86,75 @@ Test(log_json, every_line_parses_as_json)
 	}
 }
 
+Test(log_quote, plain_values_are_only_put_between_quotes)
+{
+	char q[64];
+
+	cr_assert_str_eq(log_quote(q, sizeof(q), "/run/idemflow/fcgi.sock"),
+			 "\"/run/idemflow/fcgi.sock\"");
+	cr_assert_str_eq(log_quote(q, sizeof(q), "Connection refused"), "\"Connection refused\"");
+	cr_assert_str_eq(log_quote(q, sizeof(q), ""), "\"\"");
+	cr_assert_str_eq(log_quote(q, sizeof(q), NULL), "\"\"", "NULL is the empty value");
+}
+
+Test(log_quote, escapes_quotes_backslashes_and_control_characters)
+{
+	char q[128];
+
+	/* As PostgreSQL words its messages. */
+	cr_assert_str_eq(log_quote(q, sizeof(q), "relation \"outbox\" does not exist"),
+			 "\"relation \\\"outbox\\\" does not exist\"");
+	cr_assert_str_eq(log_quote(q, sizeof(q), "C:\\tmp\\x"), "\"C:\\\\tmp\\\\x\"");
+	cr_assert_str_eq(log_quote(q, sizeof(q), "ERROR:  x\nDETAIL:  y\r\n\tz"),
+			 "\"ERROR:  x\\nDETAIL:  y\\r\\n\\tz\"");
+	cr_assert_str_eq(log_quote(q, sizeof(q), "a\x01" "b\x1b[0m\x7f"),
+			 "\"a\\u0001b\\u001b[0m\\u007f\"");
+	/* Bytes above ASCII stand as they are (the JSON form checks UTF-8). */
+	cr_assert_str_eq(log_quote(q, sizeof(q), "caf\xc3\xa9"), "\"caf\xc3\xa9\"");
+}
+
+Test(log_quote, a_long_value_is_cut_whole_and_still_closed)
+{
+	char big[3000], q[LOG_QUOTE_MAX], small[10];
+	size_t n;
+
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	log_quote(q, sizeof(q), big);
+	n = strlen(q);
+	cr_assert_eq(n, sizeof(q) - 1);
+	cr_assert_eq(q[0], '"');
+	cr_assert_eq(q[n - 1], '"');
+	/* Never half an escape: "ab\"" and its closing quote fill 9 bytes;
+	 * the next escape would not fit with the quote and is left out. */
+	cr_assert_str_eq(log_quote(small, sizeof(small), "ab\"\"\"\""), "\"ab\\\"\\\"\"");
+	cr_assert_str_eq(log_quote(small, sizeof(small), "abc\x01"), "\"abc\"");
+	cr_assert_str_eq(log_quote(small, 3, "abc"), "\"\"");
+}
+
+Test(log_quote, log_kv_quotes_the_same_way_and_only_when_needed)
+{
+	char line[256];
+	size_t n = 0;
+
+	log_kv(line, sizeof(line), &n, "route", "/v1/workflows/{id}");
+	log_kv(line, sizeof(line), &n, "error", "role \"x\"\tgone\x02");
+	log_kv(line, sizeof(line), &n, "empty", NULL);
+	cr_assert_str_eq(line, "route=/v1/workflows/{id} error=\"role \\\"x\\\"\\tgone\\u0002\" "
+			       "empty=\"\"");
+	cr_assert_eq(n, strlen(line));
+}
+
+Test(log_quote, the_json_form_gives_back_the_value)
+{
+	char line[256];
+
+	snprintf(line, sizeof(line), "error=%s", LOG_Q("a \"b\" \\ c\n\td\r\x01" "e\x7f"));
+	cr_assert_str_eq(json(line), "{\"error\":\"a \\\"b\\\" \\\\ c\\n\\u0009d\\u000d\\u0001e\x7f\"}");
+	/* Not an escape quote() makes: the character stands for itself. */
+	cr_assert_str_eq(json("x=\"\\q\\u12\""), "{\"x\":\"qu12\"}");
+}
+
 Test(log_format, parses_its_two_names)
 {
 	enum log_format f;

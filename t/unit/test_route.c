@@ -1,7 +1,10 @@
 /*
- * Unit tests of the small parsers behind the routes of running workflows:
- * query parameters (http_query_param) and job keys (jobs_parse_key).
+ * Unit tests of routing: paths matched once against the route templates
+ * (route_match, the label of the metrics and the log line), and the small
+ * parsers behind the routes of running workflows: query parameters
+ * (http_query_param) and job keys (jobs_parse_key).
  */
+#include <stdio.h>
 #include <string.h>
 
 #include <criterion/criterion.h>
@@ -9,6 +12,61 @@
 #include "core/ids.h"
 #include "server/http.h"
 #include "server/jobs.h"
+#include "server/route.h"
+
+Test(route, paths_match_templates_so_the_label_stays_bounded)
+{
+	cr_assert_str_eq(route_name(route_match("/v1/workflows", NULL, NULL)), "/v1/workflows");
+	cr_assert_str_eq(route_name(route_match("/v1/workflows/0190-abc", NULL, NULL)),
+			 "/v1/workflows/{id}");
+	cr_assert_str_eq(route_name(route_match("/v1/workflows/", NULL, NULL)), "other");
+	cr_assert_str_eq(route_name(route_match("/v1/workflows/a/b", NULL, NULL)), "other");
+	cr_assert_str_eq(route_name(route_match("/healthz", NULL, NULL)), "/healthz");
+	cr_assert_str_eq(route_name(route_match("/readyz", NULL, NULL)), "/readyz");
+	cr_assert_str_eq(route_name(route_match("/metrics", NULL, NULL)), "/metrics");
+	cr_assert_str_eq(route_name(route_match("/metrics/", NULL, NULL)), "other");
+	cr_assert_str_eq(route_name(route_match("", NULL, NULL)), "other");
+}
+
+Test(route, the_routes_of_running_workflows_are_templates_too)
+{
+	static const char *const cases[][2] = {
+	    {"/v1/workflows/0190-abc/events", "/v1/workflows/{id}/events"},
+	    {"/v1/workflows/0190-abc/transitions", "/v1/workflows/{id}/transitions"},
+	    {"/v1/workflows/0190-abc/messages", "/v1/workflows/{id}/messages"},
+	    {"/v1/workflows/0190-abc/messages/x", "other"},
+	    {"/v1/workflows//events", "other"},
+	    {"/v1/jobs/activate", "/v1/jobs/activate"},
+	    {"/v1/jobs/0190-abc.s1/complete", "/v1/jobs/{key}/complete"},
+	    {"/v1/jobs/0190-abc.s1/fail", "/v1/jobs/{key}/fail"},
+	    {"/v1/jobs/0190-abc.s1", "other"},
+	    {"/v1/jobs/", "other"},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		cr_assert_str_eq(route_name(route_match(cases[i][0], NULL, NULL)), cases[i][1],
+				 "%s", cases[i][0]);
+}
+
+Test(route, the_id_segment_is_handed_to_the_router_whatever_its_length)
+{
+	const char *arg = NULL;
+	size_t n = 0;
+	char path[300];
+
+	cr_assert_eq(route_match("/v1/jobs/0190-abc.s1/fail", &arg, &n), ROUTE_JOB_FAIL);
+	cr_assert_eq(n, 11);
+	cr_assert_eq(strncmp(arg, "0190-abc.s1/", 12), 0);
+	arg = NULL;
+	cr_assert_eq(route_match("/healthz", &arg, &n), ROUTE_HEALTHZ);
+	cr_assert_null(arg, "no template segment, nothing set");
+	/* Too long for an id: the router answers 404, still under the template. */
+	snprintf(path, sizeof(path), "/v1/workflows/%0200d/events", 7);
+	cr_assert_eq(route_match(path, &arg, &n), ROUTE_WF_EVENTS);
+	cr_assert_eq(n, 200);
+	cr_assert_eq(route_match(NULL, &arg, &n), ROUTE_OTHER);
+	cr_assert_str_eq(route_name(ROUTE__COUNT), "other");
+}
 
 Test(query, finds_the_first_value_and_decodes_it)
 {

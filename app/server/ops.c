@@ -1,0 +1,163 @@
+/* ops.c - /healthz, /readyz and /metrics (see ops.h). */
+#include "server/ops.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fp.h"
+#include "core/migrate.h"
+#include "server/metrics.h"
+#include "server/queries.h"
+
+/* Liveness: the process answers. Also the cheapest request there is, the
+ * FastCGI ceiling. */
+void ops_healthz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	(void)ctx;
+	(void)req;
+	resp->status = 204;
+}
+
+/*
+ * The schema version, read on a connection of our own. Only when the
+ * worker's connection failed: a worker cannot connect at all when it cannot
+ * prepare its statements, which is what a schema older than the build
+ * usually causes (the statements name columns it lacks), and the reason is
+ * what the operator needs. -1 with e filled when this fails too.
+ */
+static int schema_version_direct(const struct conf *c, struct err *e)
+{
+	char appname[96];
+	PGconn *conn;
+	int v;
+
+	snprintf(appname, sizeof(appname), "%s-readyz", c->application_name);
+	conn = db_connect_simple(c->db, appname, e);
+	if (conn == NULL)
+		return -1;
+	v = migrate_current(conn, e);
+	PQfinish(conn);
+	return v;
+}
+
+/*
+ * Readiness: the database answers, takes writes, and its schema is the one
+ * this build needs. One statement per probe on the worker's own
+ * connection, with no cache: reading the version is as cheap as a SELECT 1
+ * and is itself the round trip that proves the database reachable. A
+ * server in recovery (a standby) or read-only (a demoted primary,
+ * default_transaction_read_only) is not ready, and the worker's connection
+ * is dropped so its next statement reconnects (to the new primary, with a
+ * multi-host conninfo). A schema newer than the build counts as ready:
+ * during an upgrade the migration runs before the workers are replaced, and
+ * the old workers must keep serving meanwhile (migrations only add).
+ */
+void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	const int latest = migrate_latest();
+	char detail[128], ra[24];
+	struct err e, direct;
+	PGresult *res = db_run(ctx->db, Q_SCHEMA_VERSION, 0, NULL, &e);
+	const char *read_only = NULL;
+	int version;
+
+	if (res != NULL) {
+		version = atoi(PQgetvalue(res, 0, 0));
+		if (strcmp(PQgetvalue(res, 0, 1), "t") == 0)
+			read_only = "in recovery (a standby)";
+		else if (strcmp(PQgetvalue(res, 0, 2), "on") == 0)
+			read_only = "read-only (transaction_read_only is on)";
+		PQclear(res);
+	} else {
+		ctx->err = e; /* for the log line */
+		version = schema_version_direct(ctx->conf, &direct);
+		if (version < 0)
+			e = direct;
+	}
+	if (read_only != NULL) {
+		db_reset(ctx->db);
+		snprintf(detail, sizeof(detail), "the database is %s", read_only);
+		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+		http_resp_header(resp, "Retry-After", ra);
+		handler_problem(resp, req, P_UNAVAILABLE, detail);
+		return;
+	}
+	if (res != NULL && version >= latest) {
+		resp->status = 200;
+		resp->content_type = "application/json";
+		buf_printf(&resp->body, "{\"status\":\"ready\",\"schema_version\":%d}", version);
+		return;
+	}
+	if (version >= 0 && version < latest)
+		snprintf(detail, sizeof(detail),
+		         "schema at version %d, expected %d: run \"idemflow migrate\"", version,
+		         latest);
+	else if (e.code == ERR_DB_DOWN)
+		snprintf(detail, sizeof(detail), "database unreachable");
+	else
+		snprintf(detail, sizeof(detail), "database error (see the server log)");
+	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+	http_resp_header(resp, "Retry-After", ra);
+	handler_problem(resp, req, P_UNAVAILABLE, detail);
+}
+
+int ops_metrics_token_match(const char *token, const char *authorization)
+{
+	uint8_t want[FP_LEN], got[FP_LEN];
+	const char *tok = http_bearer_token(authorization);
+	unsigned char diff = 0;
+
+	if (token == NULL || *token == '\0' || tok == NULL)
+		return 0;
+	/* Digests have one length whatever was sent, so the comparison's
+	 * time tells nothing about the token, not even its length. */
+	fp_token(want, token, strlen(token));
+	fp_token(got, tok, strlen(tok));
+	for (size_t i = 0; i < FP_LEN; i++)
+		diff |= (unsigned char)(want[i] ^ got[i]);
+	return diff == 0;
+}
+
+/* For the operator's scraper, not for tenants. */
+void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	struct metrics_outbox ob;
+	struct err e;
+	PGresult *res;
+	int db_ok;
+
+	/* Checked before the method, so a stranger learns nothing about the
+	 * resource. Tenants' tokens are never looked up here: they open the
+	 * API, not the operator's view of every tenant. */
+	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
+	    !ops_metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
+		handler_problem(resp, req, P_FORBIDDEN,
+		            "/metrics is open to the addresses in metrics_allow, or with the "
+		            "metrics_token");
+		return;
+	}
+	if (strcmp(req->method, "GET") != 0) {
+		http_resp_header(resp, "Allow", "GET");
+		handler_problem(resp, req, P_METHOD_NOT_ALLOWED, "this resource allows GET only");
+		return;
+	}
+	res = db_run(ctx->db, Q_METRICS_OUTBOX, 0, NULL, &e);
+	db_ok = res != NULL;
+	if (db_ok) {
+		ob.pending = atol(PQgetvalue(res, 0, 0));
+		ob.oldest_pending_s = atof(PQgetvalue(res, 0, 1));
+		ob.dead = atol(PQgetvalue(res, 0, 2));
+		PQclear(res);
+	} else {
+		ctx->err = e; /* for the request's log line */
+	}
+	resp->status = 200;
+	resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+	buf_reset(&resp->body);
+	metrics_render(&resp->body, db_ok ? &ob : NULL);
+	if (resp->body.oom) {
+		err_set(&e, ERR_INTERNAL, "out of memory");
+		handler_db_error(ctx, resp, req, &e);
+	}
+}

@@ -1,0 +1,46 @@
+/*
+ * route.h - the routes of the v1 API as names: one id per path template,
+ * and the template that is its label in the metrics and the access log.
+ *
+ * Knows paths, not HTTP: the router (api.c) matches a request's path once
+ * with route_match() and keeps the route on the request's context; the
+ * counters (metrics.c) and the log line read it from there.
+ */
+#ifndef IDF_ROUTE_H
+#define IDF_ROUTE_H
+
+#include <stddef.h>
+
+/* In the order the metrics are written out. */
+enum route {
+	ROUTE_WORKFLOWS,      /* /v1/workflows */
+	ROUTE_WORKFLOW,       /* /v1/workflows/{id} */
+	ROUTE_HEALTHZ,        /* /healthz */
+	ROUTE_READYZ,         /* /readyz */
+	ROUTE_METRICS,        /* /metrics */
+	ROUTE_WF_EVENTS,      /* /v1/workflows/{id}/events */
+	ROUTE_WF_TRANSITIONS, /* /v1/workflows/{id}/transitions */
+	ROUTE_WF_MESSAGES,    /* /v1/workflows/{id}/messages */
+	ROUTE_JOBS_ACTIVATE,  /* /v1/jobs/activate */
+	ROUTE_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
+	ROUTE_JOB_FAIL,       /* /v1/jobs/{key}/fail */
+	ROUTE_OTHER,          /* no template matched (404s) */
+	ROUTE__COUNT
+};
+
+/*
+ * The route whose template path matches, or ROUTE_OTHER. A "{...}" in a
+ * template matches one non-empty segment (no '/'), of any length; the
+ * first one's text is set in *arg and *arglen (pointing into path) when
+ * arg is not NULL, and left alone when the template has none.
+ */
+enum route route_match(const char *path, const char **arg, size_t *arglen);
+
+/* The template of r ("/v1/workflows/{id}"), "other" for ROUTE_OTHER and
+ * anything out of range: a bounded label, never a raw path. Static. */
+const char *route_name(enum route r);
+
+/* 1 when r takes an Idempotency-Key (it has a keyed POST), else 0. */
+int route_keyed(enum route r);
+
+#endif
