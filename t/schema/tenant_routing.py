@@ -45,7 +45,9 @@ REF_RE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|USING)\s+(?:ONLY\s+)?([a-z_][a-
 CALL_RE = re.compile(r"\b(idemflow_[a-z0-9_]+)\s*\(\s*([^,)]*)", re.I)
 INSERT_RE = re.compile(r"\bINSERT\s+INTO\s+([a-z_][a-z0-9_]*)(?:\s+AS\s+\w+)?\s*\(([^)]*)\)"
                        r"\s*VALUES\s*\(", re.I)
-STMT_RE = re.compile(r'\{\s*"([a-z_0-9]+)"\s*,\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\}', re.S)
+# {"name", nparams, "sql"...}: db.h's struct db_stmt
+STMT_RE = re.compile(r'\{\s*"([a-z_0-9]+)"\s*,\s*[A-Za-z0-9_]+\s*,\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\}',
+                     re.S)
 LIT_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
