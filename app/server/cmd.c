@@ -1,4 +1,4 @@
-/* cmd.c - commands run once per Idempotency-Key (see cmd.h). */
+/* cmd.c - the keyed-command runner and the checks commands share (see cmd.h). */
 #include "server/cmd.h"
 
 #include <errno.h>
@@ -429,9 +429,10 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 		enum attempt a;
 
 		in_flight = 0;
-		a = c->tx == CMD_TX_SINGLE
-		                     ? attempt_single(ctx, req, resp, c, &row, &in_flight, &e)
-		                     : attempt_pipeline(ctx, req, resp, c, &k, &row, &in_flight, &e);
+		if (c->tx == CMD_TX_SINGLE)
+			a = attempt_single(ctx, req, resp, c, &row, &in_flight, &e);
+		else
+			a = attempt_pipeline(ctx, req, resp, c, &k, &row, &in_flight, &e);
 		if (a == ATTEMPT_DONE)
 			return;
 		if (a == ATTEMPT_FAILED)
@@ -471,7 +472,8 @@ failed:
 		fail(ctx, resp, req, &e);
 }
 
-void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp, const struct cmd *c)
+void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+             const struct cmd *c)
 {
 	/* The key's row came with the authentication: a replay or a
 	 * conflict is answered now, without another statement. Expired:

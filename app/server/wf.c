@@ -210,8 +210,8 @@ struct create {
 	const char *fp_text;
 	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
 	char location[64], event_id[IDS_UUID_LEN + 8], stored_headers[96];
-	struct buf out;     /* the response body, also stored */
-	struct buf payload; /* the workflow.created event */
+	struct buf out;             /* the response body, also stored */
+	struct buf payload;         /* the workflow.created event */
 	const char *keyed[CK__N];   /* Q_CREATE_KEYED */
 	const char *unkeyed[CU__N]; /* Q_CREATE_UNKEYED */
 	const char *run[CR__N];     /* Q_WF_CREATE_RUN */
