@@ -3,6 +3,7 @@
 
 #include "core/log.h"
 
+#include <ctype.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,6 +286,117 @@ static void log_notice(void *arg, const PGresult *res)
 		db->ready = 0;
 }
 
+/* The most parameters db_stmt_check() can count. */
+#define DB_PARAMS_MAX 64
+
+/* The end of the quoted text that starts at p (a ' or "), or of the
+ * string when it is not closed. A doubled quote stays inside; backslash
+ * escapes count only in an E'...' string. */
+static const char *skip_quoted(const char *sql, const char *p)
+{
+	const char q = *p;
+	const int escapes = q == '\'' && p > sql && (p[-1] == 'E' || p[-1] == 'e');
+
+	for (p++; *p != '\0'; p++) {
+		if (escapes && *p == '\\' && p[1] != '\0')
+			p++;
+		else if (*p == q && p[1] == q)
+			p++;
+		else if (*p == q)
+			return p + 1;
+	}
+	return p;
+}
+
+static int ident_char(char c)
+{
+	return isalnum((unsigned char)c) || c == '_' || c == '$';
+}
+
+/* p at a $tag$ or $$: past the dollar-quoted text it opens, or past p when
+ * it is not one. */
+static const char *skip_dollar_quoted(const char *p)
+{
+	size_t n = 1;
+	char tag[64];
+	const char *end;
+
+	while (isalnum((unsigned char)p[n]) || p[n] == '_')
+		n++;
+	if (p[n] != '$' || n + 1 >= sizeof(tag))
+		return p + 1;
+	memcpy(tag, p, n + 1);
+	tag[n + 1] = '\0';
+	end = strstr(p + n + 1, tag);
+	return end != NULL ? end + n + 1 : p + strlen(p);
+}
+
+int db_stmt_check(const struct db_stmt *stmt, struct err *e)
+{
+	unsigned long long used = 0;
+	const char *sql = stmt->sql, *p = sql;
+	int highest = 0;
+
+	if (stmt->nparams < 0 || stmt->nparams > DB_PARAMS_MAX)
+		return err_set(e, ERR_INTERNAL, "statement \"%s\" declares %d parameters (0 to %d)",
+		               stmt->name, stmt->nparams, DB_PARAMS_MAX);
+	while (*p != '\0') {
+		if (*p == '\'' || *p == '"') {
+			p = skip_quoted(sql, p);
+		} else if (p[0] == '-' && p[1] == '-') {
+			p += strcspn(p, "\n");
+		} else if (*p == '$' && (p == sql || !ident_char(p[-1])) &&
+		           (p[1] == '$' || isalpha((unsigned char)p[1]) || p[1] == '_')) {
+			p = skip_dollar_quoted(p);
+		} else if (p[0] == '/' && p[1] == '*') {
+			const char *end = strstr(p + 2, "*/");
+			p = end != NULL ? end + 2 : p + strlen(p);
+		} else if (*p == '$' && (p == sql || !ident_char(p[-1])) &&
+		           isdigit((unsigned char)p[1])) {
+			char *end;
+			long n = strtol(p + 1, &end, 10);
+			p = end;
+			if (n < 1 || n > DB_PARAMS_MAX)
+				return err_set(e, ERR_INTERNAL,
+				               "statement \"%s\" uses $%ld (1 to %d are possible)",
+				               stmt->name, n, DB_PARAMS_MAX);
+			used |= 1ULL << (n - 1);
+			if (n > highest)
+				highest = (int)n;
+		} else {
+			p++;
+		}
+	}
+	if (highest != stmt->nparams && highest == 0)
+		return err_set(e, ERR_INTERNAL,
+		               "statement \"%s\" declares %d parameters but its SQL uses none",
+		               stmt->name, stmt->nparams);
+	if (highest != stmt->nparams)
+		return err_set(e, ERR_INTERNAL,
+		               "statement \"%s\" declares %d parameters but its SQL uses $%d",
+		               stmt->name, stmt->nparams, highest);
+	for (int i = 0; i < highest; i++)
+		if (!(used & (1ULL << i)))
+			return err_set(e, ERR_INTERNAL,
+			               "statement \"%s\" declares %d parameters but its SQL never "
+			               "uses $%d",
+			               stmt->name, stmt->nparams, i + 1);
+	return 0;
+}
+
+/* A call's parameter count against the table's: -1 with e when they
+ * differ (a bug: nothing is sent). */
+static int check_call(const struct db *db, int id, int nparams, struct err *e)
+{
+	const struct db_stmt *st = &db->s.stmts[id];
+
+	if (nparams == st->nparams)
+		return 0;
+	return err_set(e, ERR_INTERNAL,
+	               "statement \"%s\" called with %d parameters, its table says %d", st->name,
+	               nparams, st->nparams);
+}
+
 static int db_setup(struct db *db, struct err *e)
 {
 	char sql[256];
@@ -303,6 +415,8 @@ static int db_setup(struct db *db, struct err *e)
 	}
 	PQclear(res);
 	for (int i = 0; i < db->s.nstmts; i++) {
+		if (db_stmt_check(&db->s.stmts[i], e) < 0)
+			return -1;
 		res = PQprepare(db->conn, db->s.stmts[i].name, db->s.stmts[i].sql, 0, NULL);
 		if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 			db_classify(db->conn, res, e);
@@ -513,7 +627,7 @@ PGresult *db_run(struct db *db, int id, int nparams, const char *const *params, 
 
 	if (e == NULL)
 		e = &local;
-	if (ensure_connected(db, e) < 0)
+	if (check_call(db, id, nparams, e) < 0 || ensure_connected(db, e) < 0)
 		return NULL;
 	before = PQtransactionStatus(db->conn);
 	res = PQexecPrepared(db->conn, db->s.stmts[id].name, nparams, params, NULL, NULL, 0);
@@ -562,6 +676,11 @@ int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **re
 	*failed = 0;
 	if (n > DB_PIPELINE_MAX)
 		return err_set(e, ERR_INTERNAL, "a pipeline of %d statements is too long", n);
+	for (i = 0; i < n; i++)
+		if (check_call(db, calls[i].id, calls[i].nparams, e) < 0) {
+			*failed = i;
+			return -1;
+		}
 	if (ensure_connected(db, e) < 0)
 		return -1;
 	conn = db->conn;

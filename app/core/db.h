@@ -24,9 +24,12 @@
 struct db;
 
 /* One prepared statement of a program's table: its name on the
- * connection and its SQL. */
+ * connection, how many parameters it takes and its SQL. nparams is
+ * checked twice: against the SQL when the statements are prepared
+ * (db_stmt_check), and against every call (db_run, db_pipeline). */
 struct db_stmt {
 	const char *name;
+	int nparams;
 	const char *sql;
 };
 
@@ -38,6 +41,15 @@ struct db_settings {
 	const struct db_stmt *stmts;  /* prepared on connect; may be NULL */
 	int nstmts;
 };
+
+/*
+ * Check that stmt's SQL uses exactly $1..$nparams, each at least once
+ * ($n inside a quoted literal or identifier does not count). Returns 0, or
+ * -1 with e (ERR_INTERNAL) naming the statement and what differs. Run for
+ * every statement before it is prepared; a program may also run it over
+ * its whole table at startup.
+ */
+int db_stmt_check(const struct db_stmt *stmt, struct err *e) MUSTCHECK;
 
 /*
  * Make a handle and try to connect. The handle is returned even when the
@@ -77,7 +89,8 @@ long db_backoff_ms(int failures);
  * enum query_id) with text parameters. Reconnects (and re-prepares) first
  * when the connection is down, paced by db_backoff_ms(). Returns a result
  * with PGRES_TUPLES_OK or PGRES_COMMAND_OK (caller PQclear()s it), or NULL
- * with e filled and classified (see db_classify). When the database is
+ * with e filled and classified (see db_classify); ERR_INTERNAL, sending
+ * nothing, when nparams is not the table's count. When the database is
  * unavailable (ERR_DB_DOWN) the connection is dropped and the next
  * statement reconnects; e->outcome_unknown is set when the connection was
  * lost while the statement could have committed (it ran outside an
@@ -103,7 +116,8 @@ struct db_call {
  * that did not run). Returns 0 when all succeeded. Otherwise -1 with e
  * filled from the first failing statement, whose index goes to *failed;
  * an open transaction is then rolled back, so the connection is ready for
- * the next request. A transaction may span pipelines: BEGIN in one,
+ * the next request; nothing is sent when a call's nparams is not the
+ * table's count (ERR_INTERNAL). A transaction may span pipelines: BEGIN in one,
  * COMMIT in the next. At most DB_PIPELINE_MAX statements. A lost
  * connection sets e->outcome_unknown as for db_run(): when the pipeline
  * holds a COMMIT, or statements outside an explicit transaction.

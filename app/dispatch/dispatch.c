@@ -29,7 +29,7 @@ static const struct db_stmt dispatch_stmts[D__COUNT] = {
 	/* $1 batch, $2 owner, $3 lease (interval). The attempt is counted
 	 * when it starts, so a dispatcher that dies mid-delivery still
 	 * leaves the attempt on record. */
-	[D_CLAIM] = {"d_claim",
+	[D_CLAIM] = {"d_claim", 3,
 		     "WITH due AS ("
 		     "  SELECT o.id FROM outbox o"
 		     "   WHERE o.published_at IS NULL AND o.dead_at IS NULL"
@@ -46,12 +46,12 @@ static const struct db_stmt dispatch_stmts[D__COUNT] = {
 		     "   FROM due WHERE o.id = due.id"
 		     " RETURNING o.id, o.event_id, o.type, o.workflow_id, o.attempts, o.payload"},
 	/* $1 ids (bigint[]), $2 owner */
-	[D_DONE] = {"d_done",
+	[D_DONE] = {"d_done", 2,
 		    "UPDATE outbox SET published_at = now(), lease_owner = NULL, lease_until = NULL"
 		    " WHERE id = ANY($1::bigint[]) AND lease_owner = $2"},
 	/* $1 ids, $2 owner, $3 errors (text[]), $4 delays in ms (bigint[]),
 	 * $5 dead (bool[]) */
-	[D_FAIL] = {"d_fail",
+	[D_FAIL] = {"d_fail", 5,
 		    "UPDATE outbox o SET last_error = f.err,"
 		    "       next_attempt_at = now() + f.delay_ms * interval '1 millisecond',"
 		    "       dead_at = CASE WHEN f.dead THEN now() END,"
@@ -61,16 +61,16 @@ static const struct db_stmt dispatch_stmts[D__COUNT] = {
 		    " WHERE o.id = f.id AND o.lease_owner = $2"},
 	/* $1 ids, $2 owner: claimed but never attempted (the lease was about
 	 * to run out, or the run is stopping): hand them back untouched. */
-	[D_RELEASE] = {"d_release",
+	[D_RELEASE] = {"d_release", 2,
 		       "UPDATE outbox SET lease_owner = NULL, lease_until = NULL,"
 		       "       attempts = attempts - 1"
 		       " WHERE id = ANY($1::bigint[]) AND lease_owner = $2"},
-	[D_STATS] = {"d_stats",
+	[D_STATS] = {"d_stats", 0,
 		     "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)"
 		     "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL"},
 	/* --loop: on every (re)connection, since a new session listens to
 	 * nothing. */
-	[D_LISTEN] = {"d_listen", "LISTEN idemflow_outbox"},
+	[D_LISTEN] = {"d_listen", 0, "LISTEN idemflow_outbox"},
 };
 
 struct dispatcher {

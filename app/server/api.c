@@ -57,12 +57,13 @@ static int authenticate(struct handler_ctx *ctx, struct http_req *req, struct ht
 		ctx->key_row = rcache_get(ctx->rcache, hash, req->idem_key, asked_at);
 		if (ctx->key_row != NULL) {
 			ctx->cached = 1;
-			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, RCACHE_COL_TENANT));
+			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, KEY_COL_TENANT));
 			return 1;
 		}
 	}
-	const char *p[2] = {hex, req->idem_key};
-	res = db_run(ctx->db, keyed ? Q_AUTH_KEY : Q_AUTH, keyed ? 2 : 1, p, &e);
+	const char *p[AK__N] = {[AK_TOKEN_HASH] = hex, [AK_KEY] = req->idem_key};
+	_Static_assert((int)AK_TOKEN_HASH == (int)AU_TOKEN_HASH, "Q_AUTH's $1 is Q_AUTH_KEY's");
+	res = db_run(ctx->db, keyed ? Q_AUTH_KEY : Q_AUTH, keyed ? AK__N : AU__N, p, &e);
 	if (res == NULL) {
 		e.outcome_unknown = 0; /* it only reads */
 		handler_db_error(ctx, resp, req, &e);
@@ -70,8 +71,8 @@ static int authenticate(struct handler_ctx *ctx, struct http_req *req, struct ht
 	}
 	ok = PQntuples(res) == 1;
 	if (ok)
-		ctx->tenant_id = atol(PQgetvalue(res, 0, 0));
-	if (ok && keyed && !PQgetisnull(res, 0, 1)) {
+		ctx->tenant_id = atol(PQgetvalue(res, 0, KEY_COL_TENANT));
+	if (ok && keyed && !PQgetisnull(res, 0, KEY_COL_FP)) {
 		if (use_cache)
 			rcache_put(ctx->rcache, hash, req->idem_key, res, ttl, asked_at);
 		ctx->key_row = res;

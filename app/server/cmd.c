@@ -1,4 +1,4 @@
-/* cmd.c - commands run once per Idempotency-Key (see cmd.h). */
+/* cmd.c - the keyed-command runner and the checks commands share (see cmd.h). */
 #include "server/cmd.h"
 
 #include <errno.h>
@@ -10,8 +10,9 @@
 #include "core/fp.h"
 #include "server/queries.h"
 
-void cmd_key_problem(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-                     enum problem_kind kind)
+/* A 409 about the request's key: P_KEY_REUSED or P_KEY_IN_FLIGHT. */
+static void key_problem(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                        enum problem_kind kind)
 {
 	char detail[400];
 
@@ -38,22 +39,29 @@ void cmd_key_problem(struct handler_ctx *ctx, struct http_resp *resp, const stru
 	              req->idem_key);
 }
 
-/* res: (outcome, fingerprint, status, headers, body, expired). */
-void cmd_answer_existing(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-                         const PGresult *res, const char fp_text[IDEM_FP_TEXT])
+static int key_expired(const PGresult *row)
 {
-	if (idem_compare(PQgetvalue(res, 0, 1), fp_text) == IDEM_CONFLICT) {
-		cmd_key_problem(ctx, resp, req, P_KEY_REUSED);
+	return strcmp(PQgetvalue(row, 0, KEY_COL_EXPIRED), "t") == 0;
+}
+
+/* Replay the stored answer of a key row (enum key_col) when its
+ * fingerprint is fp_text, else answer 409 idempotency-key-reused. */
+static void answer_existing(struct handler_ctx *ctx, struct http_resp *resp,
+                            const struct http_req *req, const PGresult *row, const char *fp_text)
+{
+	if (idem_compare(PQgetvalue(row, 0, KEY_COL_FP), fp_text) == IDEM_CONFLICT) {
+		key_problem(ctx, resp, req, P_KEY_REUSED);
 		return;
 	}
 	ctx->idem = IDEM_REPLAYED;
-	resp->status = atoi(PQgetvalue(res, 0, 2));
+	resp->status = atoi(PQgetvalue(row, 0, KEY_COL_STATUS));
 	/* Every answer of the API with a status of 400 or more is a
 	 * problem: the type need not be stored. */
 	resp->content_type = resp->status >= 400 ? "application/problem+json" : "application/json";
-	buf_puts(&resp->headers, PQgetvalue(res, 0, 3));
+	buf_puts(&resp->headers, PQgetvalue(row, 0, KEY_COL_HEADERS));
 	http_resp_header(resp, "Idempotent-Replayed", "true");
-	buf_append(&resp->body, PQgetvalue(res, 0, 4), (size_t)PQgetlength(res, 0, 4));
+	buf_append(&resp->body, PQgetvalue(row, 0, KEY_COL_BODY),
+	           (size_t)PQgetlength(row, 0, KEY_COL_BODY));
 }
 
 /* The checks and the body read into ctx->body: 0, or -1 when resp holds
@@ -117,11 +125,11 @@ static int replay_same_bytes(struct handler_ctx *ctx, struct http_req *req, stru
 {
 	const PGresult *k = ctx->key_row;
 
-	/* Column 6 of Q_AUTH_KEY is request_bytes_fp, column 5 expired. */
-	if (k == NULL || ctx->bytes_fp[0] == '\0' || PQnfields(k) < 7 || PQgetisnull(k, 0, 6) ||
-	    strcmp(PQgetvalue(k, 0, 5), "t") == 0 || strcmp(PQgetvalue(k, 0, 6), ctx->bytes_fp) != 0)
+	if (k == NULL || ctx->bytes_fp[0] == '\0' || PQnfields(k) <= KEY_COL_BYTES_FP ||
+	    PQgetisnull(k, 0, KEY_COL_BYTES_FP) || key_expired(k) ||
+	    strcmp(PQgetvalue(k, 0, KEY_COL_BYTES_FP), ctx->bytes_fp) != 0)
 		return 0;
-	cmd_answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, 1));
+	answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, KEY_COL_FP));
 	return 1;
 }
 
@@ -212,11 +220,12 @@ int cmd_stores(int kind)
 	}
 }
 
-/* The command's answer from its result: a problem row or the render.
+/* A command's answer from its rows: a problem row or the render.
  * Returns 1 when the answer is to be stored under the key (cmd_stores),
  * 0 when not, -1 with e filled on failure. */
-static int answer(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
-                  const PGresult *res, const struct cmd *c, struct err *e)
+static int answer_command(struct handler_ctx *ctx, const struct http_req *req,
+                          struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                          struct err *e)
 {
 	if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0)) {
 		enum problem_kind kind = problem_by_slug(PQgetvalue(res, 0, 0));
@@ -239,6 +248,7 @@ static void clear_results(PGresult **r, int n)
 	}
 }
 
+/* A 5xx: whatever a render put in the headers goes. */
 static void fail(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
                  const struct err *e)
 {
@@ -246,15 +256,29 @@ static void fail(struct handler_ctx *ctx, struct http_resp *resp, const struct h
 	handler_db_error(ctx, resp, req, e);
 }
 
-/* The command's statement alone, in its own transaction. */
+/* The work alone, in its own transaction. */
 static void run_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
                         const struct cmd *c)
 {
 	struct err e;
-	PGresult *res = db_run(ctx->db, c->stmt, c->nparams, c->params, &e);
+	PGresult *res;
 
-	if (res == NULL || answer(ctx, req, resp, res, c, &e) < 0)
-		fail(ctx, resp, req, &e);
+	if (c->tx == CMD_TX_SINGLE) {
+		res = db_run(ctx->db, c->unkeyed_stmt, c->unkeyed_nparams, c->unkeyed_params, &e);
+		if (res != NULL) {
+			ctx->created = 1;
+			if (c->render(ctx, req, resp, res, c, &e) < 0) {
+				ctx->created = 0;
+				fail(ctx, resp, req, &e);
+			}
+		} else {
+			fail(ctx, resp, req, &e);
+		}
+	} else {
+		res = db_run(ctx->db, c->stmt, c->nparams, c->params, &e);
+		if (res == NULL || answer_command(ctx, req, resp, res, c, &e) < 0)
+			fail(ctx, resp, req, &e);
+	}
 	PQclear(res);
 }
 
@@ -263,10 +287,12 @@ static int store_and_commit(struct handler_ctx *ctx, const struct http_req *req,
                             const struct http_resp *resp, const char *tenant, struct err *e)
 {
 	char status[8];
-	const char *sp[5] = {tenant, req->idem_key, status,
-	                     resp->headers.data ? resp->headers.data : "",
-	                     resp->body.data ? resp->body.data : ""};
-	const struct db_call calls[2] = {{Q_KEY_STORE, 5, sp}, {Q_COMMIT, 0, NULL}};
+	const char *sp[KS__N] = {[KS_TENANT] = tenant,
+	                         [KS_KEY] = req->idem_key,
+	                         [KS_STATUS] = status,
+	                         [KS_HEADERS] = resp->headers.data ? resp->headers.data : "",
+	                         [KS_BODY] = resp->body.data ? resp->body.data : ""};
+	const struct db_call calls[2] = {{Q_KEY_STORE, KS__N, sp}, {Q_COMMIT, 0, NULL}};
 	PGresult *r[2];
 	int failed;
 
@@ -284,85 +310,184 @@ static void rollback(struct handler_ctx *ctx)
 	PQclear(db_run(ctx->db, Q_ROLLBACK, 0, NULL, &ignored));
 }
 
-void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp, const struct cmd *c)
+/* One keyed request: its key as statement parameters. */
+struct keyed {
+	char tenant[24];
+	char ttl[40];
+	const char *kc[KC__N]; /* Q_KEY_CLAIM */
+	const char *kg[KG__N]; /* Q_KEY_GET, Q_KEY_DELETE_EXPIRED */
+};
+
+/* What one claim-and-work transaction came to. */
+enum attempt {
+	ATTEMPT_DONE,   /* resp holds the answer: committed, or rolled back
+	                 * when it is not one a key keeps */
+	ATTEMPT_TAKEN,  /* another request holds the key; *row is its key row,
+	                 * or NULL when it is to be read */
+	ATTEMPT_FAILED, /* e says why; *in_flight when the claim waited
+	                 * idempotency_wait for a concurrent owner */
+};
+
+/* CMD_TX_PIPELINE: BEGIN; Q_KEY_CLAIM; the command in one round trip,
+ * then Q_KEY_STORE; COMMIT in a second (rolled back instead when the key
+ * was taken, or the answer is not one to store). */
+static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_req *req,
+                                     struct http_resp *resp, const struct cmd *c,
+                                     const struct keyed *k, PGresult **row, int *in_flight,
+                                     struct err *e)
 {
-	char tenant[24], ttl[40];
-	struct err e;
-
-	if (ctx->key_row != NULL && strcmp(PQgetvalue(ctx->key_row, 0, 5), "t") != 0) {
-		cmd_answer_existing(ctx, resp, req, ctx->key_row, c->fp_text);
-		return;
-	}
-	if (req->idem_key == NULL) {
-		run_unkeyed(ctx, req, resp, c);
-		return;
-	}
-	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	snprintf(ttl, sizeof(ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
-	const char *kp[7] = {tenant,    req->idem_key, req->method, req->path,
-	                     c->fp_text, ttl,          ctx->bytes_fp};
 	const struct db_call calls[3] = {
-	    {Q_BEGIN, 0, NULL}, {Q_KEY_CLAIM, 7, kp}, {c->stmt, c->nparams, c->params}};
+	    {Q_BEGIN, 0, NULL}, {Q_KEY_CLAIM, KC__N, k->kc}, {c->stmt, c->nparams, c->params}};
+	PGresult *r[3];
+	int failed, rc;
 
-	/* Three rounds, as for a create: an expired key is deleted and
-	 * claimed again; a row that vanished meanwhile was pruned. */
-	for (int round = 0; round < 3; round++) {
-		PGresult *r[3], *res;
-		int failed;
-
-		if (db_pipeline(ctx->db, 3, calls, r, &failed, &e) < 0) {
-			if (failed == 1 && e.code == ERR_LOCK_TIMEOUT)
-				cmd_key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
-			else
-				fail(ctx, resp, req, &e);
-			return;
-		}
-		if (PQntuples(r[1]) == 1) {
-			int rc = answer(ctx, req, resp, r[2], c, &e);
-			clear_results(r, 3);
-			if (rc < 0) {
-				rollback(ctx);
-				fail(ctx, resp, req, &e);
-				return;
-			}
-			if (rc == 0) {
-				/* Not the command's outcome (a missing workflow
-				 * or job): the command changed nothing, and the
-				 * rollback frees the key for the retry. */
-				rollback(ctx);
-				return;
-			}
-			if (store_and_commit(ctx, req, resp, tenant, &e) < 0) {
-				ctx->created = 0;
-				fail(ctx, resp, req, &e);
-				return;
-			}
-			ctx->idem = IDEM_CREATED;
-			return;
-		}
+	if (db_pipeline(ctx->db, 3, calls, r, &failed, e) < 0) {
+		*in_flight = failed == 1 && e->code == ERR_LOCK_TIMEOUT;
+		return ATTEMPT_FAILED;
+	}
+	if (PQntuples(r[1]) != 1) {
 		/* Taken: undo this run and answer as the key's owner did. */
 		clear_results(r, 3);
 		rollback(ctx);
-		res = db_run(ctx->db, Q_KEY_GET, 2, kp, &e);
-		if (res == NULL) {
-			fail(ctx, resp, req, &e);
-			return;
-		}
-		if (PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 5), "t") != 0) {
-			cmd_answer_existing(ctx, resp, req, res, c->fp_text);
-			PQclear(res);
-			return;
-		}
+		*row = NULL;
+		return ATTEMPT_TAKEN;
+	}
+	rc = answer_command(ctx, req, resp, r[2], c, e);
+	clear_results(r, 3);
+	if (rc <= 0) {
+		/* A failure, or not the command's outcome (a missing workflow
+		 * or job): the command changed nothing, and the rollback frees
+		 * the key for the retry. */
+		rollback(ctx);
+		return rc < 0 ? ATTEMPT_FAILED : ATTEMPT_DONE;
+	}
+	if (store_and_commit(ctx, req, resp, k->tenant, e) < 0) {
+		ctx->created = 0;
+		return ATTEMPT_FAILED;
+	}
+	ctx->idem = IDEM_CREATED;
+	return ATTEMPT_DONE;
+}
+
+/* CMD_TX_SINGLE: the statement claims, works and stores in one round
+ * trip. It stores only its success: every refusal of a create is a
+ * validation error, answered before the key is claimed. */
+static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_req *req,
+                                   struct http_resp *resp, const struct cmd *c, PGresult **row,
+                                   int *in_flight, struct err *e)
+{
+	PGresult *res = db_run(ctx->db, c->stmt, c->nparams, c->params, e);
+
+	if (res == NULL) {
+		*in_flight = e->code == ERR_LOCK_TIMEOUT;
+		return ATTEMPT_FAILED;
+	}
+	if (PQntuples(res) == 0) {
+		/* A concurrent owner committed while we waited on the unique
+		 * index: its row is visible to a new statement. */
 		PQclear(res);
-		res = db_run(ctx->db, Q_KEY_DELETE_EXPIRED, 2, kp, &e);
-		if (res == NULL) {
-			fail(ctx, resp, req, &e);
+		*row = NULL;
+		return ATTEMPT_TAKEN;
+	}
+	if (strcmp(PQgetvalue(res, 0, KEY_COL_OUTCOME), "created") != 0) {
+		*row = res; /* 'existing' */
+		return ATTEMPT_TAKEN;
+	}
+	ctx->idem = IDEM_CREATED;
+	ctx->created = 1;
+	if (c->render(ctx, req, resp, res, c, e) < 0) {
+		/* Committed already: the retry replays what was stored. */
+		PQclear(res);
+		return ATTEMPT_FAILED;
+	}
+	PQclear(res);
+	return ATTEMPT_DONE;
+}
+
+/* Claim the key until this request owned it or found its row. Three
+ * rounds cover an expired key (delete it, claim again) and a row that
+ * vanished between the claim and the read (pruned: claim again). */
+static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                      const struct cmd *c)
+{
+	struct keyed k;
+	struct err e;
+	int in_flight;
+
+	snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
+	snprintf(k.ttl, sizeof(k.ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
+	k.kc[KC_TENANT] = k.kg[KG_TENANT] = k.tenant;
+	k.kc[KC_KEY] = k.kg[KG_KEY] = req->idem_key;
+	k.kc[KC_METHOD] = req->method;
+	k.kc[KC_PATH] = req->path;
+	k.kc[KC_FP] = c->fp_text;
+	k.kc[KC_TTL] = k.ttl;
+	k.kc[KC_BYTES_FP] = ctx->bytes_fp;
+
+	for (int round = 0; round < 3; round++) {
+		PGresult *row = NULL;
+		enum attempt a;
+
+		in_flight = 0;
+		if (c->tx == CMD_TX_SINGLE)
+			a = attempt_single(ctx, req, resp, c, &row, &in_flight, &e);
+		else
+			a = attempt_pipeline(ctx, req, resp, c, &k, &row, &in_flight, &e);
+		if (a == ATTEMPT_DONE)
+			return;
+		if (a == ATTEMPT_FAILED)
+			goto failed;
+		if (row == NULL) {
+			row = db_run(ctx->db, Q_KEY_GET, KG__N, k.kg, &e);
+			if (row == NULL)
+				goto failed_waiting;
+			if (PQntuples(row) == 0) {
+				PQclear(row);
+				continue;
+			}
+		}
+		if (!key_expired(row)) {
+			answer_existing(ctx, resp, req, row, c->fp_text);
+			PQclear(row);
 			return;
 		}
-		PQclear(res);
+		PQclear(row);
+		/* Past its TTL a key is forgotten: remove the old row (only if
+		 * it is still expired) and claim the key afresh. */
+		row = db_run(ctx->db, Q_KEY_DELETE_EXPIRED, KG__N, k.kg, &e);
+		if (row == NULL)
+			goto failed_waiting;
+		PQclear(row);
 	}
 	err_set(&e, ERR_INTERNAL, "idempotency key row kept changing; giving up");
-	fail(ctx, resp, req, &e);
+	in_flight = 0;
+	goto failed;
+failed_waiting:
+	/* Reading or deleting the key row waits only on its owner. */
+	in_flight = e.code == ERR_LOCK_TIMEOUT;
+failed:
+	if (in_flight)
+		key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
+	else
+		fail(ctx, resp, req, &e);
+}
+
+void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+             const struct cmd *c)
+{
+	/* The key's row came with the authentication: a replay or a
+	 * conflict is answered now, without another statement. Expired:
+	 * the claim finds it again and takes it over. */
+	if (ctx->key_row != NULL && !key_expired(ctx->key_row)) {
+		answer_existing(ctx, resp, req, ctx->key_row, c->fp_text);
+		return;
+	}
+	if (c->prepare != NULL && c->prepare(ctx, req, resp, c) < 0)
+		return;
+	if (req->idem_key == NULL)
+		run_unkeyed(ctx, req, resp, c);
+	else
+		run_keyed(ctx, req, resp, c);
 }
 
 int cmd_members(struct json_object *root, const char *const *names, char *detail, size_t dlen)

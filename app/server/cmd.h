@@ -1,19 +1,28 @@
 /*
- * cmd.h - running a state-changing command at most once per
- * Idempotency-Key, and the request checks every command shares.
+ * cmd.h - running a state-changing request at most once per
+ * Idempotency-Key (the keyed-command runner), and the request checks
+ * every command shares.
  *
- * A command is one statement (a database function, sql/005_runs.sql) that
- * answers with rows whose first two columns are (problem slug or NULL,
- * detail). Without a key it runs alone, in its own transaction. With a key
- * it runs in two pipelined round trips:
+ * The runner owns the one loop every keyed request goes through: a live
+ * key row found with the token is replayed byte for byte, or refused as a
+ * conflict when it was made by another request (409); otherwise the key
+ * is claimed and the work done in one transaction. When the claim finds
+ * the key taken, the stored answer is replayed (or refused); an expired
+ * key is deleted and claimed again; a claim that waited idempotency_wait
+ * on a concurrent owner is answered 409 in flight; after three rounds the
+ * row "kept changing" (500). What differs between requests is how the
+ * claim and the work share their transaction (enum cmd_tx):
  *
- *   BEGIN; claim the key; the command      -- one round trip
- *   store the rendered answer on the key; COMMIT
+ *   CMD_TX_PIPELINE  BEGIN; claim the key; the command   -- one round trip
+ *                    store the rendered answer on the key; COMMIT
+ *   CMD_TX_SINGLE    one statement claims, works and stores (a plain
+ *                    create, Q_CREATE_KEYED)              -- one round trip
  *
- * so the key, the command's effects and its stored answer commit together
- * or not at all. When the claim finds the key taken, the command's work is
- * rolled back and the stored answer is replayed (or refused as a
- * conflict), exactly as for a keyed create (wf.c).
+ * so the key, the work's effects and its stored answer commit together or
+ * not at all. A command is one statement (a database function,
+ * sql/005_runs.sql) that answers with rows whose first two columns are
+ * (problem slug or NULL, detail). Without a key the work runs alone, in
+ * its own transaction.
  */
 #ifndef IDF_CMD_H
 #define IDF_CMD_H
@@ -27,18 +36,41 @@ struct cmd;
 /*
  * Render a successful result into resp (status, headers, body). Returns
  * 0, or -1 with e filled for a 500 (nothing is stored or committed then).
+ * res: the command's rows (CMD_TX_PIPELINE), the 'created' key row or the
+ * unkeyed statement's result (CMD_TX_SINGLE).
  */
 typedef int (*cmd_render_fn)(struct handler_ctx *ctx, const struct http_req *req,
                              struct http_resp *resp, const PGresult *res, const struct cmd *c,
                              struct err *e);
 
+/*
+ * Make what the statement needs once the request is known not to be a
+ * replay (ids, the rendered answer): fills the parameter arrays c points
+ * at, through c->arg. Returns 0, or -1 when resp holds the answer.
+ */
+typedef int (*cmd_prepare_fn)(struct handler_ctx *ctx, const struct http_req *req,
+                              struct http_resp *resp, const struct cmd *c);
+
+/* How a keyed request's claim and work share one transaction. */
+enum cmd_tx {
+	CMD_TX_PIPELINE, /* BEGIN; Q_KEY_CLAIM; stmt, then Q_KEY_STORE; COMMIT */
+	CMD_TX_SINGLE,   /* stmt claims, works and stores: rows as Q_CREATE_KEYED */
+};
+
 struct cmd {
-	int stmt; /* enum query_id */
+	enum cmd_tx tx;
+	int stmt; /* enum query_id: the command, or the keyed statement */
 	int nparams;
 	const char *const *params; /* borrowed */
-	const char *fp_text;       /* the request's fingerprint (idem_fp_text) */
+	/* CMD_TX_SINGLE: the statement without a key (CMD_TX_PIPELINE runs
+	 * stmt alone). */
+	int unkeyed_stmt;
+	int unkeyed_nparams;
+	const char *const *unkeyed_params; /* borrowed */
+	const char *fp_text;               /* the request's fingerprint (idem_fp_text) */
+	cmd_prepare_fn prepare;            /* or NULL */
 	cmd_render_fn render;
-	void *arg; /* for render */
+	void *arg; /* for prepare and render */
 };
 
 /*
@@ -53,8 +85,11 @@ struct cmd {
 #define CMD_SUCCESS (-1)
 int cmd_stores(int kind);
 
-/* Run c for req and answer it in resp. Never fails: errors become
- * problem answers. */
+/*
+ * The keyed-command runner: run c for req, at most once per
+ * Idempotency-Key, and answer it in resp. Sets ctx->idem and ctx->created
+ * for the log and the metrics. Never fails: errors become problem answers.
+ */
 void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
              const struct cmd *c);
 
@@ -85,15 +120,6 @@ int cmd_fingerprint(struct handler_ctx *ctx, const struct http_req *req, struct 
  */
 int cmd_json_param(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
                    struct json_object *v, size_t *off);
-
-/* Replay a stored answer (res: an 'existing' key row, see Q_KEY_GET) when
- * its fingerprint is fp_text, else answer 409 idempotency-key-reused. */
-void cmd_answer_existing(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-                         const PGresult *res, const char fp_text[IDEM_FP_TEXT]);
-
-/* A 409 about the request's key: P_KEY_REUSED or P_KEY_IN_FLIGHT. */
-void cmd_key_problem(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-                     enum problem_kind kind);
 
 /*
  * Member checks for command bodies; each returns 0, or -1 with a detail a

@@ -169,8 +169,16 @@ void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_re
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(nmax, sizeof(nmax), "%ld", max_jobs);
 	snprintf(interval, sizeof(interval), "%ld seconds", lease);
-	const char *p[5] = {tenant, type, worker, nmax, interval};
-	const struct cmd cmd = {Q_JOBS_ACTIVATE, 5, p, fp_text, render_activate, NULL};
+	const char *p[JA__N] = {[JA_TENANT] = tenant,
+	                        [JA_JOB_TYPE] = type,
+	                        [JA_WORKER] = worker,
+	                        [JA_MAX_JOBS] = nmax,
+	                        [JA_LEASE] = interval};
+	const struct cmd cmd = {.stmt = Q_JOBS_ACTIVATE,
+	                        .nparams = JA__N,
+	                        .params = p,
+	                        .fp_text = fp_text,
+	                        .render = render_activate};
 	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);
@@ -215,13 +223,30 @@ void jobs_finish(struct handler_ctx *ctx, struct http_req *req, const char *key,
 	if (complete) {
 		if (cmd_json_param(ctx, req, resp, output, &off) < 0)
 			goto out;
-		const char *p[5] = {tenant, wf, step, worker, ctx->scratch.data + off};
-		const struct cmd cmd = {Q_JOB_COMPLETE, 5, p, fp_text, render_job, NULL};
+		const char *p[JC__N] = {[JC_TENANT] = tenant,
+		                        [JC_WORKFLOW] = wf,
+		                        [JC_STEP] = step,
+		                        [JC_WORKER] = worker,
+		                        [JC_OUTPUT] = ctx->scratch.data + off};
+		const struct cmd cmd = {.stmt = Q_JOB_COMPLETE,
+		                        .nparams = JC__N,
+		                        .params = p,
+		                        .fp_text = fp_text,
+		                        .render = render_job};
 		cmd_run(ctx, req, resp, &cmd);
 	} else {
 		snprintf(interval, sizeof(interval), "%ld seconds", retry_after);
-		const char *p[6] = {tenant, wf, step, worker, error, interval};
-		const struct cmd cmd = {Q_JOB_FAIL, 6, p, fp_text, render_job, NULL};
+		const char *p[JF__N] = {[JF_TENANT] = tenant,
+		                        [JF_WORKFLOW] = wf,
+		                        [JF_STEP] = step,
+		                        [JF_WORKER] = worker,
+		                        [JF_ERROR] = error,
+		                        [JF_RETRY_AFTER] = interval};
+		const struct cmd cmd = {.stmt = Q_JOB_FAIL,
+		                        .nparams = JF__N,
+		                        .params = p,
+		                        .fp_text = fp_text,
+		                        .render = render_job};
 		cmd_run(ctx, req, resp, &cmd);
 	}
 out:

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "core/conf.h"
 #include "core/log.h"
+#include "server/queries.h"
 #include "server/sup.h"
 
 static void usage(FILE *out)
@@ -48,5 +49,12 @@ int main(int argc, char **argv)
 		return rc;
 	}
 	log_min_level = c->log_level;
+	/* A statement whose parameters drifted from its SQL is a bug: refuse
+	 * to start, rather than answer 500 for it later. */
+	if (queries_check(&e) < 0) {
+		fprintf(stderr, "idemflow-fcgi: %s\n", e.msg);
+		conf_free(c);
+		return EX_SOFTWARE;
+	}
 	return sup_run(c, argc, argv);
 }

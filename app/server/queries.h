@@ -3,7 +3,7 @@
  * connection (and again after a reconnect) from one table.
  *
  * The SQL text lives in queries.c only; callers name a statement by its enum
- * and pass text-format parameters in the documented order.
+ * and fill its parameters by name (the enums below).
  */
 #ifndef IDF_QUERIES_H
 #define IDF_QUERIES_H
@@ -13,55 +13,47 @@
 #include "core/db.h"
 
 enum query_id {
-	/* $1 token_hash (bytea hex) -> tenant_id */
+	/* -> tenant_id (KEY_COL_TENANT) */
 	Q_AUTH,
 	/*
 	 * Authentication and the key's stored row in one read-only round
-	 * trip, for a keyed POST: $1 token_hash, $2 key -> no row when the
-	 * token is unknown or revoked, else (tenant_id, fingerprint, status,
-	 * headers, body, expired, request_bytes_fp, ms_left) with the key's
-	 * columns NULL when the key is new; ms_left: whole milliseconds until
-	 * the key expires (the replay cache's bound, rcache.h). Columns 1-5
-	 * are laid out as Q_CREATE_KEYED's 'existing' row, so a replay needs
-	 * no other statement.
+	 * trip, for a keyed POST -> no row when the token is unknown or
+	 * revoked, else the key row (enum key_col, all KEY_COL__N columns)
+	 * with the key's columns NULL when the key is new. Its columns
+	 * KEY_COL_FP to KEY_COL_EXPIRED are laid out as Q_CREATE_KEYED's
+	 * 'existing' row, so a replay needs no other statement.
 	 */
 	Q_AUTH_KEY,
 	/*
 	 * One statement, hence one transaction: claim the key, insert the
-	 * workflow and its workflow.created event, store the response.
-	 * $1 tenant_id, $2 key, $3 method, $4 path, $5 fingerprint (bytea hex),
-	 * $6 stored headers, $7 stored body, $8 the workflow's created_at (as
-	 * the answer shows it), $9 key ttl (interval; the tenant's
-	 * idempotency_ttl wins when set; counted from the database's now(), as
-	 * is the event's due time: no worker's clock decides a lifetime),
-	 * $10 workflow id, $11 type, $12 input (canonical JSON), $13 event_id,
-	 * $14 event payload.
-	 * -> rows of (outcome, fingerprint, status, headers, body, expired):
-	 *    one 'created' row when this request owned the key; one 'existing'
-	 *    row when the key was committed before this statement began; none
-	 *    when it was committed by a concurrent owner while we waited.
+	 * workflow and its workflow.created event, store the response (enum
+	 * create_keyed_param). The key's lifetime and the event's due time
+	 * count from the database's now(): no worker's clock decides a
+	 * lifetime.
+	 * -> rows of the key row's first KEY_COL_SHARED columns, outcome
+	 *    first: one 'created' row when this request owned the key; one
+	 *    'existing' row when the key was committed before this statement
+	 *    began; none when it was committed by a concurrent owner while we
+	 *    waited.
 	 */
 	Q_CREATE_KEYED,
-	/* Unkeyed create (idempotency_key = optional), workflow and event only:
-	 * $1 tenant_id, $2 created_at, $3 id, $4 type, $5 input, $6 event_id,
-	 * $7 payload (the event is due at the database's now()). */
+	/* Unkeyed create (idempotency_key = optional), workflow and event
+	 * only (the event is due at the database's now()). */
 	Q_CREATE_UNKEYED,
-	/* $1 tenant_id, $2 key -> the 'existing' row of Q_CREATE_KEYED */
+	/* -> the 'existing' row of Q_CREATE_KEYED (KEY_COL_SHARED columns) */
 	Q_KEY_GET,
-	/* $1 tenant_id, $2 key: removes the row (and its counts) only if it
-	 * has expired */
+	/* Removes the row (and its counts) only if it has expired. */
 	Q_KEY_DELETE_EXPIRED,
-	/* $1 tenant_id, $2 id -> one workflow row (WF_COLUMNS in queries.c):
-	 * (id, type, state, input, created_at, business_key, steps, step) */
+	/* -> one workflow row (WF_COLUMNS in queries.c): (id, type, state,
+	 * input, created_at, business_key, steps, step) */
 	Q_WF_GET,
 	/* Q_CREATE_KEYED that fails with division by zero after its rows
 	 * are written, so the transaction rolls back (--enable-test-hooks
 	 * builds with test_fail_after_write; the statement exists in every
 	 * build, the switch does not). */
 	Q_CREATE_KEYED_FAIL,
-	/* Add per-key counts (keystats.h): $1 tenant ids (bigint[]), $2 keys
-	 * (text[]), $3 replays, $4 conflicts, $5 in-flight refusals (int[]),
-	 * all of one length, each (tenant, key) once. */
+	/* Add per-key counts (keystats.h): arrays all of one length, each
+	 * (tenant, key) once. */
 	Q_KEYSTATS_FLUSH,
 	/* -> (the highest applied migration (0 when none), in recovery,
 	 * transaction_read_only), for GET /readyz */
@@ -76,42 +68,197 @@ enum query_id {
 	Q_COMMIT,
 	Q_ROLLBACK,
 	/*
-	 * Claim a key for a command inside the command's transaction:
-	 * $1 tenant_id, $2 key, $3 method, $4 path, $5 fingerprint, $6 key
-	 * ttl (interval) -> one row when this request owns the key, none when
-	 * it was taken. The row stays invisible until Q_KEY_STORE and COMMIT.
+	 * Claim a key for a command inside the command's transaction -> one
+	 * row when this request owns the key, none when it was taken. The
+	 * row stays invisible until Q_KEY_STORE and COMMIT.
 	 */
 	Q_KEY_CLAIM,
-	/* $1 tenant_id, $2 key, $3 status, $4 headers, $5 body */
+	/* Store the answer on the key claimed by Q_KEY_CLAIM. */
 	Q_KEY_STORE,
 	/* The commands (sql/005_runs.sql); each returns rows whose first
 	 * two columns are (problem slug or NULL, detail). */
-	/* $1 tenant, $2 id, $3 type, $4 input, $5 created_at, $6 steps,
-	 * $7 business_key, $8 workflow.created payload -> idemflow_wf_row */
+	/* -> idemflow_wf_row */
 	Q_WF_CREATE_RUN,
-	/* $1 tenant, $2 id, $3 to, $4 from (or NULL) -> idemflow_wf_row */
+	/* -> idemflow_wf_row */
 	Q_WF_TRANSITION,
-	/* $1 tenant, $2 id, $3 message_id, $4 name, $5 payload
-	 * -> (problem, detail, outcome, step) */
+	/* -> (problem, detail, outcome, step) */
 	Q_WF_MESSAGE,
-	/* $1 tenant, $2 job_type, $3 worker, $4 max_jobs, $5 lease (interval)
-	 * -> idemflow_job_row per job */
+	/* -> idemflow_job_row per job */
 	Q_JOBS_ACTIVATE,
-	/* $1 tenant, $2 workflow id, $3 step, $4 worker, $5 output */
+	/* -> idemflow_job_row */
 	Q_JOB_COMPLETE,
-	/* $1 tenant, $2 workflow id, $3 step, $4 worker, $5 error, $6 retry
-	 * after (interval) */
+	/* -> idemflow_job_row */
 	Q_JOB_FAIL,
-	/* $1 tenant, $2 workflow id, $3 after seq, $4 limit -> (seq, payload)
-	 * rows, one row of NULLs when there are none, no row when the
-	 * workflow does not exist */
+	/* -> (seq, payload, within) rows, one row of NULLs when there are
+	 * none, no row when the workflow does not exist */
 	Q_WF_EVENTS,
-	/* $1 tenant, $2 state or NULL, $3 type or NULL, $4 after id or NULL,
-	 * $5 limit -> workflow rows (as Q_WF_GET) in id order */
+	/* -> workflow rows (as Q_WF_GET, then within) in id order */
 	Q_WF_LIST,
 	Q__COUNT
 };
 
+/*
+ * The parameters of each statement, in $n order ($1 is the first name):
+ * a caller fills its array by name, const char *p[CK__N] = {[CK_TENANT] =
+ * ...}, and passes the count, which db_run() checks against the table.
+ * The table's count is each enum's __N, which db_stmt_check() checks
+ * against the SQL when the statements are prepared. Text format; "bytea
+ * hex" is '\x' and hex digits, "interval" any text PostgreSQL reads as one.
+ */
+
+/* Q_AUTH */
+enum auth_param { AU_TOKEN_HASH /* bytea hex */, AU__N };
+
+/* Q_AUTH_KEY */
+enum auth_key_param { AK_TOKEN_HASH /* bytea hex */, AK_KEY, AK__N };
+
+/* Q_CREATE_KEYED, Q_CREATE_KEYED_FAIL */
+enum create_keyed_param {
+	CK_TENANT,
+	CK_KEY,
+	CK_METHOD,
+	CK_PATH,
+	CK_FP,         /* the request's fingerprint, bytea hex */
+	CK_HEADERS,    /* stored with the answer */
+	CK_BODY,       /* stored with the answer */
+	CK_CREATED_AT, /* the workflow's, as the answer shows it */
+	CK_TTL,        /* the key's (interval); the tenant's idempotency_ttl wins */
+	CK_ID,         /* the workflow's */
+	CK_TYPE,
+	CK_INPUT, /* canonical JSON */
+	CK_EVENT_ID,
+	CK_PAYLOAD,  /* the workflow.created event's */
+	CK_BYTES_FP, /* the fingerprint of the request's bytes, bytea hex */
+	CK__N
+};
+
+/* Q_CREATE_UNKEYED */
+enum create_unkeyed_param {
+	CU_TENANT,
+	CU_CREATED_AT,
+	CU_ID,
+	CU_TYPE,
+	CU_INPUT,
+	CU_EVENT_ID,
+	CU_PAYLOAD,
+	CU__N
+};
+
+/* Q_KEY_GET, Q_KEY_DELETE_EXPIRED */
+enum key_param { KG_TENANT, KG_KEY, KG__N };
+
+/* Q_WF_GET */
+enum wf_get_param { WG_TENANT, WG_ID, WG__N };
+
+/* Q_KEYSTATS_FLUSH */
+enum keystats_param {
+	KF_TENANTS,   /* bigint[] */
+	KF_KEYS,      /* text[] */
+	KF_REPLAYS,   /* int[] */
+	KF_CONFLICTS, /* int[] */
+	KF_IN_FLIGHT, /* int[], in-flight refusals */
+	KF__N
+};
+
+/* Q_KEY_CLAIM */
+enum key_claim_param {
+	KC_TENANT,
+	KC_KEY,
+	KC_METHOD,
+	KC_PATH,
+	KC_FP,       /* the request's fingerprint, bytea hex */
+	KC_TTL,      /* interval; the tenant's idempotency_ttl wins */
+	KC_BYTES_FP, /* the fingerprint of the request's bytes, bytea hex */
+	KC__N
+};
+
+/* Q_KEY_STORE */
+enum key_store_param { KS_TENANT, KS_KEY, KS_STATUS, KS_HEADERS, KS_BODY, KS__N };
+
+/* Q_WF_CREATE_RUN */
+enum wf_create_run_param {
+	CR_TENANT,
+	CR_ID,
+	CR_TYPE,
+	CR_INPUT,
+	CR_CREATED_AT,
+	CR_STEPS,        /* canonical JSON array, "[]" for none */
+	CR_BUSINESS_KEY, /* or NULL */
+	CR_PAYLOAD,      /* the workflow.created event's */
+	CR__N
+};
+
+/* Q_WF_TRANSITION */
+enum wf_transition_param { TR_TENANT, TR_ID, TR_TO, TR_FROM /* or NULL */, TR__N };
+
+/* Q_WF_MESSAGE */
+enum wf_message_param { MS_TENANT, MS_ID, MS_MESSAGE_ID, MS_NAME, MS_PAYLOAD, MS__N };
+
+/* Q_JOBS_ACTIVATE */
+enum jobs_activate_param {
+	JA_TENANT,
+	JA_JOB_TYPE,
+	JA_WORKER,
+	JA_MAX_JOBS,
+	JA_LEASE, /* interval */
+	JA__N
+};
+
+/* Q_JOB_COMPLETE */
+enum job_complete_param { JC_TENANT, JC_WORKFLOW, JC_STEP, JC_WORKER, JC_OUTPUT, JC__N };
+
+/* Q_JOB_FAIL */
+enum job_fail_param {
+	JF_TENANT,
+	JF_WORKFLOW,
+	JF_STEP,
+	JF_WORKER,
+	JF_ERROR,       /* or NULL */
+	JF_RETRY_AFTER, /* interval */
+	JF__N
+};
+
+/* Q_WF_EVENTS: events after seq WE_AFTER, at most WE_LIMIT, stopping
+ * after the first one past WE_BUDGET bytes (wf.c, answer_page). */
+enum wf_events_param { WE_TENANT, WE_ID, WE_AFTER, WE_LIMIT, WE_BUDGET, WE__N };
+
+/* Q_WF_LIST: filters are NULL when not asked for; pages as Q_WF_EVENTS. */
+enum wf_list_param {
+	WL_TENANT,
+	WL_STATE, /* or NULL */
+	WL_TYPE,  /* or NULL */
+	WL_AFTER, /* the last id of the previous page, or NULL */
+	WL_LIMIT,
+	WL_BUDGET,
+	WL__N
+};
+
+/*
+ * The key row: what Q_AUTH_KEY, Q_CREATE_KEYED and Q_KEY_GET return for a
+ * key, read by name by every reader (cmd.c, wf.c, api.c's authenticate,
+ * rcache.c). Column 0 differs: the tenant (Q_AUTH_KEY, as Q_AUTH's) or
+ * the outcome, 'created' or 'existing' (Q_CREATE_KEYED, Q_KEY_GET). The
+ * next five are the same in all three; Q_AUTH_KEY alone has the last two.
+ */
+enum key_col {
+	KEY_COL_TENANT = 0,
+	KEY_COL_OUTCOME = 0,
+	KEY_COL_FP,                        /* the fingerprint of the request that made the key */
+	KEY_COL_STATUS,                    /* of the stored answer; 0 while still being written */
+	KEY_COL_HEADERS,                   /* of the stored answer */
+	KEY_COL_BODY,                      /* of the stored answer, bytes */
+	KEY_COL_EXPIRED,                   /* "t" or "f" */
+	KEY_COL_SHARED,                    /* the columns every key row has */
+	KEY_COL_BYTES_FP = KEY_COL_SHARED, /* of the request's bytes, or NULL */
+	KEY_COL_MS_LEFT,                   /* whole milliseconds until the key expires */
+	KEY_COL__N                         /* Q_AUTH_KEY's columns */
+};
+
 extern const struct db_stmt queries[Q__COUNT];
+
+/* db_stmt_check() over the whole table: 0, or -1 with e naming the first
+ * statement whose count and SQL differ. idemflow-fcgi runs it before it
+ * starts anything. */
+int queries_check(struct err *e) MUSTCHECK;
 
 #endif

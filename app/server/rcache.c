@@ -82,11 +82,11 @@ int rcache_put(struct rcache *rc, const uint8_t token[FP_LEN], const char *key, 
 		return 0;
 	/* Only a whole, live key row: one written and committed with its
 	 * response, and not expired. */
-	if (PQgetisnull(row, 0, 1) || PQgetisnull(row, 0, RCACHE_COL_MS_LEFT) ||
-	    strcmp(PQgetvalue(row, 0, RCACHE_COL_STATUS), "0") == 0 ||
-	    strcmp(PQgetvalue(row, 0, RCACHE_COL_EXPIRED), "f") != 0)
+	if (PQgetisnull(row, 0, KEY_COL_FP) || PQgetisnull(row, 0, KEY_COL_MS_LEFT) ||
+	    strcmp(PQgetvalue(row, 0, KEY_COL_STATUS), "0") == 0 ||
+	    strcmp(PQgetvalue(row, 0, KEY_COL_EXPIRED), "f") != 0)
 		return 0;
-	life = strtoll(PQgetvalue(row, 0, RCACHE_COL_MS_LEFT), &end, 10);
+	life = strtoll(PQgetvalue(row, 0, KEY_COL_MS_LEFT), &end, 10);
 	if (*end != '\0' || life <= 0)
 		return 0;
 	if (life > ttl_ms)

@@ -10,7 +10,7 @@
  * while its key lives, so the only things a hit can miss are a revocation
  * of the token and the key's expiry. The expiry is kept: an entry lives at
  * most until the key expires, measured by the database when the row was
- * read (column 7, the milliseconds the key had left). The revocation is
+ * read (KEY_COL_MS_LEFT, the milliseconds the key had left). The revocation is
  * the window: "idemflow token revoke" waits replay_cache_ttl before it
  * returns, so once it has returned no worker answers the token. A hit
  * only ever gives a token the stored answer of a key of its own tenant,
@@ -31,18 +31,13 @@
 
 #include "core/fp.h"
 #include "core/idem.h"
+#include "server/queries.h"
 
 #define RCACHE_SLOTS   256  /* a power of two */
 #define RCACHE_MAX_ROW 8192 /* bytes of values; a larger row is not held */
 
-/* The columns of Q_AUTH_KEY a held row must have. */
-enum {
-	RCACHE_COL_TENANT = 0,
-	RCACHE_COL_STATUS = 2,
-	RCACHE_COL_EXPIRED = 5,
-	RCACHE_COL_MS_LEFT = 7,
-	RCACHE_NCOLS = 8
-};
+/* A held row has Q_AUTH_KEY's columns (enum key_col, server/queries.h). */
+enum { RCACHE_NCOLS = KEY_COL__N };
 
 struct rcache_entry {
 	PGresult *row;      /* NULL: free; owned */

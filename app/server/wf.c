@@ -182,14 +182,6 @@ int wf_write_row(struct buf *out, struct buf *tmp, const PGresult *res, int row,
 	return 0;
 }
 
-static void answer_created(struct http_resp *resp, const char *location, const struct buf *body)
-{
-	resp->status = 201;
-	resp->content_type = "application/json";
-	http_resp_header(resp, "Location", location);
-	buf_append(&resp->body, body->data, body->len);
-}
-
 /* The create statement: the real one, or in a test-hooks build with
  * test_fail_after_write, one that fails after writing. */
 static int create_stmt(const struct handler_ctx *ctx)
@@ -203,88 +195,135 @@ static int create_stmt(const struct handler_ctx *ctx)
 	return Q_CREATE_KEYED;
 }
 
-/* Run the keyed create until it either owned the key or found its row.
- * p holds Q_CREATE_KEYED's parameters; p[4] is the fingerprint text. The
- * statement stores only its 201, a success (cmd_stores): every refusal of
- * a create is a validation error, answered before the key is claimed. */
-static void create_keyed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                         const char *const p[15], const char *location, const struct buf *body)
-{
-	struct err e;
-
-	/* Three rounds cover an expired key (delete it, claim again) and a
-	 * row that vanished between the claim and the read (pruned). */
-	for (int round = 0; round < 3; round++) {
-		PGresult *res = db_run(ctx->db, create_stmt(ctx), 15, p, &e);
-		if (res == NULL)
-			goto db_error;
-		if (PQntuples(res) == 0) {
-			/* A concurrent owner committed while we waited on the
-			 * unique index: its row is visible to a new statement. */
-			PQclear(res);
-			res = db_run(ctx->db, Q_KEY_GET, 2, p, &e);
-			if (res == NULL)
-				goto db_error;
-			if (PQntuples(res) == 0) {
-				PQclear(res);
-				continue;
-			}
-		} else if (strcmp(PQgetvalue(res, 0, 0), "created") == 0) {
-			PQclear(res);
-			ctx->idem = IDEM_CREATED;
-			ctx->created = 1;
-			answer_created(resp, location, body);
-			return;
-		}
-		if (strcmp(PQgetvalue(res, 0, 5), "t") != 0) {
-			cmd_answer_existing(ctx, resp, req, res, p[4]);
-			PQclear(res);
-			return;
-		}
-		PQclear(res);
-		/* Past its TTL a key is forgotten: remove the old row (only if
-		 * it is still expired) and claim the key afresh. */
-		res = db_run(ctx->db, Q_KEY_DELETE_EXPIRED, 2, p, &e);
-		if (res == NULL)
-			goto db_error;
-		PQclear(res);
-	}
-	err_set(&e, ERR_INTERNAL, "idempotency key row kept changing; giving up");
-db_error:
-	if (e.code == ERR_LOCK_TIMEOUT)
-		cmd_key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
-	else
-		handler_db_error(ctx, resp, req, &e);
-}
-
-static void create_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                           const char *const p[15], const char *location, const struct buf *body)
-{
-	const char *q[7] = {p[0], p[7], p[9], p[10], p[11], p[12], p[13]};
-	struct err e;
-	PGresult *res = db_run(ctx->db, Q_CREATE_UNKEYED, 7, q, &e);
-
-	if (res == NULL) {
-		handler_db_error(ctx, resp, req, &e);
-		return;
-	}
-	PQclear(res);
-	ctx->created = 1;
-	answer_created(resp, location, body);
-}
-
-/* The created workflow's answer was rendered before the statement; the
- * 'existing' one comes from the row. */
-struct create_run {
-	const char *location;
-	const struct buf *body;
+/*
+ * A create once its body is validated: what create_prepare() makes when
+ * the request is not a replay (the workflow id, its answer and event, the
+ * statements' parameters), and what the renders answer from. Strings
+ * borrowed from the parsed body and ctx->scratch.
+ */
+struct create {
+	const struct wf_body *b;
+	const char *input; /* canonical */
+	size_t input_len;
+	const char *steps; /* canonical, or NULL */
+	size_t steps_len;
+	const char *fp_text;
+	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
+	char location[64], event_id[IDS_UUID_LEN + 8], stored_headers[96];
+	struct buf out;             /* the response body, also stored */
+	struct buf payload;         /* the workflow.created event */
+	const char *keyed[CK__N];   /* Q_CREATE_KEYED */
+	const char *unkeyed[CU__N]; /* Q_CREATE_UNKEYED */
+	const char *run[CR__N];     /* Q_WF_CREATE_RUN */
 };
 
+static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
+                          struct http_resp *resp, const struct cmd *c)
+{
+	struct create *cr = c->arg;
+	const struct wf_body *b = cr->b;
+	const char *type = json_object_get_string(b->type);
+	struct err e;
+
+	if (ids_uuid7(cr->id) < 0) {
+		err_set(&e, ERR_INTERNAL, "could not read random bytes");
+		handler_db_error(ctx, resp, req, &e);
+		return -1;
+	}
+	ids_now(cr->now);
+	snprintf(cr->tenant, sizeof(cr->tenant), "%ld", ctx->tenant_id);
+	snprintf(cr->ttl, sizeof(cr->ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
+	snprintf(cr->location, sizeof(cr->location), "/v1/workflows/%s", cr->id);
+	snprintf(cr->event_id, sizeof(cr->event_id), "%s.1", cr->id);
+	snprintf(cr->stored_headers, sizeof(cr->stored_headers), "Location: %s\r\n", cr->location);
+
+	struct wf_view w = {.id = cr->id,
+	                    .type = type,
+	                    .state = "pending",
+	                    .input = cr->input,
+	                    .input_len = cr->input_len,
+	                    .created_at = cr->now,
+	                    .business_key = b->business_key,
+	                    .steps = cr->steps,
+	                    .steps_len = cr->steps_len,
+	                    .step = 1};
+	wf_write(&cr->out, &w);
+	buf_printf(&cr->payload,
+	           "{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\",\"seq\":1,"
+	           "\"tenant_id\":%ld,\"occurred_at\":\"%s\",\"data\":",
+	           cr->event_id, cr->id, ctx->tenant_id, cr->now);
+	buf_append(&cr->payload, cr->out.data, cr->out.len);
+	buf_putc(&cr->payload, '}');
+	if (cr->out.oom || cr->payload.oom) {
+		err_set(&e, ERR_INTERNAL, "out of memory");
+		handler_db_error(ctx, resp, req, &e);
+		return -1;
+	}
+
+	cr->keyed[CK_TENANT] = cr->tenant;
+	cr->keyed[CK_KEY] = req->idem_key;
+	cr->keyed[CK_METHOD] = req->method;
+	cr->keyed[CK_PATH] = req->path;
+	cr->keyed[CK_FP] = cr->fp_text;
+	cr->keyed[CK_HEADERS] = cr->stored_headers;
+	cr->keyed[CK_BODY] = cr->out.data;
+	cr->keyed[CK_CREATED_AT] = cr->now;
+	cr->keyed[CK_TTL] = cr->ttl;
+	cr->keyed[CK_ID] = cr->id;
+	cr->keyed[CK_TYPE] = type;
+	cr->keyed[CK_INPUT] = cr->input;
+	cr->keyed[CK_EVENT_ID] = cr->event_id;
+	cr->keyed[CK_PAYLOAD] = cr->payload.data;
+	cr->keyed[CK_BYTES_FP] = ctx->bytes_fp;
+
+	cr->unkeyed[CU_TENANT] = cr->tenant;
+	cr->unkeyed[CU_CREATED_AT] = cr->now;
+	cr->unkeyed[CU_ID] = cr->id;
+	cr->unkeyed[CU_TYPE] = type;
+	cr->unkeyed[CU_INPUT] = cr->input;
+	cr->unkeyed[CU_EVENT_ID] = cr->event_id;
+	cr->unkeyed[CU_PAYLOAD] = cr->payload.data;
+
+	cr->run[CR_TENANT] = cr->tenant;
+	cr->run[CR_ID] = cr->id;
+	cr->run[CR_TYPE] = type;
+	cr->run[CR_INPUT] = cr->input;
+	cr->run[CR_CREATED_AT] = cr->now;
+	cr->run[CR_STEPS] = cr->steps != NULL ? cr->steps : "[]";
+	cr->run[CR_BUSINESS_KEY] = b->business_key;
+	cr->run[CR_PAYLOAD] = cr->payload.data;
+	return 0;
+}
+
+static void answer_created(struct http_resp *resp, const struct create *cr)
+{
+	resp->status = 201;
+	resp->content_type = "application/json";
+	http_resp_header(resp, "Location", cr->location);
+	buf_append(&resp->body, cr->out.data, cr->out.len);
+}
+
+/* A plain create: its answer was rendered before the statement. */
+static int render_created(struct handler_ctx *ctx, const struct http_req *req,
+                          struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                          struct err *e)
+{
+	(void)ctx;
+	(void)req;
+	(void)res;
+	(void)e;
+	answer_created(resp, c->arg);
+	return 0;
+}
+
+/* A create with steps or a business key: the created workflow's answer
+ * was rendered before the statement; the 'existing' one comes from the
+ * row. */
 static int render_create_run(struct handler_ctx *ctx, const struct http_req *req,
                              struct http_resp *resp, const PGresult *res, const struct cmd *c,
                              struct err *e)
 {
-	const struct create_run *cr = c->arg;
+	const struct create *cr = c->arg;
 	char location[64];
 
 	(void)req;
@@ -292,7 +331,7 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
 		return err_set(e, ERR_INTERNAL, "idemflow_wf_create returned %d rows",
 		               PQntuples(res));
 	if (strcmp(PQgetvalue(res, 0, 2), "created") == 0) {
-		answer_created(resp, cr->location, cr->body);
+		answer_created(resp, cr);
 		return 0;
 	}
 	/* An active workflow already has this business key: that one. */
@@ -303,18 +342,22 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
 	return wf_write_row(&resp->body, &ctx->body, res, 0, 3, 1, e);
 }
 
+/*
+ * A plain create (no steps, no business key) is one statement, keyed or
+ * not (CMD_TX_SINGLE); with steps or a business key it is a database
+ * function run as a command (CMD_TX_PIPELINE). Either way through the
+ * keyed-command runner (cmd.h), which answers a replay before anything
+ * is rendered.
+ */
 void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	const struct conf *c = ctx->conf;
 	struct json_object *root = NULL;
 	struct wf_body b;
 	struct buf *sc = &ctx->scratch;
-	char detail[300];
-	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
-	char location[64], event_id[IDS_UUID_LEN + 8], fp_text[IDEM_FP_TEXT];
-	struct buf out = BUF_INIT; /* the response body, also stored */
-	struct buf payload = BUF_INIT;
-	size_t input_off, input_len, steps_off = 0, steps_len = 0;
+	char detail[300], fp_text[IDEM_FP_TEXT];
+	struct create cr = {.b = &b, .fp_text = fp_text, .out = BUF_INIT, .payload = BUF_INIT};
+	size_t input_off, steps_off = 0;
 	struct err e;
 
 	root = cmd_read_json(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED);
@@ -339,7 +382,7 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	} else {
 		buf_puts(sc, "{}");
 	}
-	input_len = sc->len - input_off;
+	cr.input_len = sc->len - input_off;
 	buf_putc(sc, '\0');
 	if (b.steps != NULL) {
 		steps_off = sc->len;
@@ -347,97 +390,44 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 			handler_problem(resp, req, P_INVALID_JSON, e.msg);
 			goto out;
 		}
-		steps_len = sc->len - steps_off;
+		cr.steps_len = sc->len - steps_off;
 		buf_putc(sc, '\0');
 	}
 	if (sc->oom) {
 		handler_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
 		goto out;
 	}
-
-	/* The key's row came with the authentication: a replay or a conflict
-	 * is answered now, without another statement. */
-	if (ctx->key_row != NULL && strcmp(PQgetvalue(ctx->key_row, 0, 5), "t") != 0) {
-		cmd_answer_existing(ctx, resp, req, ctx->key_row, fp_text);
-		goto out;
-	}
-	/* Expired: the create below finds it again and takes it over. */
-
-	if (ids_uuid7(id) < 0) {
-		err_set(&e, ERR_INTERNAL, "could not read random bytes");
-		handler_db_error(ctx, resp, req, &e);
-		goto out;
-	}
-	ids_now(now);
-	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	snprintf(ttl, sizeof(ttl), "%ld milliseconds", c->idempotency_ttl);
-	snprintf(location, sizeof(location), "/v1/workflows/%s", id);
-	snprintf(event_id, sizeof(event_id), "%s.1", id);
-
-	struct wf_view w = {.id = id,
-	                    .type = json_object_get_string(b.type),
-	                    .state = "pending",
-	                    .input = sc->data + input_off,
-	                    .input_len = input_len,
-	                    .created_at = now,
-	                    .business_key = b.business_key,
-	                    .steps = b.steps != NULL ? sc->data + steps_off : NULL,
-	                    .steps_len = steps_len,
-	                    .step = 1};
-	wf_write(&out, &w);
-	buf_printf(&payload,
-	           "{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\",\"seq\":1,"
-	           "\"tenant_id\":%ld,\"occurred_at\":\"%s\",\"data\":",
-	           event_id, id, ctx->tenant_id, now);
-	buf_append(&payload, out.data, out.len);
-	buf_putc(&payload, '}');
-	if (out.oom || payload.oom) {
-		err_set(&e, ERR_INTERNAL, "out of memory");
-		handler_db_error(ctx, resp, req, &e);
-		goto out;
-	}
+	cr.input = sc->data + input_off;
+	cr.steps = b.steps != NULL ? sc->data + steps_off : NULL;
 
 	if (b.steps != NULL || b.business_key != NULL) {
-		const struct create_run cr = {location, &out};
-		const char *q[8] = {tenant,
-		                    id,
-		                    json_object_get_string(b.type),
-		                    sc->data + input_off,
-		                    now,
-		                    b.steps != NULL ? sc->data + steps_off : "[]",
-		                    b.business_key,
-		                    payload.data};
-		const struct cmd cmd = {Q_WF_CREATE_RUN,   8,          q, fp_text,
-		                        render_create_run, (void *)&cr};
+		const struct cmd cmd = {.tx = CMD_TX_PIPELINE,
+		                        .stmt = Q_WF_CREATE_RUN,
+		                        .nparams = CR__N,
+		                        .params = cr.run,
+		                        .fp_text = fp_text,
+		                        .prepare = create_prepare,
+		                        .render = render_create_run,
+		                        .arg = &cr};
 		cmd_run(ctx, req, resp, &cmd);
-		goto out;
+	} else {
+		const struct cmd cmd = {.tx = CMD_TX_SINGLE,
+		                        .stmt = create_stmt(ctx),
+		                        .nparams = CK__N,
+		                        .params = cr.keyed,
+		                        .unkeyed_stmt = Q_CREATE_UNKEYED,
+		                        .unkeyed_nparams = CU__N,
+		                        .unkeyed_params = cr.unkeyed,
+		                        .fp_text = fp_text,
+		                        .prepare = create_prepare,
+		                        .render = render_created,
+		                        .arg = &cr};
+		cmd_run(ctx, req, resp, &cmd);
 	}
-
-	char stored_headers[96];
-	snprintf(stored_headers, sizeof(stored_headers), "Location: %s\r\n", location);
-	const char *p[15] = {tenant,
-	                     req->idem_key,
-	                     req->method,
-	                     req->path,
-	                     fp_text,
-	                     stored_headers,
-	                     out.data,
-	                     now,
-	                     ttl,
-	                     id,
-	                     json_object_get_string(b.type),
-	                     sc->data + input_off,
-	                     event_id,
-	                     payload.data,
-	                     ctx->bytes_fp};
-	if (req->idem_key != NULL)
-		create_keyed(ctx, req, resp, p, location, &out);
-	else
-		create_unkeyed(ctx, req, resp, p, location, &out);
 out:
 	json_object_put(root);
-	buf_free(&out);
-	buf_free(&payload);
+	buf_free(&cr.out);
+	buf_free(&cr.payload);
 }
 
 void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
@@ -451,8 +441,8 @@ void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struc
 		return;
 	}
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[2] = {tenant, id};
-	res = db_run(ctx->db, Q_WF_GET, 2, p, &e);
+	const char *p[WG__N] = {[WG_TENANT] = tenant, [WG_ID] = id};
+	res = db_run(ctx->db, Q_WF_GET, WG__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
 		return;
@@ -621,9 +611,13 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[6] = {tenant, state[0] ? state : NULL, type[0] ? type : NULL,
-	                    after[0] ? after : NULL, lim, budget};
-	res = db_run(ctx->db, Q_WF_LIST, 6, p, &e);
+	const char *p[WL__N] = {[WL_TENANT] = tenant,
+	                        [WL_STATE] = state[0] ? state : NULL,
+	                        [WL_TYPE] = type[0] ? type : NULL,
+	                        [WL_AFTER] = after[0] ? after : NULL,
+	                        [WL_LIMIT] = lim,
+	                        [WL_BUDGET] = budget};
+	res = db_run(ctx->db, Q_WF_LIST, WL__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
 		return;
@@ -660,8 +654,12 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id, st
 	snprintf(after, sizeof(after), "%ld", after_seq);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[5] = {tenant, id, after, lim, budget};
-	res = db_run(ctx->db, Q_WF_EVENTS, 5, p, &e);
+	const char *p[WE__N] = {[WE_TENANT] = tenant,
+	                        [WE_ID] = id,
+	                        [WE_AFTER] = after,
+	                        [WE_LIMIT] = lim,
+	                        [WE_BUDGET] = budget};
+	res = db_run(ctx->db, Q_WF_EVENTS, WE__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
 		return;
@@ -722,8 +720,12 @@ void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id
 	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[4] = {tenant, id, to, from};
-	const struct cmd cmd = {Q_WF_TRANSITION, 4, p, fp_text, render_transition, NULL};
+	const char *p[TR__N] = {[TR_TENANT] = tenant, [TR_ID] = id, [TR_TO] = to, [TR_FROM] = from};
+	const struct cmd cmd = {.stmt = Q_WF_TRANSITION,
+	                        .nparams = TR__N,
+	                        .params = p,
+	                        .fp_text = fp_text,
+	                        .render = render_transition};
 	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);
@@ -780,8 +782,17 @@ void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id, s
 	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[5] = {tenant, id, message_id, name, ctx->scratch.data + off};
-	const struct cmd cmd = {Q_WF_MESSAGE, 5, p, fp_text, render_message, (void *)message_id};
+	const char *p[MS__N] = {[MS_TENANT] = tenant,
+	                        [MS_ID] = id,
+	                        [MS_MESSAGE_ID] = message_id,
+	                        [MS_NAME] = name,
+	                        [MS_PAYLOAD] = ctx->scratch.data + off};
+	const struct cmd cmd = {.stmt = Q_WF_MESSAGE,
+	                        .nparams = MS__N,
+	                        .params = p,
+	                        .fp_text = fp_text,
+	                        .render = render_message,
+	                        .arg = (void *)message_id};
 	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);

@@ -84,7 +84,8 @@ def _query(src, enum):
     m = re.search(r"\[" + enum + r"\]\s*=\s*\{\s*\"[^\"]*\"\s*,(.*?)\}\s*,\s*$", src, re.S | re.M)
     if not m:
         die("cannot find [%s] in app/server/queries.c" % enum)
-    entry = m.group(1)
+    # {"name", nparams, SQL}: the count (the statement's parameter enum) goes.
+    entry = re.sub(r"^\s*[A-Za-z0-9_]+\s*,", "", m.group(1), count=1)
     call = re.match(r"\s*([A-Z_][A-Z0-9_]*)\((.*)\)\s*$", entry, re.S)
     if call:
         mac = _macro(src, call.group(1))

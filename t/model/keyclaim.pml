@@ -11,9 +11,9 @@
  * One key of one tenant. Each SQL statement is one atomic step. An
  * insert that meets another transaction's uncommitted row on the primary
  * key (tenant_id, key) waits for that transaction (ON CONFLICT DO NOTHING
- * included): this is "hold" below. Q_CREATE_KEYED (wf.c) and cmd_run's
- * BEGIN; Q_KEY_CLAIM; command; Q_KEY_STORE; COMMIT (cmd.c) are the same
- * protocol here: a claim that inserts the row, the command's effect, and
+ * included): this is "hold" below. The keyed-command runner's two ways
+ * (cmd.c, enum cmd_tx): Q_CREATE_KEYED alone, and BEGIN; Q_KEY_CLAIM;
+ * command; Q_KEY_STORE; COMMIT, are the same protocol here: a claim that inserts the row, the command's effect, and
  * one commit that makes both visible. Time is a clock that ticks; a key's
  * expires_at and a cache entry's deadline are kept as the ticks left.
  *
@@ -41,7 +41,7 @@
 #define NW 2		/* workers, each with its replay cache */
 #define TTL 2		/* idempotency_ttl, in ticks */
 #define RCTTL 2		/* replay_cache_ttl, in ticks */
-#define ROUNDS 3	/* create_keyed's and cmd_run's rounds */
+#define ROUNDS 3	/* run_keyed's rounds (cmd.c) */
 #ifndef TRIES
 #define TRIES 2		/* attempts of a client: the first and one retry */
 #endif
@@ -176,9 +176,8 @@ attempt:
 		asking[c] = 0;
 		askage[c] = 0
 	};
-	/* wf_create / cmd_run: a live key row fetched with the token is
-	 * answered at once (cmd_answer_existing); an expired one is taken
-	 * over below. */
+	/* cmd_run: a live key row fetched with the token is answered at
+	 * once (answer_existing); an expired one is taken over below. */
 	if
 	:: g != 0 && left > 0 -> atomic { REPLAY(g, f); goto done }
 	:: else -> skip
@@ -186,7 +185,7 @@ attempt:
 
 	round = 0;
 claim:
-	/* create_keyed / cmd_run, one round: the claim, "INSERT INTO
+	/* run_keyed, one round: the claim, "INSERT INTO
 	 * idempotency_keys ... ON CONFLICT (tenant_id, key) DO NOTHING". */
 	owned = 0;
 	if
@@ -224,7 +223,7 @@ in_flight:
 	if
 	:: atomic { hold == 0 -> goto claim }	/* it committed or rolled back: the insert goes on */
 	:: skip ->
-		/* 55P03: cmd_key_problem(P_KEY_IN_FLIGHT), 409 with
+		/* 55P03: key_problem(P_KEY_IN_FLIGHT), 409 with
 		 * Retry-After; nothing written. The client retries. */
 		goto retry
 	fi;

@@ -45,7 +45,9 @@ REF_RE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|USING)\s+(?:ONLY\s+)?([a-z_][a-
 CALL_RE = re.compile(r"\b(idemflow_[a-z0-9_]+)\s*\(\s*([^,)]*)", re.I)
 INSERT_RE = re.compile(r"\bINSERT\s+INTO\s+([a-z_][a-z0-9_]*)(?:\s+AS\s+\w+)?\s*\(([^)]*)\)"
                        r"\s*VALUES\s*\(", re.I)
-STMT_RE = re.compile(r'\{\s*"([a-z_0-9]+)"\s*,\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\}', re.S)
+# {"name", nparams, "sql"...}: db.h's struct db_stmt
+STMT_RE = re.compile(r'\{\s*"([a-z_0-9]+)"\s*,\s*[A-Za-z0-9_]+\s*,\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\}',
+                     re.S)
 LIT_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
@@ -159,7 +161,8 @@ def main(argv):
     ap.add_argument("--srcdir", required=True)
     ap.add_argument("--builddir", default=".")
     ap.add_argument("--cpp", default=os.environ.get("CPP") or "cc -E")
-    ap.add_argument("--sources", nargs="*", default=["app/queries.c", "app/dispatch.c"])
+    ap.add_argument("--sources", nargs="*",
+                    default=["app/server/queries.c", "app/dispatch/dispatch.c"])
     ap.add_argument("--placement")
     ap.add_argument("--extra-sql")
     a = ap.parse_args(argv)
