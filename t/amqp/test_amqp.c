@@ -28,7 +28,10 @@
 #include "amqpc.h"
 #include "core/conf.h"
 #include "dispatch/sink.h"
+#include "tapi.h"
+#include "tsql.h"
 #include "tstack.h"
+#include "twait.h"
 
 #define MAX_EVENTS 64
 

@@ -23,7 +23,7 @@
 #include "core/ids.h"
 #include "core/migrate.h"
 #include "server/queries.h"
-#include "tstack.h"
+#include "twait.h"
 
 static PGconn *admin;
 static char tenant[24];

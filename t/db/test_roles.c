@@ -26,7 +26,10 @@
 #include <criterion/criterion.h>
 
 #include "http.h"
+#include "tapi.h"
+#include "tsql.h"
 #include "tstack.h"
+#include "twait.h"
 
 #define COLLECTION "/v1/workflows"
 #define JSON_CT    "Content-Type: application/json"
@@ -179,6 +182,20 @@ static void own_start(void)
 	tstack_pool_run(&own, argv, 10000);
 }
 
+/* The worker connects after the fork, a moment after the socket: wait
+ * until one is logged in as idemflow_web. */
+static void own_wait_worker(void)
+{
+	double deadline = tstack_now() + 10;
+
+	while (tstack_count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'idemflow_web'"
+	                    " AND application_name LIKE '%-worker-%'") != 1) {
+		cr_assert(tstack_now() < deadline, "no worker logged in as idemflow_web; see %s",
+		          own.log);
+		tstack_sleep_ms(20);
+	}
+}
+
 static struct http_response *req(const char *method, const char *path, const char *auth,
                                  const char *key, const char *body)
 {
@@ -212,16 +229,10 @@ Test(roles, the_server_runs_every_statement_as_idemflow_server, .fini = own_stop
 	struct http_response *r;
 	char key[128], path[80], out[256], *id, *log;
 	PGconn *listener;
+	double deadline;
 
 	own_start();
-	/* The worker connects after the fork, a moment after the socket. */
-	double deadline = tstack_now() + 10;
-	while (tstack_count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'idemflow_web'"
-	                    " AND application_name LIKE '%-worker-%'") != 1) {
-		cr_assert(tstack_now() < deadline, "no worker logged in as idemflow_web; see %s",
-		          own.log);
-		tstack_sleep_ms(20);
-	}
+	own_wait_worker();
 	tstack_tenant_create(&t, "roles");
 	listener = tstack_db_connect();
 	PQclear(PQexec(listener, "LISTEN idemflow_outbox"));
@@ -556,13 +567,7 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 	free(exec);
 	const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
 	tstack_pool_run(&own, argv, 10000);
-	double deadline = tstack_now() + 10;
-	while (tstack_count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'idemflow_web'"
-	                    " AND application_name LIKE '%-worker-%'") != 1) {
-		cr_assert(tstack_now() < deadline, "no worker logged in as idemflow_web; see %s",
-		          own.log);
-		tstack_sleep_ms(20);
-	}
+	own_wait_worker();
 	tstack_tenant_create(&t, "shipped");
 	tstack_key(key, sizeof(key), "shipped");
 	expect_status(req("POST", COLLECTION, t.auth, key, "{\"type\":\"shipped\"}"), 201,

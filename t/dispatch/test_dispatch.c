@@ -24,6 +24,7 @@
 #include "inbox/inbox.h"
 #include "receiver.h"
 #include "tstack.h"
+#include "twait.h"
 
 #define SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -21,7 +21,10 @@
 #include <criterion/criterion.h>
 
 #include "http.h"
+#include "tapi.h"
+#include "tsql.h"
 #include "tstack.h"
+#include "twait.h"
 
 #define COLLECTION  "/v1/workflows"
 #define JSON_CT     "Content-Type: application/json"

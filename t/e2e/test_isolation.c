@@ -19,7 +19,8 @@
 #include <criterion/criterion.h>
 
 #include "http.h"
-#include "tstack.h"
+#include "tapi.h"
+#include "tsql.h"
 
 #define JSON_CT "Content-Type: application/json"
 

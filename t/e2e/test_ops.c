@@ -20,7 +20,11 @@
 
 #include "core/migrate.h"
 #include "http.h"
+#include "tapi.h"
+#include "tlog.h"
+#include "tsql.h"
 #include "tstack.h"
+#include "twait.h"
 
 #define JSON_CT "Content-Type: application/json"
 

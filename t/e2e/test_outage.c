@@ -17,7 +17,11 @@
 #include <json-c/json.h>
 
 #include "http.h"
+#include "tapi.h"
+#include "tlog.h"
+#include "tsql.h"
 #include "tstack.h"
+#include "twait.h"
 
 static const char BODY[] = "{\"type\":\"outage\",\"input\":{\"n\":1}}";
 

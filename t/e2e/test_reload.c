@@ -18,7 +18,11 @@
 #include <criterion/criterion.h>
 
 #include "http.h"
+#include "tapi.h"
+#include "tlog.h"
+#include "tsql.h"
 #include "tstack.h"
+#include "twait.h"
 
 #define COLLECTION "/v1/workflows"
 #define MAX_WORKERS 16

@@ -19,9 +19,11 @@
 #include <criterion/criterion.h>
 
 #include "http.h"
+#include "tapi.h"
+#include "tsql.h"
 #include "tstack.h"
+#include "twait.h"
 
-#define JSON_CT "Content-Type: application/json"
 
 TestSuite(steps, .timeout = 90);
 TestSuite(lease, .timeout = 60);
@@ -36,60 +38,6 @@ TestSuite(keyed_commands, .timeout = 60);
 
 /* --- Helpers ----------------------------------------------------------- */
 
-/* POST path as t with body and, unless key is NULL, an Idempotency-Key.
- * Safe on any thread (no assertions). */
-static struct http_response *post_raw(const struct tstack_tenant *t, const char *path,
-				      const char *key, const char *body)
-{
-	char kh[300];
-	const char *h[] = {t->auth, JSON_CT, NULL, NULL};
-
-	if (key != NULL) {
-		snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-		h[2] = kh;
-	}
-	return http_request("POST", path, h, body, strlen(body));
-}
-
-static struct http_response *post(const struct tstack_tenant *t, const char *path,
-				  const char *key, const char *body)
-{
-	struct http_response *r = post_raw(t, path, key, body);
-
-	cr_assert_not_null(r, "POST %s: %s", path, http_error());
-	return r;
-}
-
-static struct http_response *get(const struct tstack_tenant *t, const char *path)
-{
-	const char *h[] = {t->auth, NULL};
-	struct http_response *r = http_request("GET", path, h, NULL, 0);
-
-	cr_assert_not_null(r, "GET %s: %s", path, http_error());
-	return r;
-}
-
-static void expect_status(const struct http_response *r, int status)
-{
-	cr_assert_eq(r->status, status, "status %d, want %d; body: %.600s", r->status, status,
-		     r->body);
-}
-
-/* Create a workflow from body (a fresh key); returns its id (malloc'ed). */
-static char *create(const struct tstack_tenant *t, const char *body)
-{
-	char key[96];
-	struct http_response *r;
-	char *id;
-
-	tstack_key(key, sizeof(key), "wf");
-	r = post(t, "/v1/workflows", key, body);
-	expect_status(r, 201);
-	id = tstack_json(r->body, "{id}");
-	http_response_free(r);
-	return id;
-}
-
 /* POST /v1/jobs/activate for one job of type; returns the response. */
 static struct http_response *activate(const struct tstack_tenant *t, const char *type,
 				      const char *worker, int max, int lease)
@@ -99,7 +47,7 @@ static struct http_response *activate(const struct tstack_tenant *t, const char 
 	snprintf(body, sizeof(body),
 		 "{\"job_type\":\"%s\",\"worker\":\"%s\",\"max_jobs\":%d,\"lease_seconds\":%d}",
 		 type, worker, max, lease);
-	return post(t, "/v1/jobs/activate", NULL, body);
+	return tstack_post(t, "/v1/jobs/activate", NULL, body);
 }
 
 /* Activate and expect exactly one job, of workflow wf (when not NULL). */
@@ -109,7 +57,7 @@ static void activate_one(const struct tstack_tenant *t, const char *type, const 
 	struct http_response *r = activate(t, type, worker, 1, lease);
 	char *n, *got;
 
-	expect_status(r, 200);
+	tstack_expect_status(r, 200);
 	n = tstack_text("SELECT jsonb_array_length($1::jsonb -> 'jobs')::text", r->body);
 	cr_assert_str_eq(n, "1", "activation: %s", r->body);
 	if (wf != NULL) {
@@ -127,7 +75,7 @@ static struct http_response *finish(const struct tstack_tenant *t, const char *w
 	char path[160];
 
 	snprintf(path, sizeof(path), "/v1/jobs/%s.s%d/%s", wf, step, verb);
-	return post(t, path, key, body);
+	return tstack_post(t, path, key, body);
 }
 
 static struct http_response *complete(const struct tstack_tenant *t, const char *wf, int step,
@@ -200,7 +148,7 @@ static void worker_loop(const struct tstack_tenant *t, const char *name, int fd)
 			snprintf(body, sizeof(body),
 				 "{\"job_type\":\"%s\",\"worker\":\"%s\",\"lease_seconds\":30}",
 				 types[i], name);
-			r = post_raw(t, "/v1/jobs/activate", NULL, body);
+			r = tstack_post_raw(t, "/v1/jobs/activate", NULL, body);
 			k = r != NULL ? strstr(r->body, "\"key\":\"") : NULL;
 			if (k == NULL) {
 				http_response_free(r);
@@ -215,7 +163,7 @@ static void worker_loop(const struct tstack_tenant *t, const char *name, int fd)
 				_exit(3);
 			snprintf(path, sizeof(path), "/v1/jobs/%s/complete", key);
 			snprintf(body, sizeof(body), "{\"worker\":\"%s\",\"output\":{}}", name);
-			http_response_free(post_raw(t, path, NULL, body));
+			http_response_free(tstack_post_raw(t, path, NULL, body));
 		}
 	}
 }
@@ -230,7 +178,7 @@ Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
 
 	tstack_tenant_create(&t, "steps");
 	for (int i = 0; i < STEP_WORKFLOWS; i++)
-		ids[i] = create(&t, "{\"type\":\"order\",\"input\":{\"n\":1},\"steps\":["
+		ids[i] = tstack_create(&t, "{\"type\":\"order\",\"input\":{\"n\":1},\"steps\":["
 				    "{\"name\":\"reserve-stock\",\"job_type\":\"reserve\"},"
 				    "{\"name\":\"charge-card\",\"job_type\":\"charge\",\"retries\":3},"
 				    "{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
@@ -311,7 +259,7 @@ Test(lease, a_completion_after_the_lease_ran_out_is_refused_and_another_workers_
 	char *wf, *before, *after;
 
 	tstack_tenant_create(&t, "lease");
-	wf = create(&t, "{\"type\":\"l\",\"steps\":[{\"name\":\"a\",\"job_type\":\"slow\"},"
+	wf = tstack_create(&t, "{\"type\":\"l\",\"steps\":[{\"name\":\"a\",\"job_type\":\"slow\"},"
 			"{\"name\":\"b\",\"job_type\":\"next\"}]}");
 	activate_one(&t, "slow", "sleepy", 1, wf);
 	tstack_sleep_ms(1300); /* past the 1 s lease */
@@ -333,7 +281,7 @@ Test(lease, a_completion_after_the_lease_ran_out_is_refused_and_another_workers_
 	tstack_expect_problem(r, 409, "/problems/not-lease-holder", path);
 	http_response_free(r);
 	r = complete(&t, wf, 1, "fresh");
-	expect_status(r, 200);
+	tstack_expect_status(r, 200);
 	char *v = tstack_json(r->body, "{worker}");
 	cr_assert_str_eq(v, "fresh");
 	free(v);
@@ -359,14 +307,14 @@ Test(lease, a_repeated_completion_by_the_same_worker_replays_and_a_different_out
 	char *wf;
 
 	tstack_tenant_create(&t, "repeat");
-	wf = create(&t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"x\"},"
+	wf = tstack_create(&t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"x\"},"
 			"{\"name\":\"b\",\"job_type\":\"y\"}]}");
 	activate_one(&t, "x", "w", 30, wf);
 	a = finish(&t, wf, 1, "complete", NULL, "{\"worker\":\"w\",\"output\":{\"v\":1}}");
 	b = finish(&t, wf, 1, "complete", NULL, "{\"output\":{\"v\":1},\"worker\":\"w\"}");
 	c = finish(&t, wf, 1, "complete", NULL, "{\"worker\":\"w\",\"output\":{\"v\":2}}");
-	expect_status(a, 200);
-	expect_status(b, 200);
+	tstack_expect_status(a, 200);
+	tstack_expect_status(b, 200);
 	cr_assert_str_eq(b->body, a->body, "the repeat did not replay the result");
 	char path[160];
 	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", wf);
@@ -388,13 +336,13 @@ Test(retries, exhausted_retries_fail_the_workflow)
 	char *wf, *v;
 
 	tstack_tenant_create(&t, "retries");
-	wf = create(&t, "{\"type\":\"p\",\"steps\":[{\"name\":\"charge\",\"job_type\":\"pay\","
+	wf = tstack_create(&t, "{\"type\":\"p\",\"steps\":[{\"name\":\"charge\",\"job_type\":\"pay\","
 			"\"retries\":1},{\"name\":\"after\",\"job_type\":\"never\"}]}");
 
 	activate_one(&t, "pay", "w", 30, wf);
 	r = finish(&t, wf, 1, "fail", NULL,
 		   "{\"worker\":\"w\",\"error\":\"card declined\",\"retry_after_seconds\":2}");
-	expect_status(r, 200);
+	tstack_expect_status(r, 200);
 	v = tstack_json(r->body, "{state}");
 	cr_assert_str_eq(v, "activatable");
 	free(v);
@@ -412,7 +360,7 @@ Test(retries, exhausted_retries_fail_the_workflow)
 	activate_one(&t, "pay", "w", 30, wf);
 
 	r = finish(&t, wf, 1, "fail", NULL, "{\"worker\":\"w\",\"error\":\"declined again\"}");
-	expect_status(r, 200);
+	tstack_expect_status(r, 200);
 	v = tstack_json(r->body, "{state}");
 	cr_assert_str_eq(v, "failed");
 	free(v);
@@ -444,7 +392,7 @@ static void *sender_run(void *arg)
 
 	if (s->start != NULL)
 		pthread_barrier_wait(s->start);
-	s->resp = post_raw(s->t, s->path, s->key, s->body);
+	s->resp = tstack_post_raw(s->t, s->path, s->key, s->body);
 	return NULL;
 }
 
@@ -460,7 +408,7 @@ Test(messages, a_message_delivered_five_times_three_concurrently_completes_the_s
 	int fresh = 0, dups = 0;
 
 	tstack_tenant_create(&t, "msg");
-	wf = create(&t, "{\"type\":\"m\",\"steps\":[{\"name\":\"await-payment\","
+	wf = tstack_create(&t, "{\"type\":\"m\",\"steps\":[{\"name\":\"await-payment\","
 			"\"wait_for\":\"payment.succeeded\"},{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
 	cr_assert_eq(pthread_barrier_init(&start, NULL, 3), 0);
@@ -476,7 +424,7 @@ Test(messages, a_message_delivered_five_times_three_concurrently_completes_the_s
 
 	for (int i = 0; i < 5; i++) {
 		cr_assert_not_null(s[i].resp, "delivery %d: %s", i, http_error());
-		expect_status(s[i].resp, 200);
+		tstack_expect_status(s[i].resp, 200);
 		char *d = tstack_json(s[i].resp->body, "{duplicate}");
 		if (strcmp(d, "false") == 0)
 			fresh++;
@@ -504,11 +452,11 @@ Test(messages, a_message_no_step_waits_for_is_recorded_with_202_and_taken_by_a_l
 	char path[128], *wf;
 
 	tstack_tenant_create(&t, "early");
-	wf = create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"work\",\"job_type\":\"w\"},"
+	wf = tstack_create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"work\",\"job_type\":\"w\"},"
 			"{\"name\":\"await\",\"wait_for\":\"done\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
-	r = post(&t, path, NULL, "{\"message_id\":\"early-1\",\"name\":\"done\"}");
-	expect_status(r, 202);
+	r = tstack_post(&t, path, NULL, "{\"message_id\":\"early-1\",\"name\":\"done\"}");
+	tstack_expect_status(r, 202);
 	cr_assert_str_eq(r->body,
 			 "{\"message_id\":\"early-1\",\"duplicate\":false,\"correlated\":false}");
 	http_response_free(r);
@@ -516,7 +464,7 @@ Test(messages, a_message_no_step_waits_for_is_recorded_with_202_and_taken_by_a_l
 
 	activate_one(&t, "w", "w", 30, wf);
 	r = complete(&t, wf, 1, "w");
-	expect_status(r, 200);
+	tstack_expect_status(r, 200);
 	http_response_free(r);
 	/* The wait step took the recorded message at once. */
 	expect_state(wf, "completed");
@@ -531,14 +479,14 @@ Test(messages, a_message_id_reused_for_a_different_message_is_a_conflict)
 	char path[128], *wf, *before, *after;
 
 	tstack_tenant_create(&t, "msgreuse");
-	wf = create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"await\",\"wait_for\":\"a\"},"
+	wf = tstack_create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"await\",\"wait_for\":\"a\"},"
 			"{\"name\":\"w\",\"job_type\":\"w\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
-	r = post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":1}}");
-	expect_status(r, 200);
+	r = tstack_post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":1}}");
+	tstack_expect_status(r, 200);
 	http_response_free(r);
 	before = tenant_snapshot(&t);
-	r = post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":2}}");
+	r = tstack_post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":2}}");
 	tstack_expect_problem(r, 409, "/problems/message-id-reused", path);
 	http_response_free(r);
 	after = tenant_snapshot(&t);
@@ -607,10 +555,10 @@ Test(business_key, twenty_concurrent_creates_with_one_business_key_make_one_acti
 	/* Once it has ended, the business key may start a new workflow. */
 	char path[128];
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", first);
-	struct http_response *r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
-	expect_status(r, 200);
+	struct http_response *r = tstack_post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
+	tstack_expect_status(r, 200);
 	http_response_free(r);
-	char *again = create(&t, body);
+	char *again = tstack_create(&t, body);
 	cr_assert_str_neq(again, first);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1"
 				  " AND state IN ('pending', 'running')",
@@ -629,24 +577,24 @@ Test(transitions, cancel_is_a_compare_and_set_and_repeating_it_is_a_no_op)
 	char path[128], *wf, *before, *after;
 
 	tstack_tenant_create(&t, "cas");
-	wf = create(&t, "{\"type\":\"c\",\"steps\":[{\"name\":\"a\",\"job_type\":\"cas\"}]}");
+	wf = tstack_create(&t, "{\"type\":\"c\",\"steps\":[{\"name\":\"a\",\"job_type\":\"cas\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
 
 	before = tenant_snapshot(&t);
-	r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"running\"}");
+	r = tstack_post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"running\"}");
 	tstack_expect_problem(r, 409, "/problems/state-conflict", path);
 	http_response_free(r);
-	r = post(&t, path, NULL, "{\"to\":\"completed\",\"from\":\"pending\"}");
+	r = tstack_post(&t, path, NULL, "{\"to\":\"completed\",\"from\":\"pending\"}");
 	tstack_expect_problem(r, 422, "/problems/invalid-transition", path);
 	http_response_free(r);
 	after = tenant_snapshot(&t);
 	cr_assert_str_eq(after, before);
 	free(after);
 
-	r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
-	expect_status(r, 200);
-	again = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
-	expect_status(again, 200);
+	r = tstack_post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
+	tstack_expect_status(r, 200);
+	again = tstack_post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
+	tstack_expect_status(again, 200);
 	cr_assert_str_eq(again->body, r->body, "the repeat is not the same answer");
 	expect_state(wf, "cancelled");
 	cr_assert_eq(events(&t, wf, "workflow.cancelled"), 1);
@@ -659,8 +607,8 @@ Test(transitions, cancel_is_a_compare_and_set_and_repeating_it_is_a_no_op)
 
 	/* Ended: cancelling from cancelled is the no-op, from anything
 	 * else the conflict. */
-	r = post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"running\"}");
-	expect_status(r, 200);
+	r = tstack_post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"running\"}");
+	tstack_expect_status(r, 200);
 	http_response_free(r);
 	cr_assert_eq(events(&t, wf, "workflow.cancelled"), 1);
 	free(before);
@@ -680,7 +628,7 @@ static void *racer2_run(void *arg)
 	struct racer2 *r = arg;
 
 	pthread_barrier_wait(r->start);
-	r->resp = post_raw(r->t, r->path, NULL, r->body);
+	r->resp = tstack_post_raw(r->t, r->path, NULL, r->body);
 	return NULL;
 }
 
@@ -724,7 +672,7 @@ Test(transitions, cancel_racing_a_completion_leaves_a_consistent_state_and_its_e
 
 	tstack_tenant_create(&t, "race");
 	for (int i = 0; i < CANCEL_ROUNDS; i++) {
-		char *wf = create(&t, "{\"type\":\"cr\",\"steps\":[{\"name\":\"a\",\"job_type\":"
+		char *wf = tstack_create(&t, "{\"type\":\"cr\",\"steps\":[{\"name\":\"a\",\"job_type\":"
 				      "\"cr\"},{\"name\":\"b\",\"job_type\":\"cr2\"}]}");
 		struct racer2 c = {&t, "", "{\"worker\":\"w\",\"output\":{}}", NULL, NULL};
 		struct racer2 x = {&t, "", "{\"to\":\"cancelled\",\"from\":\"running\"}", NULL,
@@ -760,14 +708,14 @@ Test(transitions, cancel_racing_a_completion_leaves_a_consistent_state_and_its_e
 
 		/* The cancel always wins in the end: it needs state running,
 		 * which the completion keeps. */
-		expect_status(x.resp, 200);
+		tstack_expect_status(x.resp, 200);
 		expect_state(wf, "cancelled");
 		cr_assert_eq(events(&t, wf, "workflow.cancelled"), 1);
 		cr_assert_eq(events(&t, wf, "workflow.completed"), 0);
 		if (complete_first) {
 			/* Completion first: step 2 began and was cancelled. */
 			completed_first++;
-			expect_status(c.resp, 200);
+			tstack_expect_status(c.resp, 200);
 			cr_assert_eq(events(&t, wf, "job.completed"), 1);
 			cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
 						  " AND step = 2 AND state = 'cancelled'",
@@ -803,7 +751,7 @@ Test(reap, idemflow_reap_makes_expired_jobs_activatable_again)
 	char out[256], *wf;
 
 	tstack_tenant_create(&t, "reap");
-	wf = create(&t, "{\"type\":\"rp\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rp\"}]}");
+	wf = tstack_create(&t, "{\"type\":\"rp\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rp\"}]}");
 	activate_one(&t, "rp", "gone", 1, wf);
 	tstack_sleep_ms(1300);
 	cr_assert_eq(tstack_cli(out, sizeof(out), "reap", NULL), 0, "reap: %s",
@@ -821,7 +769,7 @@ Test(reap, idemflow_reap_makes_expired_jobs_activatable_again)
 	http_response_free(r);
 	activate_one(&t, "rp", "alive", 30, wf);
 	r = complete(&t, wf, 1, "alive");
-	expect_status(r, 200);
+	tstack_expect_status(r, 200);
 	http_response_free(r);
 	expect_state(wf, "completed");
 	free(wf);
@@ -836,15 +784,15 @@ Test(history, events_come_in_order_with_cursor_pages)
 	char path[200], *wf, *cursor, *v;
 
 	tstack_tenant_create(&t, "hist");
-	wf = create(&t, "{\"type\":\"h\",\"steps\":[{\"name\":\"a\",\"job_type\":\"h\"}]}");
+	wf = tstack_create(&t, "{\"type\":\"h\",\"steps\":[{\"name\":\"a\",\"job_type\":\"h\"}]}");
 	activate_one(&t, "h", "w", 30, wf);
 	r = complete(&t, wf, 1, "w");
 	http_response_free(r);
 
 	/* created, started, job.completed, workflow.completed: 2 + 2. */
 	snprintf(path, sizeof(path), "/v1/workflows/%s/events?limit=2", wf);
-	r = get(&t, path);
-	expect_status(r, 200);
+	r = tstack_get(&t, path);
+	tstack_expect_status(r, 200);
 	v = tstack_text("SELECT string_agg(e ->> 'type', ',') FROM"
 			" jsonb_array_elements($1::jsonb -> 'events') e",
 			r->body);
@@ -854,7 +802,7 @@ Test(history, events_come_in_order_with_cursor_pages)
 	cr_assert_str_eq(cursor, "2");
 	http_response_free(r);
 	snprintf(path, sizeof(path), "/v1/workflows/%s/events?limit=2&after=%s", wf, cursor);
-	r = get(&t, path);
+	r = tstack_get(&t, path);
 	v = tstack_text("SELECT string_agg((e ->> 'seq') || (e ->> 'id'), ',') FROM"
 			" jsonb_array_elements($1::jsonb -> 'events') e",
 			r->body);
@@ -885,9 +833,9 @@ Test(history, workflows_are_listed_by_keyset_pages_with_filters)
 
 	tstack_tenant_create(&t, "list");
 	for (; made < BEFORE; made++)
-		ids[made] = create(&t, "{\"type\":\"listed\",\"steps\":[{\"name\":\"a\","
+		ids[made] = tstack_create(&t, "{\"type\":\"listed\",\"steps\":[{\"name\":\"a\","
 				       "\"job_type\":\"l\"}]}");
-	free(create(&t, "{\"type\":\"other\"}"));
+	free(tstack_create(&t, "{\"type\":\"other\"}"));
 	do {
 		struct http_response *r;
 		if (cursor == NULL)
@@ -895,8 +843,8 @@ Test(history, workflows_are_listed_by_keyset_pages_with_filters)
 		else
 			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=%d&after=%s",
 				 LIMIT, cursor);
-		r = get(&t, path);
-		expect_status(r, 200);
+		r = tstack_get(&t, path);
+		tstack_expect_status(r, 200);
 		long n = tstack_count("SELECT jsonb_array_length($1::jsonb -> 'workflows')", r->body);
 		cr_assert_eq(n, seen + LIMIT <= TOTAL ? LIMIT : TOTAL - seen, "page %d", pages);
 		for (int k = 0; k < n; k++) {
@@ -913,15 +861,15 @@ Test(history, workflows_are_listed_by_keyset_pages_with_filters)
 		/* Created during the walk: shown on a later page. */
 		if (++pages == 2)
 			for (; made < TOTAL; made++)
-				ids[made] = create(&t, "{\"type\":\"listed\"}");
+				ids[made] = tstack_create(&t, "{\"type\":\"listed\"}");
 	} while (cursor != NULL && pages < 20);
 	cr_assert_null(cursor);
 	cr_assert_eq(seen, TOTAL);
 
-	struct http_response *r = get(&t, "/v1/workflows?state=cancelled");
+	struct http_response *r = tstack_get(&t, "/v1/workflows?state=cancelled");
 	cr_assert_str_eq(r->body, "{\"workflows\":[],\"next_cursor\":null}");
 	http_response_free(r);
-	r = get(&t, "/v1/workflows?state=sleeping");
+	r = tstack_get(&t, "/v1/workflows?state=sleeping");
 	tstack_expect_problem(r, 422, "/problems/invalid-request", "/v1/workflows");
 	http_response_free(r);
 	for (int i = 0; i < TOTAL; i++)
@@ -977,7 +925,7 @@ Test(bad_input, every_malformed_command_gets_a_precise_problem_and_changes_nothi
 	size_t off;
 
 	tstack_tenant_create(&t, "bad");
-	wf = create(&t, "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\"}]}");
+	wf = tstack_create(&t, "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\"}]}");
 	activate_one(&t, "b", "w", 60, wf);
 	before = tenant_snapshot(&t);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -989,11 +937,11 @@ Test(bad_input, every_malformed_command_gets_a_precise_problem_and_changes_nothi
 				 cases[i].path, wf, pct + 2);
 		else
 			snprintf(path, sizeof(path), "%s", cases[i].path);
-		r = post(&t, path, NULL, cases[i].body);
+		r = tstack_post(&t, path, NULL, cases[i].body);
 		if (cases[i].type != NULL)
 			tstack_expect_problem(r, cases[i].status, cases[i].type, path);
 		else
-			expect_status(r, cases[i].status);
+			tstack_expect_status(r, cases[i].status);
 		http_response_free(r);
 	}
 
@@ -1019,7 +967,7 @@ Test(bad_input, every_malformed_command_gets_a_precise_problem_and_changes_nothi
 		char key[96];
 		struct http_response *r;
 		tstack_key(key, sizeof(key), "bad");
-		r = post(&t, "/v1/workflows", key, bad_workflows[i]);
+		r = tstack_post(&t, "/v1/workflows", key, bad_workflows[i]);
 		tstack_expect_problem(r, 422, "/problems/invalid-workflow", "/v1/workflows");
 		http_response_free(r);
 	}
@@ -1039,14 +987,14 @@ Test(keyed_commands, a_keyed_activation_replays_the_same_jobs_and_a_changed_body
 	char key[96], *wf;
 
 	tstack_tenant_create(&t, "keyact");
-	wf = create(&t, "{\"type\":\"k\",\"steps\":[{\"name\":\"a\",\"job_type\":\"k\"}]}");
-	free(create(&t, "{\"type\":\"k\",\"steps\":[{\"name\":\"a\",\"job_type\":\"k\"}]}"));
+	wf = tstack_create(&t, "{\"type\":\"k\",\"steps\":[{\"name\":\"a\",\"job_type\":\"k\"}]}");
+	free(tstack_create(&t, "{\"type\":\"k\",\"steps\":[{\"name\":\"a\",\"job_type\":\"k\"}]}"));
 	tstack_key(key, sizeof(key), "act");
-	a = post(&t, "/v1/jobs/activate", key, "{\"job_type\":\"k\",\"worker\":\"w\"}");
-	b = post(&t, "/v1/jobs/activate", key, "{\"worker\":\"w\",\"job_type\":\"k\"}");
-	c = post(&t, "/v1/jobs/activate", key, "{\"job_type\":\"k\",\"worker\":\"w2\"}");
-	expect_status(a, 200);
-	expect_status(b, 200);
+	a = tstack_post(&t, "/v1/jobs/activate", key, "{\"job_type\":\"k\",\"worker\":\"w\"}");
+	b = tstack_post(&t, "/v1/jobs/activate", key, "{\"worker\":\"w\",\"job_type\":\"k\"}");
+	c = tstack_post(&t, "/v1/jobs/activate", key, "{\"job_type\":\"k\",\"worker\":\"w2\"}");
+	tstack_expect_status(a, 200);
+	tstack_expect_status(b, 200);
 	cr_assert_str_eq(b->body, a->body);
 	tstack_expect_header(b, "Idempotent-Replayed", "true");
 	tstack_expect_problem(c, 409, "/problems/idempotency-key-reused", "/v1/jobs/activate");
@@ -1092,19 +1040,19 @@ Test(keyed_commands, a_retry_with_the_same_bytes_replays_without_the_canonical_c
 	char key[96];
 
 	tstack_tenant_create(&t, "samebytes");
-	free(create(&t, "{\"type\":\"sb\",\"steps\":[{\"name\":\"a\",\"job_type\":\"sb\"}]}"));
+	free(tstack_create(&t, "{\"type\":\"sb\",\"steps\":[{\"name\":\"a\",\"job_type\":\"sb\"}]}"));
 	tstack_key(key, sizeof(key), "sb");
-	a = post(&t, "/v1/jobs/activate", key, body);
-	expect_status(a, 200);
+	a = tstack_post(&t, "/v1/jobs/activate", key, body);
+	tstack_expect_status(a, 200);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
 				  " AND request_bytes_fp IS NOT NULL AND request_bytes_fp <> fingerprint",
 				  key),
 		     1, "the command's key keeps the fingerprint of its bytes");
 	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET fingerprint = '\\x00' WHERE key = $1",
 		    key);
-	b = post(&t, "/v1/jobs/activate", key, body);
-	c = post(&t, "/v1/jobs/activate", key, "{\"worker\":\"w\",\"job_type\":\"sb\"}");
-	expect_status(b, 200);
+	b = tstack_post(&t, "/v1/jobs/activate", key, body);
+	c = tstack_post(&t, "/v1/jobs/activate", key, "{\"worker\":\"w\",\"job_type\":\"sb\"}");
+	tstack_expect_status(b, 200);
 	cr_assert_str_eq(b->body, a->body);
 	tstack_expect_header(b, "Idempotent-Replayed", "true");
 	tstack_expect_problem(c, 409, "/problems/idempotency-key-reused", "/v1/jobs/activate");
@@ -1127,24 +1075,24 @@ Test(isolation, no_route_of_a_running_workflow_reaches_another_tenants_rows)
 
 	tstack_tenant_create(&a, "iso-a");
 	tstack_tenant_create(&b, "iso-b");
-	wf = create(&a, body);
+	wf = tstack_create(&a, body);
 	activate_one(&a, "iso", "wa", 60, wf);
 	before = tenant_snapshot(&a);
 
 	/* B sees nothing of A's: every route answers as for a missing id. */
 	snprintf(path, sizeof(path), "/v1/workflows/%s/events", wf);
-	r = get(&b, path);
+	r = tstack_get(&b, path);
 	tstack_expect_problem(r, 404, "/problems/not-found", path);
 	http_response_free(r);
-	r = get(&b, "/v1/workflows?type=iso");
+	r = tstack_get(&b, "/v1/workflows?type=iso");
 	cr_assert_str_eq(r->body, "{\"workflows\":[],\"next_cursor\":null}");
 	http_response_free(r);
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
-	r = post(&b, path, NULL, "{\"to\":\"cancelled\"}");
+	r = tstack_post(&b, path, NULL, "{\"to\":\"cancelled\"}");
 	tstack_expect_problem(r, 404, "/problems/not-found", path);
 	http_response_free(r);
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
-	r = post(&b, path, NULL, "{\"message_id\":\"x\",\"name\":\"go\"}");
+	r = tstack_post(&b, path, NULL, "{\"message_id\":\"x\",\"name\":\"go\"}");
 	tstack_expect_problem(r, 404, "/problems/not-found", path);
 	http_response_free(r);
 	r = activate(&b, "iso", "wb", 10, 60);
@@ -1162,15 +1110,15 @@ Test(isolation, no_route_of_a_running_workflow_reaches_another_tenants_rows)
 	free(after);
 
 	/* The same business key, message id and command key in B are B's own. */
-	char *wfb = create(&b, body);
+	char *wfb = tstack_create(&b, body);
 	cr_assert_str_neq(wfb, wf);
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wfb);
-	r = post(&b, path, "shared-key", "{\"message_id\":\"shared\",\"name\":\"go\"}");
-	expect_status(r, 202);
+	r = tstack_post(&b, path, "shared-key", "{\"message_id\":\"shared\",\"name\":\"go\"}");
+	tstack_expect_status(r, 202);
 	http_response_free(r);
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
-	r = post(&a, path, "shared-key", "{\"message_id\":\"shared\",\"name\":\"go\"}");
-	expect_status(r, 202);
+	r = tstack_post(&a, path, "shared-key", "{\"message_id\":\"shared\",\"name\":\"go\"}");
+	tstack_expect_status(r, 202);
 	n = tstack_json(r->body, "{duplicate}");
 	cr_assert_str_eq(n, "false");
 	free(n);
@@ -1194,7 +1142,7 @@ Test(lease, concurrent_activations_never_hand_out_one_job_twice)
 
 	tstack_tenant_create(&t, "activators");
 	for (int i = 0; i < 20; i++)
-		free(create(&t, "{\"type\":\"ca\",\"steps\":[{\"name\":\"a\",\"job_type\":\"ca\"}]}"));
+		free(tstack_create(&t, "{\"type\":\"ca\",\"steps\":[{\"name\":\"a\",\"job_type\":\"ca\"}]}"));
 	cr_assert_eq(pthread_barrier_init(&start, NULL, ACTIVATORS), 0);
 	for (int i = 0; i < ACTIVATORS; i++) {
 		snprintf(bodies[i], sizeof(bodies[i]),
@@ -1210,7 +1158,7 @@ Test(lease, concurrent_activations_never_hand_out_one_job_twice)
 	PGconn *db = tstack_db();
 	for (int i = 0; i < ACTIVATORS; i++) {
 		cr_assert_not_null(s[i].resp);
-		expect_status(s[i].resp, 200);
+		tstack_expect_status(s[i].resp, 200);
 		const char *p[2] = {s[i].resp->body, NULL};
 		PGresult *res = PQexecParams(
 		    db,
