@@ -33,22 +33,26 @@ stack_tail() {
 	tail -n "$n" -- "$file" >&2 || true
 }
 
-# stack_free_port: print a TCP port that is free on 127.0.0.1 right now.
+# stack_free_port [PORT...]: print a TCP port that is free on 127.0.0.1 right
+# now and is none of PORT: the probe closes its socket, so two calls in a row
+# may name the same port, and a caller that needs several passes the ones it
+# has.
 stack_free_port() {
-	if command -v python3 >/dev/null 2>&1; then
-		python3 -c 'import socket
+	local port _
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		if command -v python3 >/dev/null 2>&1; then
+			port=$(python3 -c 'import socket
 s = socket.socket()
 s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])
-s.close()' && return 0
-	fi
-	local port
-	for _ in 1 2 3 4 5 6 7 8 9 10; do
-		port=$((20000 + RANDOM % 30000))
-		if ! stack_port_open "$port"; then
-			echo "$port"
-			return 0
+s.close()') || return 1
+		else
+			port=$((20000 + RANDOM % 30000))
+			stack_port_open "$port" && continue
 		fi
+		[[ " $* " == *" $port "* ]] && continue
+		echo "$port"
+		return 0
 	done
 	return 1
 }
@@ -454,7 +458,7 @@ stack_nginx_start() {
 	install -d -m 755 -- "$prefix" "$prefix/tmp" || return 1
 	for try in 1 2 3; do
 		STACK_NGINX_PORT=${port:-$(stack_free_port)} || return 1
-		STACK_NGINX_METRICS_PORT=$(stack_free_port) || return 1
+		STACK_NGINX_METRICS_PORT=$(stack_free_port "$STACK_NGINX_PORT") || return 1
 		stack_nginx_render "$template" "$prefix/nginx.conf" "$prefix" "$STACK_NGINX_PORT" "$sock" \
 			"$STACK_NGINX_METRICS_PORT" || return 1
 		if "$nginx" -p "$prefix/" -c nginx.conf -e "$prefix/error.log" 2>"$prefix/start.err"; then
@@ -661,8 +665,9 @@ log.file.level = info
 EOT
 	for try in 1 2 3; do
 		STACK_RABBIT_PORT=$(stack_free_port) || return 1
-		STACK_RABBIT_DIST_PORT=$(stack_free_port) || return 1
-		STACK_RABBIT_EPMD_PORT=$(stack_free_port) || return 1
+		STACK_RABBIT_DIST_PORT=$(stack_free_port "$STACK_RABBIT_PORT") || return 1
+		STACK_RABBIT_EPMD_PORT=$(stack_free_port "$STACK_RABBIT_PORT" \
+			"$STACK_RABBIT_DIST_PORT") || return 1
 		STACK_RABBIT_LOG=$rdir/log/$STACK_RABBIT_NODE.log
 		rm -f -- "$rdir/rabbit.pid"
 		_stack_rabbit_write_env "$rdir"
