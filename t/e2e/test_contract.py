@@ -81,6 +81,7 @@ class Contract:
         self.delivered = set()      # event types delivered as webhooks
         self.components_seen = set()
         self.answers = 0
+        self.requests = 0           # request bodies checked
 
     def ref(self, obj):
         while isinstance(obj, dict) and "$ref" in obj and len(obj) == 1:
@@ -174,6 +175,54 @@ class Contract:
         self.answers += 1
         return value
 
+    def check_request(self, path, method, target, headers, body, status, answer):
+        """The request against the operation's parameters and body: one the
+        server accepted (2xx) must be one the document accepts, and a body
+        the server refused as breaking the rules (422 invalid-workflow or
+        invalid-request) one the document refuses."""
+        item = self.doc["paths"][path]
+        op = item.get(method.lower())
+        if op is None:
+            return
+        what = f"request {method} {target}"
+        slug = answer.get("type", "").rsplit("/", 1)[-1] if isinstance(answer, dict) else ""
+        if 200 <= status < 300:
+            params = [self.ref(p) for p in item.get("parameters", []) + op.get("parameters", [])]
+            query = dict(q.split("=", 1) for q in target.partition("?")[2].split("&") if q)
+            sent = {n.lower(): v for n, v in headers}
+            for prm in params:
+                if prm["in"] == "query" and prm["name"] in query:
+                    v = query[prm["name"]]
+                    if self.ref(prm["schema"]).get("type") == "integer":
+                        v = int(v)
+                    self.validate(v, prm["schema"], f"{what}: query {prm['name']}")
+                elif prm["in"] == "header":
+                    v = sent.get(prm["name"].lower())
+                    if v is None and prm.get("required"):
+                        fail(f"{what}: answered {status} without the required {prm['name']}")
+                    if v is not None:
+                        self.validate(v, prm["schema"], f"{what}: header {prm['name']}")
+            for q in query:
+                if not any(p["in"] == "query" and p["name"] == q for p in params):
+                    fail(f"{what}: answered {status} to the undocumented query parameter {q}")
+        if body is None or "requestBody" not in op:
+            return
+        try:
+            doc_body = json.loads(body)
+        except ValueError:
+            return
+        schema = op["requestBody"]["content"]["application/json"]["schema"]
+        v = jsonschema.Draft202012Validator(schema, resolver=self.resolver)
+        if 200 <= status < 300:
+            self.validate(doc_body, schema, f"{what}: body the server accepted")
+            self.requests += 1
+        elif status == 422 and slug in ("invalid-workflow", "invalid-request") \
+                and v.is_valid(doc_body):
+            fail(f"{what}: the server refused the body ({slug}) but the document "
+                 f"accepts it: {body[:200]!r}")
+        elif status == 422 and slug in ("invalid-workflow", "invalid-request"):
+            self.requests += 1
+
     def check_component(self, name, what, status, headers, body):
         """An answer that no route owns (an unknown path, nginx's own)."""
         resp_doc = self.doc["components"]["responses"][name]
@@ -250,6 +299,7 @@ class Api:
             value = self.c.check_component("NotFound", what, status, rh, data)
         else:
             value = self.c.check(route, method, status, rh, data)
+            self.c.check_request(route, method, target, hdrs, body, status, value)
         if problem is not None:
             got = value.get("type") if isinstance(value, dict) else None
             if got != f"/problems/{problem}":
@@ -777,7 +827,7 @@ def main():
     print(f"# coverage: {len(documented & c.covered)}/{len(documented)} (route, method, status), "
           f"{len(c.problems)}/{len(c.doc['x-problem-types'])} problem types, "
           f"{len(c.delivered)}/{len(c.doc['webhooks'])} event types delivered, "
-          f"{c.answers} answers checked, "
+          f"{c.answers} answers and {c.requests} request bodies checked, "
           f"{time.monotonic() - t0:.1f} s")
     return 1 if errors else 0
 
