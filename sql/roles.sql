@@ -113,7 +113,7 @@ GRANT SELECT ON outbox TO idemflow_dispatcher;
 GRANT UPDATE (lease_owner, lease_until, attempts, published_at, last_error, next_attempt_at,
               dead_at) ON outbox TO idemflow_dispatcher;
 
--- idemflow prune and idemflow reap (app/cli/main.c, sql/005_runs.sql's
+-- idemflow prune and idemflow reap (app/cli/prune.c, sql/005_runs.sql's
 -- idemflow_reap): expired keys with their counts, and delivered events
 -- past retention, are deleted; expired job leases are handed back. Prune
 -- deletes by ctid, a system column that only a table-wide SELECT covers;
