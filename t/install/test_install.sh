@@ -84,7 +84,7 @@ expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
 expect_file "$inst_docdir/README.md" 644
 # The reference the README links to, beside it.
 DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
-	testing-notes.md ha.md distribution.md)
+	ha.md distribution.md)
 for d in "${DOCS[@]}"; do
 	expect_file "$inst_docdir/$d" 644
 done
