@@ -610,7 +610,9 @@ Test(dispatch, loop_mode_outlives_a_database_restart)
 
 	const char *loop[] = {"--loop", "--poll-interval", "1s", NULL};
 	pid = spawn(loop);
-	usleep(500 * 1000); /* let it reach its wait */
+	/* Connected and asleep in its wait before the restart: a dispatcher
+	 * still starting when the database goes away exits instead. */
+	cr_assert(in_loop_wait(pid, 1000, 20000), "the dispatcher never reached its wait");
 	tstack_pg_ctl("restart");
 	PQfinish(conn);
 	conn = db_connect_simple(getenv("DATABASE_URL"), "test_dispatch", &e);
