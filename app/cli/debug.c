@@ -133,7 +133,7 @@ static int idempotency_check(PGconn *conn, int argc, char **argv)
 		return EX_USAGE;
 	}
 
-	const char *pt[1] = {tenant};
+	const char *pt[1] = { tenant };
 	res = db_exec(conn, "SELECT id FROM tenants WHERE name = $1", 1, pt, &e);
 	if (res == NULL) {
 		rc = cli_db_fail(&e);
@@ -151,7 +151,7 @@ static int idempotency_check(PGconn *conn, int argc, char **argv)
 	/* The list and the summary read one snapshot, so they agree. The
 	 * hours go as the number strtod read ("0x10" is not SQL). */
 	snprintf(hours_num, sizeof(hours_num), "%.17g", h);
-	const char *p[3] = {tenant_id, hours_num, limit};
+	const char *p[3] = { tenant_id, hours_num, limit };
 	res = db_exec(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL, &e);
 	if (res == NULL) {
 		rc = cli_db_fail(&e);

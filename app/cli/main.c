@@ -23,8 +23,9 @@ static const struct {
 	const char *name;
 	cli_noun_fn *run;
 } nouns[] = {
-    {"migrate", cli_migrate}, {"tenant", cli_tenant}, {"token", cli_token}, {"outbox", cli_outbox},
-    {"prune", cli_prune},     {"reap", cli_reap},     {"debug", cli_debug},
+	{ "migrate", cli_migrate }, { "tenant", cli_tenant }, { "token", cli_token },
+	{ "outbox", cli_outbox },   { "prune", cli_prune },   { "reap", cli_reap },
+	{ "debug", cli_debug },
 };
 
 static void quiet_notices(void *arg, const char *msg)

@@ -30,10 +30,10 @@ static const struct {
 	const char *option; /* NULL: the default */
 	const char *sql;
 } outbox_lists[] = {
-    {NULL, OUTBOX_LIST("published_at IS NULL")},
-    {"--pending", OUTBOX_LIST("published_at IS NULL AND dead_at IS NULL")},
-    {"--dead", OUTBOX_LIST("dead_at IS NOT NULL")},
-    {"--published", OUTBOX_LIST("published_at IS NOT NULL")},
+	{ NULL, OUTBOX_LIST("published_at IS NULL") },
+	{ "--pending", OUTBOX_LIST("published_at IS NULL AND dead_at IS NULL") },
+	{ "--dead", OUTBOX_LIST("dead_at IS NOT NULL") },
+	{ "--published", OUTBOX_LIST("published_at IS NOT NULL") },
 };
 
 /* The statement an option of outbox list names, or NULL. */
@@ -61,7 +61,7 @@ static int outbox_list(PGconn *conn, int argc, char **argv)
 		else
 			return cli_usage_error();
 	}
-	const char *p[1] = {limit};
+	const char *p[1] = { limit };
 	res = db_exec(conn, sql, 1, p, &e);
 	if (res == NULL) {
 		if (strcmp(e.sqlstate, "22P02") == 0) {
@@ -79,7 +79,7 @@ static int outbox_list(PGconn *conn, int argc, char **argv)
 /* outbox show ID: every column, one a line, NULL as "-". */
 static int outbox_show(PGconn *conn, const char *id)
 {
-	const char *p[1] = {id};
+	const char *p[1] = { id };
 	PGresult *res;
 	struct err e;
 	int rc = EX_OK;
@@ -116,7 +116,7 @@ out:
  */
 static int outbox_requeue(PGconn *conn, const char *id, int force)
 {
-	const char *p[2] = {id, force ? "t" : "f"};
+	const char *p[2] = { id, force ? "t" : "f" };
 	PGresult *res;
 	struct err e;
 	int rc = EX_OK;

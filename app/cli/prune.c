@@ -122,7 +122,7 @@ static int prune_options(struct conf *c, int argc, char **argv, const char *cons
 
 int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 {
-	static const char *const options[] = {"--outbox-retention", "--prune-batch", NULL};
+	static const char *const options[] = { "--outbox-retention", "--prune-batch", NULL };
 	long keys = 0, key_stats = 0, events = 0;
 	int statements = 0, rc;
 	char ms[24], batch[16], key_cutoff[64], event_cutoff[64];
@@ -135,7 +135,7 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 		return rc;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	snprintf(ms, sizeof(ms), "%ld", c->outbox_retention);
-	const char *p[1] = {ms};
+	const char *p[1] = { ms };
 	res =
 	    db_exec(conn, "SELECT now(), now() - $1::bigint * interval '1 millisecond'", 1, p, &e);
 	if (res == NULL)
@@ -145,7 +145,7 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	PQclear(res);
 
 	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
-	const char *pk[2] = {key_cutoff, batch}, *pe[2] = {event_cutoff, batch};
+	const char *pk[2] = { key_cutoff, batch }, *pe[2] = { event_cutoff, batch };
 	int failed = prune_batches(conn, PRUNE_KEYS, 2, pk, c->prune_batch, &keys, &key_stats,
 	                           &statements, &e) < 0 ||
 	             prune_batches(conn, PRUNE_EVENTS, 2, pe, c->prune_batch, &events, NULL,
@@ -165,7 +165,7 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
  */
 int cli_reap(PGconn *conn, struct conf *c, int argc, char **argv)
 {
-	static const char *const options[] = {"--prune-batch", NULL};
+	static const char *const options[] = { "--prune-batch", NULL };
 	char batch[24];
 	long jobs = 0;
 	struct err e;
@@ -175,7 +175,7 @@ int cli_reap(PGconn *conn, struct conf *c, int argc, char **argv)
 	if (rc != EX_OK)
 		return rc;
 	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
-	const char *p[1] = {batch};
+	const char *p[1] = { batch };
 	failed = prune_batches(conn, "SELECT idemflow_reap($1)", 1, p, c->prune_batch, &jobs, NULL,
 	                       NULL, &e) < 0;
 	printf("reap: jobs=%ld\n", jobs);

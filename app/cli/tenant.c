@@ -14,7 +14,7 @@
  * checked by the table (23514), so the server and the CLI agree on it. */
 static int tenant_create(PGconn *conn, const char *name)
 {
-	const char *p[1] = {name};
+	const char *p[1] = { name };
 	PGresult *res;
 	struct err e;
 	int rc = EX_OK;
@@ -66,7 +66,7 @@ static int tenant_list(PGconn *conn)
 static int tenant_set_ttl(PGconn *conn, const char *name, const char *value)
 {
 	char ms[24];
-	const char *p[2] = {name, NULL}; /* NULL: the server's idempotency_ttl */
+	const char *p[2] = { name, NULL }; /* NULL: the server's idempotency_ttl */
 	struct conf *tmp = NULL;
 	PGresult *res = NULL;
 	struct err e;

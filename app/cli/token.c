@@ -32,7 +32,7 @@ static void token_hash_hex(char out[TOKEN_HASH_HEX_LEN], const char *token)
 /* Sleep ms milliseconds, through interruptions. */
 static void sleep_ms(long ms)
 {
-	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
 
 	while (ms > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR)
 		;
@@ -42,7 +42,7 @@ static void sleep_ms(long ms)
 static int token_create(PGconn *conn, const char *tenant)
 {
 	char token[IDS_TOKEN_LEN + 1], hex[TOKEN_HASH_HEX_LEN];
-	const char *p[2] = {hex, tenant};
+	const char *p[2] = { hex, tenant };
 	PGresult *res;
 	struct err e;
 	int rc = EX_OK;
@@ -117,7 +117,7 @@ out:
 /* token list [--tenant NAME] */
 static int token_list(PGconn *conn, const char *tenant)
 {
-	const char *p[1] = {tenant}; /* NULL: every tenant's */
+	const char *p[1] = { tenant }; /* NULL: every tenant's */
 	PGresult *res;
 	struct err e;
 

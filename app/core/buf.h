@@ -19,7 +19,10 @@ struct buf {
 	int oom;
 };
 
-#define BUF_INIT {NULL, 0, 0, 0}
+#define BUF_INIT                                                                                   \
+	{                                                                                          \
+		NULL, 0, 0, 0                                                                      \
+	}
 
 void buf_append(struct buf *b, const void *p, size_t n);
 void buf_puts(struct buf *b, const char *s);

@@ -273,8 +273,8 @@ static struct json_object *parse_json(const char *text, size_t len, int max_dept
 	for (end = consumed ? consumed : json_tokener_get_parse_end(tok); end < len; end++) {
 		char c = text[end];
 		if (c != ' ' && c != '\t' && c != '\r' && c != '\n') {
-			err_set(e, ERR_INPUT, "the body is not valid JSON: unexpected data at byte %zu",
-				end);
+			err_set(e, ERR_INPUT,
+			        "the body is not valid JSON: unexpected data at byte %zu", end);
 			goto fail;
 		}
 	}
@@ -341,8 +341,13 @@ void canon_write_string(struct buf *out, const char *s, size_t n)
 		case '\r': esc = "\\r"; break;
 		case '\t': esc = "\\t"; break;
 		default:
-			u[0] = '\\'; u[1] = 'u'; u[2] = '0'; u[3] = '0';
-			u[4] = hex[c >> 4]; u[5] = hex[c & 15]; u[6] = '\0';
+			u[0] = '\\';
+			u[1] = 'u';
+			u[2] = '0';
+			u[3] = '0';
+			u[4] = hex[c >> 4];
+			u[5] = hex[c & 15];
+			u[6] = '\0';
 			esc = u;
 		}
 		buf_append(out, s + run, i - run);
@@ -388,9 +393,7 @@ static int member_cmp(const void *a, const void *b)
 int canon_write(struct buf *out, struct json_object *v, struct err *e)
 {
 	switch (json_object_get_type(v)) {
-	case json_type_null:
-		buf_puts(out, "null");
-		return 0;
+	case json_type_null: buf_puts(out, "null"); return 0;
 	case json_type_boolean:
 		buf_puts(out, json_object_get_boolean(v) ? "true" : "false");
 		return 0;
@@ -398,8 +401,8 @@ int canon_write(struct buf *out, struct json_object *v, struct err *e)
 		int64_t i = json_object_get_int64(v);
 		char digits[24], *p;
 		uint64_t u = i == INT64_MAX ? json_object_get_uint64(v)
-		           : i < 0        ? 0 - (uint64_t)i
-		                          : (uint64_t)i;
+		             : i < 0        ? 0 - (uint64_t)i
+		                            : (uint64_t)i;
 		p = buf_utoa(digits + sizeof(digits), u);
 		if (i < 0)
 			*--p = '-';
@@ -445,7 +448,8 @@ int canon_write(struct buf *out, struct json_object *v, struct err *e)
 
 		if (m == NULL)
 			return err_set(e, ERR_INTERNAL, "out of memory");
-		json_object_object_foreach(v, key, val) {
+		json_object_object_foreach(v, key, val)
+		{
 			m[i].key = key;
 			m[i].val = val;
 			i++;

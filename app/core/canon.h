@@ -38,8 +38,8 @@
  * (ERR_INPUT, message fit for a client). Note a JSON `null` document also
  * yields NULL: callers that need an object treat both the same.
  */
-struct json_object *canon_parse(const char *text, size_t len, int max_depth, struct err *e)
-    MUSTCHECK;
+struct json_object *canon_parse(const char *text, size_t len, int max_depth,
+                                struct err *e) MUSTCHECK;
 
 /* Append the canonical form of v to out. Returns 0, or -1 with e filled when
  * v holds something that has no canonical form (U+0000 in a string, a

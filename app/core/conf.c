@@ -38,88 +38,94 @@ struct conf_key {
 	const char *help;
 };
 
-#define OFF(f) offsetof(struct conf, f)
+#define OFF(f)           offsetof(struct conf, f)
 #define WORKERS_AUTO_MAX 32
 static const struct conf_key conf_keys[] = {
-	{"db", T_STR, OFF(db), "", 0, 0, "libpq conninfo or URI (also $DATABASE_URL, PG* variables)"},
-	{"listen", T_STR, OFF(listen), "/run/idemflow/idemflow.sock", 0, 0,
-	 "FastCGI socket: a unix socket path, or host:port"},
-	{"listen_mode", T_OCTAL, OFF(listen_mode), "0660", 0, 0777, "permissions of the unix socket"},
-	{"workers", T_WORKERS, OFF(workers), "auto", 1, 256,
-	 "number of pre-forked workers, or auto: two per online CPU, 2 to 32"},
-	{"max_requests", T_INT, OFF(max_requests), "0", 0, INT_MAX,
-	 "requests a worker serves before it is replaced (0 = never)"},
-	{"pid_file", T_STR, OFF(pid_file), "", 0, 0, "file to write the supervisor's pid to"},
-	{"idempotency_key", T_IDEM_MODE, OFF(idempotency_key), "required", 0, 0,
-	 "required | optional (optional accepts unkeyed POSTs, each creating anew)"},
-	{"idempotency_ttl", T_DURATION, OFF(idempotency_ttl), "24h", 1000, 0,
-	 "how long a key is remembered"},
-	{"replay_cache_ttl", T_DURATION, OFF(replay_cache_ttl), "1s", 0, 60000,
-	 "how long a worker answers a replay from memory (0 = always ask the database)"},
-	{"idempotency_wait", T_DURATION, OFF(idempotency_wait), "5s", 1, 0,
-	 "how long a request waits for another one holding its key"},
-	{"statement_timeout", T_DURATION, OFF(statement_timeout), "30s", 0, 0,
-	 "PostgreSQL statement_timeout for request statements (0 = none)"},
-	{"max_body", T_SIZE, OFF(max_body), "1M", 2, 64L * 1024 * 1024, "largest request body accepted"},
-	{"max_answer", T_SIZE, OFF(max_answer), "4M", 64L * 1024, 1024L * 1024 * 1024, "largest list or history page, in bytes"},
-	{"max_depth", T_INT, OFF(max_depth), "64", 2, 1000, "deepest JSON nesting accepted"},
-	{"retry_after", T_INT, OFF(retry_after), "1", 0, 3600,
-	 "seconds sent in Retry-After with 503 and 409 in-flight"},
-	{"shutdown_timeout", T_DURATION, OFF(shutdown_timeout), "30s", 0, 0,
-	 "grace period for in-flight requests on SIGTERM before SIGKILL"},
-	{"log_level", T_LOG_LEVEL, OFF(log_level), "info", 0, 0, "debug | info | warning | error"},
-	{"application_name", T_STR, OFF(application_name), "idemflow", 0, 0,
-	 "prefix of the PostgreSQL application_name"},
-	{"log_format", T_LOG_FORMAT, OFF(log_format), "logfmt", 0, 0,
-	 "logfmt | json (one JSON object per line, same fields)"},
-	{"log_file", T_STR, OFF(log_file), "", 0, 0,
-	 "append the log to this file instead of stderr; SIGUSR1 reopens it"},
-	{"metrics_allow", T_STR, OFF(metrics_allow), "127.0.0.1,::1", 0, 0,
-	 "client addresses or networks (a.b.c.d/n, x::/n) allowed to GET /metrics"},
-	{"metrics_token", T_STR, OFF(metrics_token), "", 0, 0,
-	 "bearer token that opens GET /metrics from any address (never a tenant's)"},
-	{"textfile", T_STR, OFF(textfile), "", 0, 0,
-	 "dispatch: write the run's metrics to this node_exporter textfile (*.prom)"},
+	{ "db", T_STR, OFF(db), "", 0, 0,
+	  "libpq conninfo or URI (also $DATABASE_URL, PG* variables)" },
+	{ "listen", T_STR, OFF(listen), "/run/idemflow/idemflow.sock", 0, 0,
+	  "FastCGI socket: a unix socket path, or host:port" },
+	{ "listen_mode", T_OCTAL, OFF(listen_mode), "0660", 0, 0777,
+	  "permissions of the unix socket" },
+	{ "workers", T_WORKERS, OFF(workers), "auto", 1, 256,
+	  "number of pre-forked workers, or auto: two per online CPU, 2 to 32" },
+	{ "max_requests", T_INT, OFF(max_requests), "0", 0, INT_MAX,
+	  "requests a worker serves before it is replaced (0 = never)" },
+	{ "pid_file", T_STR, OFF(pid_file), "", 0, 0, "file to write the supervisor's pid to" },
+	{ "idempotency_key", T_IDEM_MODE, OFF(idempotency_key), "required", 0, 0,
+	  "required | optional (optional accepts unkeyed POSTs, each creating anew)" },
+	{ "idempotency_ttl", T_DURATION, OFF(idempotency_ttl), "24h", 1000, 0,
+	  "how long a key is remembered" },
+	{ "replay_cache_ttl", T_DURATION, OFF(replay_cache_ttl), "1s", 0, 60000,
+	  "how long a worker answers a replay from memory (0 = always ask the database)" },
+	{ "idempotency_wait", T_DURATION, OFF(idempotency_wait), "5s", 1, 0,
+	  "how long a request waits for another one holding its key" },
+	{ "statement_timeout", T_DURATION, OFF(statement_timeout), "30s", 0, 0,
+	  "PostgreSQL statement_timeout for request statements (0 = none)" },
+	{ "max_body", T_SIZE, OFF(max_body), "1M", 2, 64L * 1024 * 1024,
+	  "largest request body accepted" },
+	{ "max_answer", T_SIZE, OFF(max_answer), "4M", 64L * 1024, 1024L * 1024 * 1024,
+	  "largest list or history page, in bytes" },
+	{ "max_depth", T_INT, OFF(max_depth), "64", 2, 1000, "deepest JSON nesting accepted" },
+	{ "retry_after", T_INT, OFF(retry_after), "1", 0, 3600,
+	  "seconds sent in Retry-After with 503 and 409 in-flight" },
+	{ "shutdown_timeout", T_DURATION, OFF(shutdown_timeout), "30s", 0, 0,
+	  "grace period for in-flight requests on SIGTERM before SIGKILL" },
+	{ "log_level", T_LOG_LEVEL, OFF(log_level), "info", 0, 0,
+	  "debug | info | warning | error" },
+	{ "application_name", T_STR, OFF(application_name), "idemflow", 0, 0,
+	  "prefix of the PostgreSQL application_name" },
+	{ "log_format", T_LOG_FORMAT, OFF(log_format), "logfmt", 0, 0,
+	  "logfmt | json (one JSON object per line, same fields)" },
+	{ "log_file", T_STR, OFF(log_file), "", 0, 0,
+	  "append the log to this file instead of stderr; SIGUSR1 reopens it" },
+	{ "metrics_allow", T_STR, OFF(metrics_allow), "127.0.0.1,::1", 0, 0,
+	  "client addresses or networks (a.b.c.d/n, x::/n) allowed to GET /metrics" },
+	{ "metrics_token", T_STR, OFF(metrics_token), "", 0, 0,
+	  "bearer token that opens GET /metrics from any address (never a tenant's)" },
+	{ "textfile", T_STR, OFF(textfile), "", 0, 0,
+	  "dispatch: write the run's metrics to this node_exporter textfile (*.prom)" },
 	/* idemflow-dispatch */
-	{"once", T_BOOL, OFF(once), "false", 0, 0, "dispatch: one pass until nothing is due (default)"},
-	{"loop", T_BOOL, OFF(loop), "false", 0, 0,
-	 "dispatch: keep running, woken by LISTEN/NOTIFY, polling as a fallback"},
-	{"batch", T_INT, OFF(batch), "100", 1, 10000, "dispatch: events claimed at a time"},
-	{"max_runtime", T_DURATION, OFF(max_runtime), "0", 0, 0,
-	 "dispatch: stop after this long (0 = no limit)"},
-	{"max_attempts", T_INT, OFF(max_attempts), "8", 1, 1000,
-	 "dispatch: attempts before an event is dead"},
-	{"backoff", T_STR, OFF(backoff), "5s,5m,30m,2h,5h,10h,10h", 0, 0,
-	 "dispatch: delay after each failed attempt, the last one repeating (with +-20% jitter)"},
-	{"lease", T_DURATION, OFF(lease), "2m", 1000, 0,
-	 "dispatch: how long a claimed event is reserved for its dispatcher"},
-	{"poll_interval", T_DURATION, OFF(poll_interval), "5s", 10, 0,
-	 "dispatch: --loop polls this often without notifications"},
-	{"sink", T_STR, OFF(sink), "http", 0, 0, "dispatch: http | amqp | exec"},
-	{"url", T_STR, OFF(url), "", 0, 0, "dispatch (http): webhook URL"},
-	{"secret", T_STR, OFF(secret), "", 0, 0,
-	 "dispatch (http): signing secret, whsec_<base64> or raw text"},
-	{"timeout", T_DURATION, OFF(timeout), "10s", 1, 0, "dispatch: timeout of one delivery"},
-	{"dead_on_4xx", T_BOOL, OFF(dead_on_4xx), "true", 0, 0,
-	 "dispatch (http): a 4xx other than 408/429 makes the event dead at once"},
-	{"parallel", T_INT, OFF(parallel), "4", 1, 64,
-	 "dispatch (http): requests in flight at once, each on its own keep-alive connection"},
-	{"amqp_url", T_STR, OFF(amqp_url), "amqp://guest:guest@127.0.0.1:5672/", 0, 0,
-	 "dispatch (amqp): broker URL"},
-	{"exchange", T_STR, OFF(exchange), "idemflow", 0, 0,
-	 "dispatch (amqp): exchange to publish to (\"\" = the default exchange)"},
-	{"routing_key", T_STR, OFF(routing_key), "{type}", 0, 0,
-	 "dispatch (amqp): routing key; {type} is replaced by the event type"},
-	{"exec", T_STR, OFF(exec), "", 0, 0,
-	 "dispatch (exec): shell command run per event, event JSON on stdin"},
+	{ "once", T_BOOL, OFF(once), "false", 0, 0,
+	  "dispatch: one pass until nothing is due (default)" },
+	{ "loop", T_BOOL, OFF(loop), "false", 0, 0,
+	  "dispatch: keep running, woken by LISTEN/NOTIFY, polling as a fallback" },
+	{ "batch", T_INT, OFF(batch), "100", 1, 10000, "dispatch: events claimed at a time" },
+	{ "max_runtime", T_DURATION, OFF(max_runtime), "0", 0, 0,
+	  "dispatch: stop after this long (0 = no limit)" },
+	{ "max_attempts", T_INT, OFF(max_attempts), "8", 1, 1000,
+	  "dispatch: attempts before an event is dead" },
+	{ "backoff", T_STR, OFF(backoff), "5s,5m,30m,2h,5h,10h,10h", 0, 0,
+	  "dispatch: delay after each failed attempt, the last one repeating (with +-20% jitter)" },
+	{ "lease", T_DURATION, OFF(lease), "2m", 1000, 0,
+	  "dispatch: how long a claimed event is reserved for its dispatcher" },
+	{ "poll_interval", T_DURATION, OFF(poll_interval), "5s", 10, 0,
+	  "dispatch: --loop polls this often without notifications" },
+	{ "sink", T_STR, OFF(sink), "http", 0, 0, "dispatch: http | amqp | exec" },
+	{ "url", T_STR, OFF(url), "", 0, 0, "dispatch (http): webhook URL" },
+	{ "secret", T_STR, OFF(secret), "", 0, 0,
+	  "dispatch (http): signing secret, whsec_<base64> or raw text" },
+	{ "timeout", T_DURATION, OFF(timeout), "10s", 1, 0, "dispatch: timeout of one delivery" },
+	{ "dead_on_4xx", T_BOOL, OFF(dead_on_4xx), "true", 0, 0,
+	  "dispatch (http): a 4xx other than 408/429 makes the event dead at once" },
+	{ "parallel", T_INT, OFF(parallel), "4", 1, 64,
+	  "dispatch (http): requests in flight at once, each on its own keep-alive connection" },
+	{ "amqp_url", T_STR, OFF(amqp_url), "amqp://guest:guest@127.0.0.1:5672/", 0, 0,
+	  "dispatch (amqp): broker URL" },
+	{ "exchange", T_STR, OFF(exchange), "idemflow", 0, 0,
+	  "dispatch (amqp): exchange to publish to (\"\" = the default exchange)" },
+	{ "routing_key", T_STR, OFF(routing_key), "{type}", 0, 0,
+	  "dispatch (amqp): routing key; {type} is replaced by the event type" },
+	{ "exec", T_STR, OFF(exec), "", 0, 0,
+	  "dispatch (exec): shell command run per event, event JSON on stdin" },
 	/* idemflow prune */
-	{"outbox_retention", T_DURATION, OFF(outbox_retention), "7d", 0, 0,
-	 "prune: delivered outbox events older than this are deleted (dead ones are kept)"},
-	{"prune_batch", T_INT, OFF(prune_batch), "1000", 1, 100000,
-	 "prune: rows deleted per statement, each its own short transaction"},
+	{ "outbox_retention", T_DURATION, OFF(outbox_retention), "7d", 0, 0,
+	  "prune: delivered outbox events older than this are deleted (dead ones are kept)" },
+	{ "prune_batch", T_INT, OFF(prune_batch), "1000", 1, 100000,
+	  "prune: rows deleted per statement, each its own short transaction" },
 #ifdef IDEMFLOW_TEST_HOOKS
-	{"test_fail_after_write", T_BOOL, OFF(test_fail_after_write), "false", 0, 0,
-	 "TEST BUILD ONLY: creates fail after writing, inside the transaction"},
+	{ "test_fail_after_write", T_BOOL, OFF(test_fail_after_write), "false", 0, 0,
+	  "TEST BUILD ONLY: creates fail after writing, inside the transaction" },
 #endif
 };
 #define NKEYS (sizeof(conf_keys) / sizeof(conf_keys[0]))
@@ -173,13 +179,13 @@ static int parse_scaled(const char *s, const struct unit *units, long *out)
 	return -1;
 }
 
-static const struct unit duration_units[] = {
-	{"", 1000}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {"d", 86400000}, {NULL, 0}};
-static const struct unit size_units[] = {
-	{"", 1}, {"k", 1024}, {"K", 1024}, {"M", 1048576}, {"m", 1048576}, {NULL, 0}};
+static const struct unit duration_units[] = { { "", 1000 },   { "ms", 1 },      { "s", 1000 },
+	                                      { "m", 60000 }, { "h", 3600000 }, { "d", 86400000 },
+	                                      { NULL, 0 } };
+static const struct unit size_units[] = { { "", 1 },        { "k", 1024 },    { "K", 1024 },
+	                                  { "M", 1048576 }, { "m", 1048576 }, { NULL, 0 } };
 
-int conf_set(struct conf *c, const char *name, const char *value, const char *origin,
-	     struct err *e)
+int conf_set(struct conf *c, const char *name, const char *value, const char *origin, struct err *e)
 {
 	const struct conf_key *k = key_find(name);
 	char *base;
@@ -206,7 +212,9 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 		 * PostgreSQL allows 100 by default. */
 		if (strcmp(value, "auto") == 0) {
 			v = 2 * sysconf(_SC_NPROCESSORS_ONLN);
-			*(int *)base = (int)(v < 2 ? 2 : v > WORKERS_AUTO_MAX ? WORKERS_AUTO_MAX : v);
+			*(int *)base = (int)(v < 2                  ? 2
+			                     : v > WORKERS_AUTO_MAX ? WORKERS_AUTO_MAX
+			                                            : v);
 			return 0;
 		}
 		/* Not auto: a number, as for T_INT. */
@@ -228,22 +236,22 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 	case T_DURATION:
 		if (parse_scaled(value, duration_units, &v) < 0 || v < k->min)
 			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected a duration "
-				       "such as 500ms, 5s, 10m, 24h or 7d",
-				       origin, value, k->name);
+			               "%s: invalid value \"%s\" for \"%s\": expected a duration "
+			               "such as 500ms, 5s, 10m, 24h or 7d",
+			               origin, value, k->name);
 		if (k->max > 0 && v > k->max)
 			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected a duration "
-				       "of at most %ld ms",
-				       origin, value, k->name, k->max);
+			               "%s: invalid value \"%s\" for \"%s\": expected a duration "
+			               "of at most %ld ms",
+			               origin, value, k->name, k->max);
 		*(long *)base = v;
 		return 0;
 	case T_SIZE:
 		if (parse_scaled(value, size_units, &v) < 0 || v < k->min || v > k->max)
 			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected a size "
-				       "between %ld and %ld bytes, such as 512k or 1M",
-				       origin, value, k->name, k->min, k->max);
+			               "%s: invalid value \"%s\" for \"%s\": expected a size "
+			               "between %ld and %ld bytes, such as 512k or 1M",
+			               origin, value, k->name, k->min, k->max);
 		*(long *)base = v;
 		return 0;
 	case T_IDEM_MODE:
@@ -253,44 +261,47 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 			*(enum idem_mode *)base = IDEM_KEY_OPTIONAL;
 		else
 			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected required or "
-				       "optional",
-				       origin, value, k->name);
+			               "%s: invalid value \"%s\" for \"%s\": expected required or "
+			               "optional",
+			               origin, value, k->name);
 		return 0;
 	case T_BOOL:
-		if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "on") == 0 ||
-		    strcmp(value, "1") == 0)
+		if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 ||
+		    strcmp(value, "on") == 0 || strcmp(value, "1") == 0)
 			*(int *)base = 1;
 		else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 ||
-			 strcmp(value, "off") == 0 || strcmp(value, "0") == 0)
+		         strcmp(value, "off") == 0 || strcmp(value, "0") == 0)
 			*(int *)base = 0;
 		else
-			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected true or false",
-				       origin, value, k->name);
+			return err_set(
+			    e, ERR_CONFIG,
+			    "%s: invalid value \"%s\" for \"%s\": expected true or false", origin,
+			    value, k->name);
 		return 0;
 	case T_LOG_FORMAT:
 		if (log_format_parse(value, (enum log_format *)base) < 0)
-			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected logfmt or json",
-				       origin, value, k->name);
+			return err_set(
+			    e, ERR_CONFIG,
+			    "%s: invalid value \"%s\" for \"%s\": expected logfmt or json", origin,
+			    value, k->name);
 		return 0;
 	case T_LOG_LEVEL:
 		if (log_level_parse(value, (enum log_level *)base) < 0)
 			return err_set(e, ERR_CONFIG,
-				       "%s: invalid value \"%s\" for \"%s\": expected debug, info, "
-				       "warning or error",
-				       origin, value, k->name);
+			               "%s: invalid value \"%s\" for \"%s\": expected debug, info, "
+			               "warning or error",
+			               origin, value, k->name);
 		return 0;
 	}
 	return err_set(e, ERR_INTERNAL, "unhandled key type");
 bad_range:
-	return err_set(e, ERR_CONFIG, "%s: invalid value \"%s\" for \"%s\": expected %s between %ld and %ld",
-		       origin, value, k->name,
-		       k->type == T_OCTAL     ? "an octal mode"
-		       : k->type == T_WORKERS ? "auto or an integer"
-		                              : "an integer",
-		       k->min, k->max);
+	return err_set(e, ERR_CONFIG,
+	               "%s: invalid value \"%s\" for \"%s\": expected %s between %ld and %ld",
+	               origin, value, k->name,
+	               k->type == T_OCTAL     ? "an octal mode"
+	               : k->type == T_WORKERS ? "auto or an integer"
+	                                      : "an integer",
+	               k->min, k->max);
 }
 
 struct conf *conf_new(void)
@@ -342,7 +353,7 @@ int conf_load_file(struct conf *c, const char *path, struct err *e)
 
 	if (f == NULL)
 		return err_set(e, ERR_CONFIG, "could not open configuration file \"%s\": %s", path,
-			       strerror(errno));
+		               strerror(errno));
 	while (fgets(line, sizeof(line), f) != NULL) {
 		char *p, *eq, *key, *val;
 
@@ -357,7 +368,8 @@ int conf_load_file(struct conf *c, const char *path, struct err *e)
 			continue;
 		eq = strchr(p, '=');
 		if (eq == NULL) {
-			err_set(e, ERR_CONFIG, "%s: expected \"key = value\", got \"%s\"", origin, p);
+			err_set(e, ERR_CONFIG, "%s: expected \"key = value\", got \"%s\"", origin,
+			        p);
 			goto out;
 		}
 		*eq = '\0';
@@ -401,13 +413,14 @@ int conf_check(const struct conf *c, struct err *e)
 	if (TTL_STATEMENT_FACTOR * c->statement_timeout > min)
 		min = TTL_STATEMENT_FACTOR * c->statement_timeout;
 	if (c->idempotency_ttl < min)
-		return err_set(e, ERR_CONFIG,
-			       "invalid value for \"idempotency_ttl\": %ld ms is shorter than %ld ms, "
-			       "%d times idempotency_wait (%ld ms) and %d times statement_timeout "
-			       "(%ld ms): a key must outlive every request that may still hold or "
-			       "wait for it",
-			       c->idempotency_ttl, min, TTL_WAIT_FACTOR, c->idempotency_wait,
-			       TTL_STATEMENT_FACTOR, c->statement_timeout);
+		return err_set(
+		    e, ERR_CONFIG,
+		    "invalid value for \"idempotency_ttl\": %ld ms is shorter than %ld ms, "
+		    "%d times idempotency_wait (%ld ms) and %d times statement_timeout "
+		    "(%ld ms): a key must outlive every request that may still hold or "
+		    "wait for it",
+		    c->idempotency_ttl, min, TTL_WAIT_FACTOR, c->idempotency_wait,
+		    TTL_STATEMENT_FACTOR, c->statement_timeout);
 	return 0;
 }
 
@@ -494,5 +507,5 @@ void conf_usage(FILE *out)
 	fprintf(out, "  %-20s %s\n", "config", "configuration file (also $IDEMFLOW_CONFIG)");
 	for (size_t k = 0; k < NKEYS; k++)
 		fprintf(out, "  %-20s %s [default: %s]\n", conf_keys[k].name, conf_keys[k].help,
-			*conf_keys[k].def ? conf_keys[k].def : "none");
+		        *conf_keys[k].def ? conf_keys[k].def : "none");
 }

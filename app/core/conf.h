@@ -32,15 +32,15 @@ struct conf {
 	int max_requests; /* a worker exits after this many requests; 0 = never */
 	char *pid_file;   /* "" = none */
 	enum idem_mode idempotency_key;
-	long idempotency_ttl;  /* ms */
-	long idempotency_wait; /* ms: how long a same-key request waits for the owner */
-	long replay_cache_ttl; /* ms a worker may answer a replay from memory; 0 = never */
+	long idempotency_ttl;   /* ms */
+	long idempotency_wait;  /* ms: how long a same-key request waits for the owner */
+	long replay_cache_ttl;  /* ms a worker may answer a replay from memory; 0 = never */
 	long statement_timeout; /* ms; 0 = none */
-	long max_body;         /* bytes */
-	long max_answer;       /* bytes of a page (wf.c) */
-	long max_depth;        /* JSON nesting */
-	long retry_after;      /* s, sent with 503 and 409 in-flight */
-	long shutdown_timeout; /* ms a draining worker gets before SIGKILL */
+	long max_body;          /* bytes */
+	long max_answer;        /* bytes of a page (wf.c) */
+	long max_depth;         /* JSON nesting */
+	long retry_after;       /* s, sent with 503 and 409 in-flight */
+	long shutdown_timeout;  /* ms a draining worker gets before SIGKILL */
 	enum log_level log_level;
 	char *application_name;
 	enum log_format log_format;
@@ -50,24 +50,24 @@ struct conf {
 	char *textfile;      /* dispatch: node_exporter textfile; "" = none */
 
 	/* idemflow-dispatch */
-	int once;              /* one pass, then exit (the default) */
-	int loop;              /* keep running, woken by LISTEN/NOTIFY */
-	int batch;             /* events claimed per round trip */
-	long max_runtime;      /* ms; 0 = no limit */
-	int max_attempts;      /* attempts before an event is dead */
-	char *backoff;         /* delays after attempt 1, 2, ...: "5s,5m,30m,2h,5h,10h,10h" */
-	long lease;            /* ms a claim is held before another dispatcher may take it */
-	long poll_interval;    /* ms between polls in --loop when no notification comes */
-	char *sink;            /* http | amqp | exec */
-	char *url;             /* http: the webhook URL */
-	char *secret;          /* http: Standard Webhooks secret ("whsec_" + base64, or raw) */
-	long timeout;          /* ms per delivery (http, amqp, exec) */
-	int dead_on_4xx;       /* http: 4xx other than 408/429 is dead at once */
-	int parallel;          /* http: requests in flight at once */
-	char *amqp_url;        /* amqp://user:pass@host:port/vhost */
-	char *exchange;        /* amqp exchange ("" = default exchange) */
-	char *routing_key;     /* amqp routing key; "{type}" is the event type */
-	char *exec;            /* exec: shell command, event JSON on stdin */
+	int once;           /* one pass, then exit (the default) */
+	int loop;           /* keep running, woken by LISTEN/NOTIFY */
+	int batch;          /* events claimed per round trip */
+	long max_runtime;   /* ms; 0 = no limit */
+	int max_attempts;   /* attempts before an event is dead */
+	char *backoff;      /* delays after attempt 1, 2, ...: "5s,5m,30m,2h,5h,10h,10h" */
+	long lease;         /* ms a claim is held before another dispatcher may take it */
+	long poll_interval; /* ms between polls in --loop when no notification comes */
+	char *sink;         /* http | amqp | exec */
+	char *url;          /* http: the webhook URL */
+	char *secret;       /* http: Standard Webhooks secret ("whsec_" + base64, or raw) */
+	long timeout;       /* ms per delivery (http, amqp, exec) */
+	int dead_on_4xx;    /* http: 4xx other than 408/429 is dead at once */
+	int parallel;       /* http: requests in flight at once */
+	char *amqp_url;     /* amqp://user:pass@host:port/vhost */
+	char *exchange;     /* amqp exchange ("" = default exchange) */
+	char *routing_key;  /* amqp routing key; "{type}" is the event type */
+	char *exec;         /* exec: shell command, event JSON on stdin */
 
 	/* idemflow prune */
 	long outbox_retention; /* ms a delivered event is kept */
@@ -85,7 +85,7 @@ void conf_free(struct conf *c);
 /* Set one key from its text form; "origin" names where it came from for
  * error messages (e.g. "idemflow.conf:12" or "--workers"). */
 int conf_set(struct conf *c, const char *key, const char *value, const char *origin,
-	     struct err *e) MUSTCHECK;
+             struct err *e) MUSTCHECK;
 
 /* Read a config file into c. */
 int conf_load_file(struct conf *c, const char *path, struct err *e) MUSTCHECK;

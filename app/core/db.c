@@ -45,24 +45,23 @@
  * default_transaction_read_only is deliberately not pinned: a read-only
  * database is unavailable for writing, and answered as such (db_classify).
  */
-static const char DB_PIN_SQL[] =
-    "SET bytea_output = 'hex';"
-    "SET default_transaction_isolation = 'read committed';"
-    "SET DateStyle = 'ISO, MDY';"
-    "SET IntervalStyle = 'postgres';"
-    "SET TimeZone = 'UTC';"
-    "SET extra_float_digits = 1;"
-    "SET search_path = public;"
-    "SET standard_conforming_strings = on;"
-    "SET client_encoding = 'UTF8';"
-    "SET transform_null_equals = off;"
-    "SET array_nulls = on;"
-    "SET client_min_messages = notice;"
-    "SET tcp_keepalives_idle = " DB_KEEPALIVES_IDLE ";"
-    "SET tcp_keepalives_interval = " DB_KEEPALIVES_INTERVAL ";"
-    "SET tcp_keepalives_count = " DB_KEEPALIVES_COUNT ";"
-    "SELECT set_config('synchronous_commit', 'on', false)"
-    " WHERE current_setting('synchronous_commit') = 'off'";
+static const char DB_PIN_SQL[] = "SET bytea_output = 'hex';"
+                                 "SET default_transaction_isolation = 'read committed';"
+                                 "SET DateStyle = 'ISO, MDY';"
+                                 "SET IntervalStyle = 'postgres';"
+                                 "SET TimeZone = 'UTC';"
+                                 "SET extra_float_digits = 1;"
+                                 "SET search_path = public;"
+                                 "SET standard_conforming_strings = on;"
+                                 "SET client_encoding = 'UTF8';"
+                                 "SET transform_null_equals = off;"
+                                 "SET array_nulls = on;"
+                                 "SET client_min_messages = notice;"
+                                 "SET tcp_keepalives_idle = " DB_KEEPALIVES_IDLE ";"
+                                 "SET tcp_keepalives_interval = " DB_KEEPALIVES_INTERVAL ";"
+                                 "SET tcp_keepalives_count = " DB_KEEPALIVES_COUNT ";"
+                                 "SELECT set_config('synchronous_commit', 'on', false)"
+                                 " WHERE current_setting('synchronous_commit') = 'off'";
 
 /*
  * A handle's sessions (workers, dispatchers) are never idle inside a
@@ -181,20 +180,21 @@ PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err 
 {
 	/* Defaults first: the keys that dbname expands to (conninfo) come
 	 * after them and win. application_name comes last and always wins. */
-	const char *keys[] = {"connect_timeout",     "keepalives",      "keepalives_idle",
-	                      "keepalives_interval", "keepalives_count", "target_session_attrs",
-	                      "dbname",              "application_name", NULL};
-	const char *vals[] = {DB_CONNECT_TIMEOUT,
-	                      "1",
-	                      DB_KEEPALIVES_IDLE,
-	                      DB_KEEPALIVES_INTERVAL,
-	                      DB_KEEPALIVES_COUNT,
-	                      /* With several hosts, find the primary: a
-	                       * standby cannot take a single write. */
-	                      wants_read_write(conninfo) ? "read-write" : NULL,
-	                      conninfo,
-	                      appname,
-	                      NULL};
+	const char *keys[] = { "connect_timeout",
+		               "keepalives",
+		               "keepalives_idle",
+		               "keepalives_interval",
+		               "keepalives_count",
+		               "target_session_attrs",
+		               "dbname",
+		               "application_name",
+		               NULL };
+	const char *vals[] = { DB_CONNECT_TIMEOUT, "1", DB_KEEPALIVES_IDLE, DB_KEEPALIVES_INTERVAL,
+		               DB_KEEPALIVES_COUNT,
+		               /* With several hosts, find the primary: a
+		                * standby cannot take a single write. */
+		               wants_read_write(conninfo) ? "read-write" : NULL, conninfo, appname,
+		               NULL };
 	PGconn *conn;
 	PGresult *res;
 
@@ -229,15 +229,14 @@ PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err 
 	return conn;
 }
 
-PGconn *db_connect_retry(const char *conninfo, const char *appname, int attempts,
-                         struct err *e)
+PGconn *db_connect_retry(const char *conninfo, const char *appname, int attempts, struct err *e)
 {
 	PGconn *conn = NULL;
 
 	for (int i = 0; i < attempts || i == 0; i++) {
 		if (i > 0) {
 			long ms = db_backoff_ms(i);
-			struct timespec ts = {ms / 1000, ms % 1000 * 1000000L};
+			struct timespec ts = { ms / 1000, ms % 1000 * 1000000L };
 			nanosleep(&ts, NULL);
 		}
 		conn = db_connect_simple(conninfo, appname, e);
@@ -578,8 +577,7 @@ static enum tx_verb tx_verb(const char *sql)
  * explicit transaction that has not been committed cannot: losing the
  * session rolls them back.
  */
-static int could_commit(const struct db *db, PGTransactionStatusType before, int n,
-                        const int *ids)
+static int could_commit(const struct db *db, PGTransactionStatusType before, int n, const int *ids)
 {
 	int intx = before == PQTRANS_INTRANS || before == PQTRANS_INERROR;
 

@@ -46,5 +46,6 @@ void err_prefix(struct err *e, const char *fmt, ...)
 	/* Truncation is fine: the message is for humans and logs. */
 	n = snprintf(e->msg, sizeof(e->msg), "%s: ", pre);
 	if (n > 0 && (size_t)n < sizeof(e->msg))
-		snprintf(e->msg + n, sizeof(e->msg) - (size_t)n, "%.*s", (int)(sizeof(e->msg) - (size_t)n - 1), old);
+		snprintf(e->msg + n, sizeof(e->msg) - (size_t)n, "%.*s",
+		         (int)(sizeof(e->msg) - (size_t)n - 1), old);
 }

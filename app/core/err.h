@@ -10,7 +10,7 @@
 
 #include <stdarg.h>
 
-#define MUSTCHECK __attribute__((warn_unused_result))
+#define MUSTCHECK        __attribute__((warn_unused_result))
 #define PRINTFLIKE(f, a) __attribute__((format(printf, f, a)))
 
 enum err_code {

@@ -20,7 +20,7 @@ void fp_hash(uint8_t out[FP_LEN], size_t nparts, const void *const *parts, const
 }
 
 static void request_hash(uint8_t out[FP_LEN], const char *tag, size_t tag_len, const char *method,
-			 const char *path, const char *body, size_t body_len)
+                         const char *path, const char *body, size_t body_len)
 {
 	size_t ml = 0, pl = 0;
 
@@ -28,13 +28,13 @@ static void request_hash(uint8_t out[FP_LEN], const char *tag, size_t tag_len, c
 		ml++;
 	while (path[pl])
 		pl++;
-	const void *parts[] = {tag, method, path, body};
-	const size_t lens[] = {tag_len, ml, pl, body_len};
+	const void *parts[] = { tag, method, path, body };
+	const size_t lens[] = { tag_len, ml, pl, body_len };
 	fp_hash(out, 4, parts, lens);
 }
 
 void fp_request_bytes(uint8_t out[FP_LEN], const char *method, const char *path, const char *body,
-		      size_t body_len)
+                      size_t body_len)
 {
 	static const char tag[] = "idemflow request bytes v1";
 
@@ -42,7 +42,7 @@ void fp_request_bytes(uint8_t out[FP_LEN], const char *method, const char *path,
 }
 
 void fp_request(uint8_t out[FP_LEN], const char *method, const char *path, const char *canon_body,
-		size_t body_len)
+                size_t body_len)
 {
 	static const char tag[] = "idemflow request v1";
 

@@ -19,12 +19,12 @@ void fp_hash(uint8_t out[FP_LEN], size_t nparts, const void *const *parts, const
 
 /* The fingerprint of a request: method, path and canonical body. */
 void fp_request(uint8_t out[FP_LEN], const char *method, const char *path, const char *canon_body,
-		size_t body_len);
+                size_t body_len);
 
 /* The same over the body exactly as received (another tag: the two are
  * never compared with each other). */
 void fp_request_bytes(uint8_t out[FP_LEN], const char *method, const char *path, const char *body,
-		      size_t body_len);
+                      size_t body_len);
 
 /* The stored form of a bearer token: plain BLAKE2b-256 of its text. */
 void fp_token(uint8_t out[FP_LEN], const char *token, size_t len);

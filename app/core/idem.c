@@ -31,6 +31,7 @@ enum idem_outcome idem_compare(const char *stored_fp_text, const char fp_text[ID
 
 const char *idem_outcome_name(enum idem_outcome o)
 {
-	static const char *const names[] = {"none", "created", "replayed", "conflict", "in_flight"};
+	static const char *const names[] = { "none", "created", "replayed", "conflict",
+		                             "in_flight" };
 	return names[o];
 }

@@ -9,9 +9,9 @@
 
 #include "core/err.h"
 
-#define IDS_UUID_LEN 36  /* without NUL */
+#define IDS_UUID_LEN  36 /* without NUL */
 #define IDS_TOKEN_LEN 47 /* "idf_" + 43 base64url characters, without NUL */
-#define IDS_TS_LEN 27    /* 2026-11-29T14:00:00.123456Z, without NUL */
+#define IDS_TS_LEN    27 /* 2026-11-29T14:00:00.123456Z, without NUL */
 
 /* Fill buf with n random bytes. */
 int ids_random(void *buf, size_t n) MUSTCHECK;

@@ -25,8 +25,8 @@ static char *log_path;       /* the log file, or NULL for the inherited stderr *
 static int log_orig_fd = -1; /* the inherited stderr, kept to go back to it */
 static volatile sig_atomic_t log_reopen_asked;
 
-static const char *const level_names[] = {"debug", "info", "warning", "error"};
-static const char *const format_names[] = {"logfmt", "json"};
+static const char *const level_names[] = { "debug", "info", "warning", "error" };
+static const char *const format_names[] = { "logfmt", "json" };
 
 int log_level_parse(const char *s, enum log_level *out)
 {
@@ -189,8 +189,8 @@ out:
 
 /* Values under these keys stay strings even when they look like numbers:
  * identifiers whose type must not depend on the digits they happen to hold. */
-static const char *const json_string_keys[] = {"request_id", "key_fp", "sqlstate", "event_id",
-					       "workflow", "msg"};
+static const char *const json_string_keys[] = { "request_id", "key_fp",   "sqlstate",
+	                                        "event_id",   "workflow", "msg" };
 
 struct jw {
 	char *out;
@@ -307,7 +307,8 @@ static void jw_text(struct jw *w, const char *p, const char *end, int quoted)
 		} else if (c < 0x80) {
 			jw_char(w, c);
 			p++;
-		} else if ((n = utf8_len((const unsigned char *)p, (const unsigned char *)end)) > 0) {
+		} else if ((n = utf8_len((const unsigned char *)p, (const unsigned char *)end)) >
+		           0) {
 			jw_put(w, p, n);
 			p += n;
 		} else {
@@ -375,7 +376,7 @@ static int is_string_key(const char *k, size_t n)
 
 size_t log_json_from_logfmt(const char *in, char *out, size_t cap)
 {
-	struct jw w = {.out = out, .cap = cap};
+	struct jw w = { .out = out, .cap = cap };
 	const char *p = in;
 	int members = 0;
 
@@ -452,7 +453,7 @@ static int log_fd_to_stderr(int fd, const char *path, struct err *e)
 		int saved = errno;
 		close(fd);
 		return err_set(e, ERR_INTERNAL, "could not put log_file \"%s\" on stderr: %s", path,
-			       strerror(saved));
+		               strerror(saved));
 	}
 	close(fd);
 	return 0;
@@ -499,12 +500,12 @@ void log_reopen(void)
 	fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
 	if (fd < 0) {
 		log_warning("could not reopen the log file; still writing to the old one",
-			    "log_file=%s error=%s", LOG_Q(log_path), LOG_Q(strerror(errno)));
+		            "log_file=%s error=%s", LOG_Q(log_path), LOG_Q(strerror(errno)));
 		return;
 	}
 	if (log_fd_to_stderr(fd, log_path, &e) < 0) {
 		log_warning("could not reopen the log file; still writing to the old one",
-			    "error=%s", LOG_Q(e.msg));
+		            "error=%s", LOG_Q(e.msg));
 		return;
 	}
 	log_info("log file reopened", "log_file=%s", LOG_Q(log_path));
@@ -567,7 +568,7 @@ static size_t line_head(char *line, size_t cap, enum log_level lvl)
 		*p = '\0';
 		sec_cached = tv.tv_sec;
 	}
-	char ms[6] = {'.', 0, 0, 0, 'Z', '\0'};
+	char ms[6] = { '.', 0, 0, 0, 'Z', '\0' };
 	digits(ms + 1, (long)(tv.tv_usec / 1000) % 1000, 3);
 	pid[sizeof(pid) - 1] = '\0';
 	p = buf_utoa(pid + sizeof(pid) - 1, (unsigned long long)pidv);

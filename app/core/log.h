@@ -97,16 +97,16 @@ const char *log_quote(char *out, size_t cap, const char *value);
  * of the enclosing block; inside a log_* call it costs nothing below the
  * level. A value longer than a line is cut anyway. */
 #define LOG_QUOTE_MAX 1024
-#define LOG_Q(value) log_quote((char[LOG_QUOTE_MAX]){0}, LOG_QUOTE_MAX, (value))
+#define LOG_Q(value)  log_quote((char[LOG_QUOTE_MAX]){ 0 }, LOG_QUOTE_MAX, (value))
 
-#define LOG_AT(lvl, ...)                                                                            \
-	do {                                                                                        \
-		if ((lvl) >= log_min_level)                                                         \
-			log_write((lvl), __VA_ARGS__);                                              \
+#define LOG_AT(lvl, ...)                                                                           \
+	do {                                                                                       \
+		if ((lvl) >= log_min_level)                                                        \
+			log_write((lvl), __VA_ARGS__);                                             \
 	} while (0)
-#define log_debug(...) LOG_AT(LOG_DEBUG, __VA_ARGS__)
-#define log_info(...) LOG_AT(LOG_INFO, __VA_ARGS__)
+#define log_debug(...)   LOG_AT(LOG_DEBUG, __VA_ARGS__)
+#define log_info(...)    LOG_AT(LOG_INFO, __VA_ARGS__)
 #define log_warning(...) LOG_AT(LOG_WARNING, __VA_ARGS__)
-#define log_error(...) LOG_AT(LOG_ERROR, __VA_ARGS__)
+#define log_error(...)   LOG_AT(LOG_ERROR, __VA_ARGS__)
 
 #endif

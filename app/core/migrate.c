@@ -37,19 +37,19 @@ static int run(PGconn *conn, const char *sql, struct err *e)
 static int apply_one(PGconn *conn, const struct migration *m, int *applied, struct err *e)
 {
 	char version[16];
-	const char *p[2] = {version, m->name};
+	const char *p[2] = { version, m->name };
 	PGresult *res;
 	int done;
 
 	snprintf(version, sizeof(version), "%d", m->version);
 	if (run(conn,
-		"BEGIN;"
-		"SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ");"
-		"CREATE TABLE IF NOT EXISTS schema_migrations ("
-		"  version integer PRIMARY KEY,"
-		"  name text NOT NULL,"
-		"  applied_at timestamptz NOT NULL DEFAULT now())",
-		e) < 0)
+	        "BEGIN;"
+	        "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ");"
+	        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+	        "  version integer PRIMARY KEY,"
+	        "  name text NOT NULL,"
+	        "  applied_at timestamptz NOT NULL DEFAULT now())",
+	        e) < 0)
 		goto fail;
 	res = db_exec(conn, "SELECT 1 FROM schema_migrations WHERE version = $1", 1, p, e);
 	if (res == NULL)
@@ -62,7 +62,7 @@ static int apply_one(PGconn *conn, const struct migration *m, int *applied, stru
 			goto fail;
 		}
 		res = db_exec(conn, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-			      2, p, e);
+		              2, p, e);
 		if (res == NULL)
 			goto fail;
 		PQclear(res);
@@ -85,15 +85,16 @@ int migrate_apply(PGconn *conn, int *applied, struct err *e)
 
 int migrate_current(PGconn *conn, struct err *e)
 {
-	PGresult *res = db_exec(conn, "SELECT to_regclass('schema_migrations') IS NOT NULL", 0, NULL, e);
+	PGresult *res =
+	    db_exec(conn, "SELECT to_regclass('schema_migrations') IS NOT NULL", 0, NULL, e);
 	int v = 0;
 
 	if (res == NULL)
 		return -1;
 	if (strcmp(PQgetvalue(res, 0, 0), "t") == 0) {
 		PQclear(res);
-		res = db_exec(conn, "SELECT coalesce(max(version), 0) FROM schema_migrations", 0, NULL,
-			      e);
+		res = db_exec(conn, "SELECT coalesce(max(version), 0) FROM schema_migrations", 0,
+		              NULL, e);
 		if (res == NULL)
 			return -1;
 		v = atoi(PQgetvalue(res, 0, 0));

@@ -15,69 +15,62 @@
 #include "core/db.h"
 #include "core/log.h"
 
-enum {
-	D_CLAIM,
-	D_DONE,
-	D_FAIL,
-	D_RELEASE,
-	D_STATS,
-	D_LISTEN,
-	D__COUNT
-};
+enum { D_CLAIM, D_DONE, D_FAIL, D_RELEASE, D_STATS, D_LISTEN, D__COUNT };
 
 static const struct db_stmt dispatch_stmts[D__COUNT] = {
 	/* $1 batch, $2 owner, $3 lease (interval). The attempt is counted
 	 * when it starts, so a dispatcher that dies mid-delivery still
 	 * leaves the attempt on record. */
-	[D_CLAIM] = {"d_claim", 3,
-		     "WITH due AS ("
-		     "  SELECT o.id FROM outbox o"
-		     "   WHERE o.published_at IS NULL AND o.dead_at IS NULL"
-		     "     AND o.next_attempt_at <= now()"
-		     "     AND (o.lease_until IS NULL OR o.lease_until < now())"
-		     "     AND NOT EXISTS (SELECT 1 FROM outbox p"
-		     "                      WHERE p.workflow_id = o.workflow_id AND p.seq < o.seq"
-		     "                        AND p.published_at IS NULL)"
-		     "   ORDER BY o.next_attempt_at, o.id"
-		     "   LIMIT $1"
-		     "   FOR UPDATE SKIP LOCKED)"
-		     " UPDATE outbox o SET lease_owner = $2, lease_until = now() + $3::interval,"
-		     "        attempts = o.attempts + 1"
-		     "   FROM due WHERE o.id = due.id"
-		     " RETURNING o.id, o.event_id, o.type, o.workflow_id, o.attempts, o.payload"},
+	[D_CLAIM] = { "d_claim", 3,
+	              "WITH due AS ("
+	              "  SELECT o.id FROM outbox o"
+	              "   WHERE o.published_at IS NULL AND o.dead_at IS NULL"
+	              "     AND o.next_attempt_at <= now()"
+	              "     AND (o.lease_until IS NULL OR o.lease_until < now())"
+	              "     AND NOT EXISTS (SELECT 1 FROM outbox p"
+	              "                      WHERE p.workflow_id = o.workflow_id AND p.seq < o.seq"
+	              "                        AND p.published_at IS NULL)"
+	              "   ORDER BY o.next_attempt_at, o.id"
+	              "   LIMIT $1"
+	              "   FOR UPDATE SKIP LOCKED)"
+	              " UPDATE outbox o SET lease_owner = $2, lease_until = now() + $3::interval,"
+	              "        attempts = o.attempts + 1"
+	              "   FROM due WHERE o.id = due.id"
+	              " RETURNING o.id, o.event_id, o.type, o.workflow_id, o.attempts, o.payload" },
 	/* $1 ids (bigint[]), $2 owner */
-	[D_DONE] = {"d_done", 2,
-		    "UPDATE outbox SET published_at = now(), lease_owner = NULL, lease_until = NULL"
-		    " WHERE id = ANY($1::bigint[]) AND lease_owner = $2"},
+	[D_DONE] = { "d_done", 2,
+	             "UPDATE outbox SET published_at = now(), lease_owner = NULL, lease_until = "
+	             "NULL"
+	             " WHERE id = ANY($1::bigint[]) AND lease_owner = $2" },
 	/* $1 ids, $2 owner, $3 errors (text[]), $4 delays in ms (bigint[]),
 	 * $5 dead (bool[]) */
-	[D_FAIL] = {"d_fail", 5,
-		    "UPDATE outbox o SET last_error = f.err,"
-		    "       next_attempt_at = now() + f.delay_ms * interval '1 millisecond',"
-		    "       dead_at = CASE WHEN f.dead THEN now() END,"
-		    "       lease_owner = NULL, lease_until = NULL"
-		    "  FROM unnest($1::bigint[], $3::text[], $4::bigint[], $5::bool[])"
-		    "       AS f(id, err, delay_ms, dead)"
-		    " WHERE o.id = f.id AND o.lease_owner = $2"},
+	[D_FAIL] = { "d_fail", 5,
+	             "UPDATE outbox o SET last_error = f.err,"
+	             "       next_attempt_at = now() + f.delay_ms * interval '1 millisecond',"
+	             "       dead_at = CASE WHEN f.dead THEN now() END,"
+	             "       lease_owner = NULL, lease_until = NULL"
+	             "  FROM unnest($1::bigint[], $3::text[], $4::bigint[], $5::bool[])"
+	             "       AS f(id, err, delay_ms, dead)"
+	             " WHERE o.id = f.id AND o.lease_owner = $2" },
 	/* $1 ids, $2 owner: claimed but never attempted (the lease was about
 	 * to run out, or the run is stopping): hand them back untouched. */
-	[D_RELEASE] = {"d_release", 2,
-		       "UPDATE outbox SET lease_owner = NULL, lease_until = NULL,"
-		       "       attempts = attempts - 1"
-		       " WHERE id = ANY($1::bigint[]) AND lease_owner = $2"},
-	[D_STATS] = {"d_stats", 0,
-		     "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)"
-		     "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL"},
+	[D_RELEASE] = { "d_release", 2,
+	                "UPDATE outbox SET lease_owner = NULL, lease_until = NULL,"
+	                "       attempts = attempts - 1"
+	                " WHERE id = ANY($1::bigint[]) AND lease_owner = $2" },
+	[D_STATS] = { "d_stats", 0,
+	              "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)"
+	              "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL" },
 	/* --loop: on every (re)connection, since a new session listens to
 	 * nothing. */
-	[D_LISTEN] = {"d_listen", 0, "LISTEN idemflow_outbox"},
+	[D_LISTEN] = { "d_listen", 0, "LISTEN idemflow_outbox" },
 };
 
 struct dispatcher {
 	const struct conf *c;
 	struct sink *sink;
 	struct db *db;
-	char owner[128];     /* host:pid */
+	char owner[128];      /* host:pid */
 	unsigned long claims; /* claims made: each leases under owner:n */
 	char lease[32];
 	long delays[DISPATCH_BACKOFF_MAX];
@@ -112,9 +105,9 @@ int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *
 		/* Reuse the one duration parser through a scratch config. */
 		if (n == max || conf_set(scratch, "timeout", tok, "backoff", e) < 0) {
 			err_set(e, ERR_CONFIG,
-				"invalid value \"%s\" for \"backoff\": expected up to %d durations "
-				"separated by commas, such as 5s,5m,30m,2h",
-				spec, max);
+			        "invalid value \"%s\" for \"backoff\": expected up to %d durations "
+			        "separated by commas, such as 5s,5m,30m,2h",
+			        spec, max);
 			n = -1;
 			goto out;
 		}
@@ -180,9 +173,9 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 		d->chunk = 1;
 	if ((double)c->lease / 1e3 < (double)c->timeout / 1e3 + 2 * DISPATCH_LEASE_MARGIN_S) {
 		err_set(e, ERR_CONFIG,
-			"invalid value for \"lease\": %ld ms leaves no time to deliver with a "
-			"timeout of %ld ms; make it at least timeout + %d s",
-			c->lease, c->timeout, 2 * DISPATCH_LEASE_MARGIN_S);
+		        "invalid value for \"lease\": %ld ms leaves no time to deliver with a "
+		        "timeout of %ld ms; make it at least timeout + %d s",
+		        c->lease, c->timeout, 2 * DISPATCH_LEASE_MARGIN_S);
 		goto fail;
 	}
 	gethostname(host, sizeof(host) - 1);
@@ -192,12 +185,12 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 	d->seed = (unsigned)getpid() ^ (unsigned)time(NULL);
 	clock_gettime(CLOCK_MONOTONIC, &d->started);
 
-	ds = (struct db_settings){.conninfo = c->db,
-				  .application_name = appname,
-				  .lock_timeout_ms = 0,
-				  .statement_timeout_ms = c->statement_timeout,
-				  .stmts = dispatch_stmts,
-				  .nstmts = D__COUNT};
+	ds = (struct db_settings){ .conninfo = c->db,
+		                   .application_name = appname,
+		                   .lock_timeout_ms = 0,
+		                   .statement_timeout_ms = c->statement_timeout,
+		                   .stmts = dispatch_stmts,
+		                   .nstmts = D__COUNT };
 	d->db = db_open(&ds, e);
 	if (d->db == NULL || e->code != ERR_NONE)
 		goto fail;
@@ -262,7 +255,7 @@ static double now_s(void)
 
 /* A claimed batch, from its claim to the statements that record it. */
 struct batch {
-	PGresult *res; /* the claim's rows; the events point into it */
+	PGresult *res;   /* the claim's rows; the events point into it */
 	char owner[160]; /* the lease owner of this claim alone */
 	int n;
 	double lease_end; /* when our lease on these events runs out (monotonic s) */
@@ -290,8 +283,8 @@ static void batch_free(struct batch *b)
 }
 
 /* Take over a claim's result (res is owned by b from now on). */
-static int batch_init(struct batch *b, const struct dispatcher *d, PGresult *res,
-		      const char *owner, double claimed_at, struct err *e)
+static int batch_init(struct batch *b, const struct dispatcher *d, PGresult *res, const char *owner,
+                      double claimed_at, struct err *e)
 {
 	memset(b, 0, sizeof(*b));
 	b->res = res;
@@ -308,13 +301,13 @@ static int batch_init(struct batch *b, const struct dispatcher *d, PGresult *res
 	if (b->evs == NULL || b->outs == NULL || b->attempted == NULL)
 		return err_set(e, ERR_INTERNAL, "out of memory");
 	for (int i = 0; i < b->n; i++) {
-		b->evs[i] = (struct sink_event){.event_id = PQgetvalue(res, i, 1),
-						.type = PQgetvalue(res, i, 2),
-						.workflow_id = PQgetvalue(res, i, 3),
-						.attempt = atoi(PQgetvalue(res, i, 4)),
-						.max_attempts = d->c->max_attempts,
-						.payload = PQgetvalue(res, i, 5),
-						.payload_len = (size_t)PQgetlength(res, i, 5)};
+		b->evs[i] = (struct sink_event){ .event_id = PQgetvalue(res, i, 1),
+			                         .type = PQgetvalue(res, i, 2),
+			                         .workflow_id = PQgetvalue(res, i, 3),
+			                         .attempt = atoi(PQgetvalue(res, i, 4)),
+			                         .max_attempts = d->c->max_attempts,
+			                         .payload = PQgetvalue(res, i, 5),
+			                         .payload_len = (size_t)PQgetlength(res, i, 5) };
 		b->outs[i].retry_after_s = -1;
 	}
 	return 0;
@@ -376,8 +369,8 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 			b->ndone++;
 			st->published++;
 		} else {
-			long delay = dispatch_backoff_delay(d->delays, d->ndelays, b->evs[i].attempt,
-							    &d->seed);
+			long delay = dispatch_backoff_delay(d->delays, d->ndelays,
+			                                    b->evs[i].attempt, &d->seed);
 			char trunc[201];
 
 			if (o->retry_after_s >= 0 && o->retry_after_s * 1000 > delay)
@@ -387,7 +380,8 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 			/* last_error is for humans: keep it short. */
 			snprintf(trunc, sizeof(trunc), "%.200s", o->error[0] ? o->error : "failed");
 			array_elem(&b->errs, trunc);
-			buf_printf(&b->delays, "%s%ld", b->delays.len ? "," : "{", dead ? 0 : delay);
+			buf_printf(&b->delays, "%s%ld", b->delays.len ? "," : "{",
+			           dead ? 0 : delay);
 			buf_printf(&b->deads, "%s%s", b->deads.len ? "," : "{", dead ? "t" : "f");
 			b->nfail++;
 			if (dead)
@@ -472,7 +466,7 @@ static int send_stmt(struct dispatcher *d, int stmt, int n, const char *const *p
 /* Queue batch b's recording (if any) and, when claim, the next claim,
  * each followed by a sync: two transactions, one round trip. */
 static int step_send(struct dispatcher *d, struct batch *b, int claim, struct step *s,
-		     struct err *e)
+                     struct err *e)
 {
 	PGconn *conn = db_conn(d->db);
 	char batch[16];
@@ -481,20 +475,20 @@ static int step_send(struct dispatcher *d, struct batch *b, int claim, struct st
 	if (!PQenterPipelineMode(conn))
 		return db_classify(conn, NULL, e);
 	if (b != NULL && b->ndone) {
-		const char *p[2] = {b->done.data, b->owner};
+		const char *p[2] = { b->done.data, b->owner };
 		if (send_stmt(d, D_DONE, 2, p, e) < 0)
 			return -1;
 		s->nrecord++;
 	}
 	if (b != NULL && b->nfail) {
-		const char *p[5] = {b->ids.data, b->owner, b->errs.data, b->delays.data,
-				    b->deads.data};
+		const char *p[5] = { b->ids.data, b->owner, b->errs.data, b->delays.data,
+			             b->deads.data };
 		if (send_stmt(d, D_FAIL, 5, p, e) < 0)
 			return -1;
 		s->nrecord++;
 	}
 	if (b != NULL && b->nrelease) {
-		const char *p[2] = {b->release.data, b->owner};
+		const char *p[2] = { b->release.data, b->owner };
 		if (send_stmt(d, D_RELEASE, 2, p, e) < 0)
 			return -1;
 		s->nrecord++;
@@ -504,7 +498,7 @@ static int step_send(struct dispatcher *d, struct batch *b, int claim, struct st
 	if (claim) {
 		snprintf(batch, sizeof(batch), "%d", d->c->batch);
 		snprintf(s->owner, sizeof(s->owner), "%s:%lu", d->owner, ++d->claims);
-		const char *p[3] = {batch, s->owner, d->lease};
+		const char *p[3] = { batch, s->owner, d->lease };
 		s->claim_at = now_s();
 		if (send_stmt(d, D_CLAIM, 3, p, e) < 0)
 			return -1;
@@ -561,7 +555,7 @@ static void step_read(PGconn *conn, struct step *s)
 	if (s->nrecord && read_segment(conn, s->nrecord, 0, NULL, &s->e) < 0)
 		rc = -1;
 	if (s->has_claim &&
-	    read_segment(conn, 1, 1, &s->claimed, rc == 0 ? &s->e : &(struct err){0}) < 0)
+	    read_segment(conn, 1, 1, &s->claimed, rc == 0 ? &s->e : &(struct err){ 0 }) < 0)
 		rc = -1;
 	if (rc == 0 && !PQexitPipelineMode(conn))
 		rc = db_classify(conn, NULL, &s->e);
@@ -596,7 +590,7 @@ static void step_read_async(struct dispatcher *d, struct step *s)
 	sigset_t all, old;
 
 	if (a != NULL) {
-		*a = (struct reader_arg){.conn = db_conn(d->db), .s = s};
+		*a = (struct reader_arg){ .conn = db_conn(d->db), .s = s };
 		sigfillset(&all);
 		pthread_sigmask(SIG_BLOCK, &all, &old);
 		s->reading = pthread_create(&s->reader, NULL, reader_main, a) == 0;
@@ -624,7 +618,7 @@ static int step_recv(struct step *s, PGresult **claimed, struct err *e)
 
 /* Record b (if any) and claim the next batch into *next (when claim). */
 static int step_sync(struct dispatcher *d, struct batch *b, int claim, struct batch *next,
-		     struct err *e)
+                     struct err *e)
 {
 	struct step s;
 	PGresult *res;
@@ -669,7 +663,8 @@ static int drain(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		step_read_async(d, &s);
 		/* ... while the sink delivers k. */
 		delivered = batch_deliver(d, &cur, e);
-		if (step_recv(&s, &res, delivered < 0 ? &(struct err){0} : e) < 0 || delivered < 0) {
+		if (step_recv(&s, &res, delivered < 0 ? &(struct err){ 0 } : e) < 0 ||
+		    delivered < 0) {
 			PQclear(res);
 			goto out;
 		}
@@ -776,7 +771,7 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		if (wait_for_work(d, e) < 0) {
 			if (e->code == ERR_DB_DOWN) {
 				log_warning("lost the database; reconnecting", "error=%s",
-					    LOG_Q(e->msg));
+				            LOG_Q(e->msg));
 				err_clear(e);
 				db_reset(d->db);
 				d->listening = 0;

@@ -18,7 +18,7 @@
 #include "core/err.h"
 #include "dispatch/sink.h"
 
-#define DISPATCH_BACKOFF_MAX 32
+#define DISPATCH_BACKOFF_MAX    32
 #define DISPATCH_LEASE_MARGIN_S 1 /* stop delivering this long before a lease ends */
 
 struct dispatch_stats {

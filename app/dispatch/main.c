@@ -29,20 +29,20 @@
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"Usage: idemflow-dispatch [--config FILE] [--db CONNINFO] [--once | --loop]\n"
-		"                         [--sink http|amqp|exec] [--KEY VALUE ...]\n"
-		"Claim due outbox events, deliver them, record the outcome.\n"
-		"\n"
-		"  --once              run until nothing is due (the default; for cron)\n"
-		"  --loop              keep running; wake on LISTEN/NOTIFY, poll as a fallback\n"
-		"  --batch N           events claimed at a time\n"
-		"  --max-runtime D     stop after D (e.g. 55s); 0 = no limit\n"
-		"  --max-attempts N    attempts before an event is dead\n"
-		"  --sink S            http | amqp | exec\n"
-		"  --url U --secret S --timeout D --parallel N  http sink\n"
-		"  --amqp-url U --exchange X --routing-key K  amqp sink ({type} = event type)\n"
-		"  --exec CMD                                 exec sink\n"
-		"\n");
+	        "Usage: idemflow-dispatch [--config FILE] [--db CONNINFO] [--once | --loop]\n"
+	        "                         [--sink http|amqp|exec] [--KEY VALUE ...]\n"
+	        "Claim due outbox events, deliver them, record the outcome.\n"
+	        "\n"
+	        "  --once              run until nothing is due (the default; for cron)\n"
+	        "  --loop              keep running; wake on LISTEN/NOTIFY, poll as a fallback\n"
+	        "  --batch N           events claimed at a time\n"
+	        "  --max-runtime D     stop after D (e.g. 55s); 0 = no limit\n"
+	        "  --max-attempts N    attempts before an event is dead\n"
+	        "  --sink S            http | amqp | exec\n"
+	        "  --url U --secret S --timeout D --parallel N  http sink\n"
+	        "  --amqp-url U --exchange X --routing-key K  amqp sink ({type} = event type)\n"
+	        "  --exec CMD                                 exec sink\n"
+	        "\n");
 	conf_usage(out);
 }
 
@@ -59,8 +59,7 @@ static void on_stop(int sig)
  * temporary name does not end in .prom, so the collector never reads it.
  * st NULL: the run failed before it started. Returns 0, or -1 with e.
  */
-static int write_textfile(const char *path, const struct dispatch_stats *st, int ok,
-			  struct err *e)
+static int write_textfile(const char *path, const struct dispatch_stats *st, int ok, struct err *e)
 {
 	char tmp[4096];
 	struct timeval now;
@@ -75,49 +74,50 @@ static int write_textfile(const char *path, const struct dispatch_stats *st, int
 		return err_set(e, ERR_CONFIG, "could not write \"%s\": %s", tmp, strerror(errno));
 	gettimeofday(&now, NULL);
 	fprintf(f,
-		"# HELP idemflow_dispatch_last_run_timestamp_seconds When the last run ended.\n"
-		"# TYPE idemflow_dispatch_last_run_timestamp_seconds gauge\n"
-		"idemflow_dispatch_last_run_timestamp_seconds %ld.%03ld\n"
-		"# HELP idemflow_dispatch_last_run_success 1 when the last run did its job, 0 "
-		"when it failed (see its log).\n"
-		"# TYPE idemflow_dispatch_last_run_success gauge\n"
-		"idemflow_dispatch_last_run_success %d\n",
-		(long)now.tv_sec, (long)now.tv_usec / 1000, ok);
+	        "# HELP idemflow_dispatch_last_run_timestamp_seconds When the last run ended.\n"
+	        "# TYPE idemflow_dispatch_last_run_timestamp_seconds gauge\n"
+	        "idemflow_dispatch_last_run_timestamp_seconds %ld.%03ld\n"
+	        "# HELP idemflow_dispatch_last_run_success 1 when the last run did its job, 0 "
+	        "when it failed (see its log).\n"
+	        "# TYPE idemflow_dispatch_last_run_success gauge\n"
+	        "idemflow_dispatch_last_run_success %d\n",
+	        (long)now.tv_sec, (long)now.tv_usec / 1000, ok);
 	if (st != NULL) {
 		static const char *const counters[][2] = {
-			{"claimed", "Events the last run claimed."},
-			{"published", "Events the last run delivered."},
-			{"retried", "Events the last run failed to deliver and rescheduled."},
-			{"dead", "Events the last run gave up on (dead letters)."},
+			{ "claimed", "Events the last run claimed." },
+			{ "published", "Events the last run delivered." },
+			{ "retried", "Events the last run failed to deliver and rescheduled." },
+			{ "dead", "Events the last run gave up on (dead letters)." },
 		};
-		const long values[] = {st->claimed, st->published, st->retried, st->dead};
+		const long values[] = { st->claimed, st->published, st->retried, st->dead };
 		for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++)
 			fprintf(f,
-				"# HELP idemflow_dispatch_last_run_%s %s\n"
-				"# TYPE idemflow_dispatch_last_run_%s gauge\n"
-				"idemflow_dispatch_last_run_%s %ld\n",
-				counters[i][0], counters[i][1], counters[i][0], counters[i][0],
-				values[i]);
+			        "# HELP idemflow_dispatch_last_run_%s %s\n"
+			        "# TYPE idemflow_dispatch_last_run_%s gauge\n"
+			        "idemflow_dispatch_last_run_%s %ld\n",
+			        counters[i][0], counters[i][1], counters[i][0], counters[i][0],
+			        values[i]);
 		fprintf(f,
-			"# HELP idemflow_dispatch_last_run_duration_seconds How long the last run "
-			"took.\n"
-			"# TYPE idemflow_dispatch_last_run_duration_seconds gauge\n"
-			"idemflow_dispatch_last_run_duration_seconds %.3f\n",
-			st->duration_s);
+		        "# HELP idemflow_dispatch_last_run_duration_seconds How long the last run "
+		        "took.\n"
+		        "# TYPE idemflow_dispatch_last_run_duration_seconds gauge\n"
+		        "idemflow_dispatch_last_run_duration_seconds %.3f\n",
+		        st->duration_s);
 	}
 	/* Only a run that finished counted what is left; a failed one knows
 	 * nothing reliable about it. */
 	if (st != NULL && ok)
-		fprintf(f,
-			"# HELP idemflow_dispatch_outbox_pending Events left undelivered (not dead) "
-			"when the last run ended.\n"
-			"# TYPE idemflow_dispatch_outbox_pending gauge\n"
-			"idemflow_dispatch_outbox_pending %ld\n"
-			"# HELP idemflow_dispatch_outbox_oldest_pending_age_seconds Age of the oldest "
-			"of them.\n"
-			"# TYPE idemflow_dispatch_outbox_oldest_pending_age_seconds gauge\n"
-			"idemflow_dispatch_outbox_oldest_pending_age_seconds %.3f\n",
-			st->pending, st->oldest_pending_s);
+		fprintf(
+		    f,
+		    "# HELP idemflow_dispatch_outbox_pending Events left undelivered (not dead) "
+		    "when the last run ended.\n"
+		    "# TYPE idemflow_dispatch_outbox_pending gauge\n"
+		    "idemflow_dispatch_outbox_pending %ld\n"
+		    "# HELP idemflow_dispatch_outbox_oldest_pending_age_seconds Age of the oldest "
+		    "of them.\n"
+		    "# TYPE idemflow_dispatch_outbox_oldest_pending_age_seconds gauge\n"
+		    "idemflow_dispatch_outbox_oldest_pending_age_seconds %.3f\n",
+		    st->pending, st->oldest_pending_s);
 	if (fflush(f) != 0 || ferror(f)) {
 		err_set(e, ERR_INTERNAL, "could not write \"%s\": %s", tmp, strerror(errno));
 		fclose(f);
@@ -131,7 +131,7 @@ static int write_textfile(const char *path, const struct dispatch_stats *st, int
 	}
 	if (rename(tmp, path) < 0) {
 		err_set(e, ERR_INTERNAL, "could not rename \"%s\" to \"%s\": %s", tmp, path,
-			strerror(errno));
+		        strerror(errno));
 		goto fail;
 	}
 	return 0;
@@ -151,7 +151,7 @@ static int exit_code(const struct err *e)
 
 int main(int argc, char **argv)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 	struct conf *c;
 	struct sink *s = NULL;
 	struct dispatcher *d = NULL;
@@ -172,7 +172,7 @@ int main(int argc, char **argv)
 			printf("idemflow-dispatch %s\n", PACKAGE_VERSION);
 		} else {
 			fprintf(stderr, "idemflow-dispatch: unexpected argument \"%s\"\n",
-				argv[next]);
+			        argv[next]);
 			usage(stderr);
 			rc = EX_USAGE;
 		}
@@ -212,15 +212,15 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	log_info("run started", "sink=%s mode=%s batch=%d max_attempts=%d", s->name,
-		 c->loop ? "loop" : "once", c->batch, c->max_attempts);
+	         c->loop ? "loop" : "once", c->batch, c->max_attempts);
 	ran = 1;
 	if (dispatch_run(d, &st, &e) < 0)
 		goto fail;
 	log_info("run finished",
-		 "claimed=%ld published=%ld retried=%ld dead=%ld pending=%ld oldest_pending_s=%.1f "
-		 "duration_s=%.3f",
-		 st.claimed, st.published, st.retried, st.dead, st.pending, st.oldest_pending_s,
-		 st.duration_s);
+	         "claimed=%ld published=%ld retried=%ld dead=%ld pending=%ld oldest_pending_s=%.1f "
+	         "duration_s=%.3f",
+	         st.claimed, st.published, st.retried, st.dead, st.pending, st.oldest_pending_s,
+	         st.duration_s);
 	goto out;
 fail:
 	rc = exit_code(&e);
@@ -229,7 +229,7 @@ fail:
 		size_t n = 0;
 		log_kv(line, sizeof(line), &n, "error", e.msg);
 		log_error(rc == EX_CONFIG ? "bad configuration" : "run failed", "%s exit=%d", line,
-			  rc);
+		          rc);
 	}
 out:
 	if (*c->textfile && write_textfile(c->textfile, ran ? &st : NULL, rc == EX_OK, &e) < 0) {

@@ -12,6 +12,6 @@ struct sink *sink_open(const struct conf *c, struct err *e)
 	if (strcmp(c->sink, "exec") == 0)
 		return sink_exec_open(c, e);
 	err_set(e, ERR_CONFIG, "invalid value \"%s\" for \"sink\": expected http, amqp or exec",
-		c->sink);
+	        c->sink);
 	return NULL;
 }

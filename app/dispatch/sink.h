@@ -20,12 +20,12 @@
 
 /* One event to deliver. Everything borrowed, valid during deliver(). */
 struct sink_event {
-	const char *event_id;    /* stable across attempts: the dedup key */
-	const char *type;        /* e.g. "workflow.created" */
+	const char *event_id; /* stable across attempts: the dedup key */
+	const char *type;     /* e.g. "workflow.created" */
 	const char *workflow_id;
-	const char *payload;     /* the event JSON, exactly as stored */
+	const char *payload; /* the event JSON, exactly as stored */
 	size_t payload_len;
-	int attempt;             /* 1-based, this attempt */
+	int attempt; /* 1-based, this attempt */
 	int max_attempts;
 };
 
@@ -51,7 +51,7 @@ struct sink {
 	 * stops); an unreachable receiver is a per-event SINK_RETRY, not -1.
 	 */
 	int (*deliver)(struct sink *s, const struct sink_event *evs, size_t n,
-		       struct sink_outcome *outs, struct err *e);
+	               struct sink_outcome *outs, struct err *e);
 	/* Release everything; s is freed. */
 	void (*close)(struct sink *s);
 	void *priv;

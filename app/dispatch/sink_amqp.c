@@ -73,7 +73,7 @@ static struct timeval ms_to_tv(double ms)
 
 static amqp_bytes_t bytes_of(const char *s, size_t len)
 {
-	return (amqp_bytes_t){.len = len, .bytes = (void *)s};
+	return (amqp_bytes_t){ .len = len, .bytes = (void *)s };
 }
 
 /* The URL without its password, for messages. */
@@ -151,7 +151,7 @@ static void drop(struct amqp_sink *as, int polite)
  * channel number may be used again. */
 static void channel_close_ok(struct amqp_sink *as)
 {
-	amqp_channel_close_ok_t ok = {0};
+	amqp_channel_close_ok_t ok = { 0 };
 
 	(void)amqp_send_method(as->conn, AMQP_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
 }
@@ -193,7 +193,7 @@ static int declare_exchange(struct amqp_sink *as, char *why, size_t wlen, int *c
  */
 static void connect_reason(const char *host, int port, long timeout_ms, char *out, size_t outsz)
 {
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
 	char service[16];
 	int fd = -1, rc, soerr = 0;
 	socklen_t len = sizeof(soerr);
@@ -207,7 +207,7 @@ static void connect_reason(const char *host, int port, long timeout_ms, char *ou
 		goto out;
 	rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
 	if (rc < 0 && errno == EINPROGRESS) {
-		struct pollfd p = {.fd = fd, .events = POLLOUT};
+		struct pollfd p = { .fd = fd, .events = POLLOUT };
 		rc = poll(&p, 1, (int)timeout_ms);
 		if (rc == 0) {
 			snprintf(out, outsz, "no answer within %ld ms", timeout_ms);
@@ -239,18 +239,18 @@ static int connect_broker(struct amqp_sink *as, char *why, size_t wlen, int *cod
 	/* connection_name shows up in the broker's management views; the
 	 * capability lets the broker tell us why it stops reading. */
 	amqp_table_entry_t caps[] = {
-	    {.key = amqp_cstring_bytes("connection.blocked"),
-	     .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value = {.boolean = 1}}},
+		{ .key = amqp_cstring_bytes("connection.blocked"),
+		  .value = { .kind = AMQP_FIELD_KIND_BOOLEAN, .value = { .boolean = 1 } } },
 	};
 	amqp_table_entry_t props[] = {
-	    {.key = amqp_cstring_bytes("connection_name"),
-	     .value = {.kind = AMQP_FIELD_KIND_UTF8,
-	               .value = {.bytes = amqp_cstring_bytes("idemflow-dispatch")}}},
-	    {.key = amqp_cstring_bytes("capabilities"),
-	     .value = {.kind = AMQP_FIELD_KIND_TABLE,
-	               .value = {.table = {.num_entries = 1, .entries = caps}}}},
+		{ .key = amqp_cstring_bytes("connection_name"),
+		  .value = { .kind = AMQP_FIELD_KIND_UTF8,
+		             .value = { .bytes = amqp_cstring_bytes("idemflow-dispatch") } } },
+		{ .key = amqp_cstring_bytes("capabilities"),
+		  .value = { .kind = AMQP_FIELD_KIND_TABLE,
+		             .value = { .table = { .num_entries = 1, .entries = caps } } } },
 	};
-	amqp_table_t client_props = {.num_entries = 2, .entries = props};
+	amqp_table_t client_props = { .num_entries = 2, .entries = props };
 
 	*code = 0;
 	as->conn = amqp_new_connection();
@@ -347,7 +347,7 @@ static int routing_key(const struct amqp_sink *as, const char *type, char *out, 
  * stopped reading (a memory or disk alarm) must cost a timeout, not a hang. */
 static int wait_writable(struct amqp_sink *as, double deadline)
 {
-	struct pollfd p = {.fd = amqp_get_sockfd(as->conn), .events = POLLOUT};
+	struct pollfd p = { .fd = amqp_get_sockfd(as->conn), .events = POLLOUT };
 	int rc;
 
 	do {
@@ -383,7 +383,7 @@ static int publish_one(struct amqp_sink *as, const struct sink_event *ev, const 
 	props.type = amqp_cstring_bytes(ev->type);
 	props.timestamp = (uint64_t)time(NULL);
 	props.app_id = amqp_cstring_bytes("idemflow");
-	props.headers = (amqp_table_t){.num_entries = nh, .entries = hdrs};
+	props.headers = (amqp_table_t){ .num_entries = nh, .entries = hdrs };
 	/* mandatory: a message no queue is bound for comes back (basic.return)
 	 * instead of vanishing, since the broker confirms it all the same. */
 	return amqp_basic_publish(as->conn, AMQP_CHANNEL, amqp_cstring_bytes(as->exchange),
@@ -539,7 +539,7 @@ static enum fl_result await_confirms(struct amqp_sink *as, struct flight *fl)
 		case AMQP_CONNECTION_CLOSE_METHOD: {
 			/* e.g. 320 CONNECTION_FORCED: the broker is shutting down */
 			const amqp_connection_close_t *m = f.payload.method.decoded;
-			amqp_connection_close_ok_t ok = {0};
+			amqp_connection_close_ok_t ok = { 0 };
 			fl->code = m->reply_code;
 			snprintf(fl->why, sizeof(fl->why),
 			         "RabbitMQ closed the connection: %d %.*s", m->reply_code,
@@ -601,7 +601,7 @@ static int amqp_deliver(struct sink *s, const struct sink_event *evs, size_t n,
                         struct sink_outcome *outs, struct err *e)
 {
 	struct amqp_sink *as = (struct amqp_sink *)s;
-	struct flight fl = {.evs = evs, .outs = outs, .n = n};
+	struct flight fl = { .evs = evs, .outs = outs, .n = n };
 	enum fl_result r = FL_FAILED;
 
 	(void)e;

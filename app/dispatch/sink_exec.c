@@ -37,7 +37,7 @@ static double now_ms(void)
 /* Feed the payload to the child's stdin while it runs; returns when the
  * child exited (status in *st) or the deadline passed (-1). */
 static int run_one(struct exec_sink *x, const struct sink_event *ev, int *st, char *why,
-		   size_t wlen)
+                   size_t wlen)
 {
 	int in[2];
 	pid_t pid;
@@ -95,7 +95,7 @@ static int run_one(struct exec_sink *x, const struct sink_event *ev, int *st, ch
 			close(in[1]);
 			in[1] = -1;
 		}
-		struct pollfd p = {.fd = in[1], .events = POLLOUT};
+		struct pollfd p = { .fd = in[1], .events = POLLOUT };
 		poll(in[1] >= 0 ? &p : NULL, in[1] >= 0 ? 1 : 0, left < 5 ? (int)left + 1 : 5);
 	}
 	kill(-pid, SIGKILL);
@@ -107,7 +107,7 @@ static int run_one(struct exec_sink *x, const struct sink_event *ev, int *st, ch
 }
 
 static int exec_deliver(struct sink *s, const struct sink_event *evs, size_t n,
-			struct sink_outcome *outs, struct err *e)
+                        struct sink_outcome *outs, struct err *e)
 {
 	struct exec_sink *x = (struct exec_sink *)s;
 
@@ -131,12 +131,13 @@ static int exec_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 		} else if (WIFEXITED(st)) {
 			o->result = SINK_RETRY;
 			o->status = WEXITSTATUS(st);
-			snprintf(o->error, sizeof(o->error), "command exited with status %d", o->status);
+			snprintf(o->error, sizeof(o->error), "command exited with status %d",
+			         o->status);
 		} else {
 			o->result = SINK_RETRY;
 			o->status = 128 + WTERMSIG(st);
 			snprintf(o->error, sizeof(o->error), "command killed by signal %d",
-				 WTERMSIG(st));
+			         WTERMSIG(st));
 		}
 	}
 	return 0;

@@ -33,7 +33,7 @@
  * receiver that sends more than this gets the connection closed instead. */
 #define HTTP_DRAIN_MAX (1024 * 1024)
 /* How much of an error response is quoted in the outcome's error text. */
-#define HTTP_SNIPPET 120
+#define HTTP_SNIPPET      120
 #define HTTP_PARALLEL_MAX 64
 /* Event ids go into headers verbatim, so they must be short and plain. */
 #define HTTP_ID_MAX 255
@@ -101,7 +101,7 @@ static int check_url(const char *url, struct err *e)
 	uc = curl_url_set(u, CURLUPART_URL, url, 0);
 	if (uc != CURLUE_OK) {
 		err_set(e, ERR_CONFIG, "url \"%s\" is not a valid URL: %s", url,
-			curl_url_strerror(uc));
+		        curl_url_strerror(uc));
 		goto done;
 	}
 	/* libcurl lower-cases the scheme, so "HTTPS://" passes too. */
@@ -232,10 +232,10 @@ static void outcome_http(const struct xfer *x, long status, struct sink_outcome 
 	if (status >= 300 && status < 400) {
 		if (curl_easy_getinfo(h->curl, CURLINFO_REDIRECT_URL, &loc) == CURLE_OK && loc)
 			snprintf(o->error + n, sizeof(o->error) - (size_t)n,
-				 " (redirect to %s not followed)", loc);
+			         " (redirect to %s not followed)", loc);
 		else
 			snprintf(o->error + n, sizeof(o->error) - (size_t)n,
-				 " (redirects are not followed)");
+			         " (redirects are not followed)");
 	} else {
 		size_t len = h->snippet_len;
 
@@ -243,7 +243,7 @@ static void outcome_http(const struct xfer *x, long status, struct sink_outcome 
 			len--; /* a trailing newline, usually */
 		if (len > 0)
 			snprintf(o->error + n, sizeof(o->error) - (size_t)n, ": %.*s", (int)len,
-				 h->snippet);
+			         h->snippet);
 	}
 }
 
@@ -262,7 +262,7 @@ static void transport_error(struct xfer *h, CURLcode cc, char *out, size_t outsz
 
 /* The request's header list; NULL when memory ran out. */
 static struct curl_slist *build_headers(const struct http_sink *h, const char *id, long ts,
-					const char *sig)
+                                        const char *sig)
 {
 	char line[HTTP_ID_MAX + 64];
 	struct curl_slist *hl = NULL;
@@ -298,7 +298,7 @@ static void fail_all(struct sink_outcome *outs, size_t from, size_t n, const str
 		outs[j].status = 0;
 		outs[j].latency_ms = 0;
 		snprintf(outs[j].error, sizeof(outs[j].error), "not sent: %.200s",
-			 e ? e->msg : "the sink failed");
+		         e ? e->msg : "the sink failed");
 	}
 }
 
@@ -307,8 +307,8 @@ static void fail_all(struct sink_outcome *outs, size_t from, size_t n, const str
  * the request is under way, 0 when the outcome is already decided (an id
  * no header can carry), -1 when the sink itself failed.
  */
-static int start_one(struct xfer *x, const struct sink_event *ev, size_t i,
-		     struct sink_outcome *o, struct err *e)
+static int start_one(struct xfer *x, const struct sink_event *ev, size_t i, struct sink_outcome *o,
+                     struct err *e)
 {
 	struct http_sink *h = x->h;
 	char sig[WHSIG_MAX] = "";
@@ -326,11 +326,11 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i,
 		/* Sending it again cannot make it a valid header: dead at once. */
 		o->result = SINK_DEAD;
 		snprintf(o->error, sizeof(o->error),
-			 "event id is not 1 to %d visible ASCII characters", HTTP_ID_MAX);
+		         "event id is not 1 to %d visible ASCII characters", HTTP_ID_MAX);
 		return 0;
 	}
-	if (h->sign && whsig_sign(h->key, h->keylen, ev->event_id, ts, body, ev->payload_len, sig,
-				  e) < 0)
+	if (h->sign &&
+	    whsig_sign(h->key, h->keylen, ev->event_id, ts, body, ev->payload_len, sig, e) < 0)
 		return -1;
 	x->hl = build_headers(h, ev->event_id, ts, sig);
 	if (x->hl == NULL) {
@@ -340,7 +340,7 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i,
 	/* The size first: with it set, POSTFIELDS is sent as bytes, not a C string. */
 	if ((cc = curl_easy_setopt(x->curl, CURLOPT_HTTPHEADER, x->hl)) != CURLE_OK ||
 	    (cc = curl_easy_setopt(x->curl, CURLOPT_POSTFIELDSIZE_LARGE,
-				   (curl_off_t)ev->payload_len)) != CURLE_OK ||
+	                           (curl_off_t)ev->payload_len)) != CURLE_OK ||
 	    (cc = curl_easy_setopt(x->curl, CURLOPT_POSTFIELDS, body)) != CURLE_OK) {
 		err_set(e, ERR_INTERNAL, "curl_easy_setopt: %s", curl_easy_strerror(cc));
 		return -1;
@@ -404,10 +404,10 @@ static int finish_one(struct xfer *x, CURLcode cc, struct sink_outcome *o, struc
  * delivering a batch in parallel keeps every workflow's order.
  */
 static int http_deliver(struct sink *s, const struct sink_event *evs, size_t n,
-			struct sink_outcome *outs, struct err *e)
+                        struct sink_outcome *outs, struct err *e)
 {
 	struct http_sink *h = (struct http_sink *)s;
-	struct xfer *busy[HTTP_PARALLEL_MAX] = {0};
+	struct xfer *busy[HTTP_PARALLEL_MAX] = { 0 };
 	size_t next = 0;
 	int active = 0, rc = 0;
 
@@ -465,7 +465,8 @@ static int http_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 				continue;
 			fail_all(outs, busy[k]->idx, busy[k]->idx + 1, e);
 			curl_multi_remove_handle(h->multi, busy[k]->curl);
-			curl_easy_setopt(busy[k]->curl, CURLOPT_HTTPHEADER, (struct curl_slist *)NULL);
+			curl_easy_setopt(busy[k]->curl, CURLOPT_HTTPHEADER,
+			                 (struct curl_slist *)NULL);
 			curl_slist_free_all(busy[k]->hl);
 			busy[k]->hl = NULL;
 		}
@@ -508,7 +509,8 @@ struct sink *sink_http_open(const struct conf *c, struct err *e)
 		return NULL;
 	}
 	h = calloc(1, sizeof(*h));
-	if (h == NULL || (h->url = strdup(c->url)) == NULL || (h->multi = curl_multi_init()) == NULL ||
+	if (h == NULL || (h->url = strdup(c->url)) == NULL ||
+	    (h->multi = curl_multi_init()) == NULL ||
 	    (h->x = calloc((size_t)c->parallel, sizeof(*h->x))) == NULL) {
 		err_set(e, ERR_INTERNAL, "out of memory");
 		goto fail;
@@ -534,19 +536,21 @@ struct sink *sink_http_open(const struct conf *c, struct err *e)
 		if ((cc = curl_easy_setopt(x->curl, CURLOPT_URL, h->url)) != CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_NOSIGNAL, 1L)) != CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_TCP_KEEPALIVE, 1L)) != CURLE_OK ||
-		    (cc = curl_easy_setopt(x->curl, CURLOPT_TIMEOUT_MS, h->timeout_ms)) != CURLE_OK ||
+		    (cc = curl_easy_setopt(x->curl, CURLOPT_TIMEOUT_MS, h->timeout_ms)) !=
+		        CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_FOLLOWLOCATION, 0L)) != CURLE_OK ||
 #if LIBCURL_VERSION_NUM >= 0x075500 /* 7.85: the _STR form replaced the bitmask */
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_PROTOCOLS_STR, "http,https")) !=
-			CURLE_OK ||
+		        CURLE_OK ||
 #else
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_PROTOCOLS,
-					   (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS))) != CURLE_OK ||
+		                           (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS))) != CURLE_OK ||
 #endif
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_USERAGENT,
-					   "idemflow-dispatch/" PACKAGE_VERSION)) != CURLE_OK ||
+		                           "idemflow-dispatch/" PACKAGE_VERSION)) != CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_ERRORBUFFER, x->errbuf)) != CURLE_OK ||
-		    (cc = curl_easy_setopt(x->curl, CURLOPT_HEADERFUNCTION, on_header)) != CURLE_OK ||
+		    (cc = curl_easy_setopt(x->curl, CURLOPT_HEADERFUNCTION, on_header)) !=
+		        CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_HEADERDATA, x)) != CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_WRITEFUNCTION, on_body)) != CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_WRITEDATA, x)) != CURLE_OK) {

@@ -12,8 +12,8 @@
 #include <openssl/hmac.h>
 
 #define WHSIG_PREFIX "whsec_"
-#define MAC_LEN 32 /* SHA-256 */
-#define BAD_B64 "secret: the text after \"whsec_\" is not valid base64"
+#define MAC_LEN      32 /* SHA-256 */
+#define BAD_B64      "secret: the text after \"whsec_\" is not valid base64"
 
 /*
  * Strict standard base64 with padding, as the specification's libraries
@@ -35,7 +35,7 @@ static int b64_check(const char *s, size_t n, size_t *pad)
 				return -1;
 			(*pad)++;
 		} else if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-			     (c >= '0' && c <= '9') || c == '+' || c == '/')) {
+		             (c >= '0' && c <= '9') || c == '+' || c == '/')) {
 			return -1;
 		}
 	}
@@ -57,7 +57,7 @@ int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e)
 		n = strlen(secret);
 		if (n > WHSIG_KEY_MAX)
 			return err_set(e, ERR_CONFIG, "secret is longer than %d bytes",
-				       WHSIG_KEY_MAX);
+			               WHSIG_KEY_MAX);
 		memcpy(key, secret, n);
 		*keylen = n;
 		return 0;
@@ -69,7 +69,7 @@ int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e)
 		return err_set(e, ERR_CONFIG, BAD_B64);
 	if (n / 4 * 3 - pad > WHSIG_KEY_MAX)
 		return err_set(e, ERR_CONFIG, "secret: the decoded key is longer than %d bytes",
-			       WHSIG_KEY_MAX);
+		               WHSIG_KEY_MAX);
 	got = EVP_DecodeBlock(tmp, (const unsigned char *)b64, (int)n);
 	if (got < 0 || (size_t)got < pad)
 		return err_set(e, ERR_CONFIG, BAD_B64);
@@ -83,7 +83,7 @@ int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e)
 
 /* Sign with the timestamp as text: the signature covers the header's bytes. */
 static int sign_text(const uint8_t *key, size_t keylen, const char *id, const char *ts,
-		     const char *body, size_t len, char out[WHSIG_MAX], struct err *e)
+                     const char *body, size_t len, char out[WHSIG_MAX], struct err *e)
 {
 	unsigned char mac[EVP_MAX_MD_SIZE];
 	unsigned int maclen = 0;
@@ -124,7 +124,7 @@ done:
 }
 
 int whsig_sign(const uint8_t *key, size_t keylen, const char *id, long ts, const char *body,
-	       size_t len, char out[WHSIG_MAX], struct err *e)
+               size_t len, char out[WHSIG_MAX], struct err *e)
 {
 	char tsbuf[24];
 
@@ -133,8 +133,8 @@ int whsig_sign(const uint8_t *key, size_t keylen, const char *id, long ts, const
 }
 
 int whsig_verify(const uint8_t *key, size_t keylen, const char *id, const char *ts,
-		 const char *body, size_t len, const char *header, long now, long tolerance_s,
-		 struct err *e)
+                 const char *body, size_t len, const char *header, long now, long tolerance_s,
+                 struct err *e)
 {
 	char want[WHSIG_MAX];
 	const size_t wlen = WHSIG_MAX - 1 - 3; /* the base64 after "v1," */
@@ -144,15 +144,15 @@ int whsig_verify(const uint8_t *key, size_t keylen, const char *id, const char *
 
 	if (id == NULL || ts == NULL || header == NULL)
 		return err_set(e, ERR_INPUT,
-			       "missing webhook-id, webhook-timestamp or webhook-signature");
+		               "missing webhook-id, webhook-timestamp or webhook-signature");
 	errno = 0;
 	t = strtol(ts, &end, 10);
 	if (*ts < '0' || *ts > '9' || *end != '\0' || errno != 0)
 		return err_set(e, ERR_INPUT, "webhook-timestamp \"%.32s\" is not unix seconds", ts);
 	if (tolerance_s >= 0 && (t < now - tolerance_s || t > now + tolerance_s))
 		return err_set(e, ERR_INPUT,
-			       "webhook-timestamp %ld is more than %ld s from now (%ld)", t,
-			       tolerance_s, now);
+		               "webhook-timestamp %ld is more than %ld s from now (%ld)", t,
+		               tolerance_s, now);
 	if (sign_text(key, keylen, id, ts, body, len, want, e) < 0)
 		return -1;
 	/* Several entries appear while a secret is being rotated; any v1 match will do. */

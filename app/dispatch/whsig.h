@@ -20,8 +20,8 @@
 
 #include "core/err.h"
 
-#define WHSIG_KEY_MAX 256   /* longest key, decoded or raw */
-#define WHSIG_MAX 48        /* "v1," + base64 of 32 bytes (44) + NUL */
+#define WHSIG_KEY_MAX     256 /* longest key, decoded or raw */
+#define WHSIG_MAX         48  /* "v1," + base64 of 32 bytes (44) + NUL */
 #define WHSIG_TOLERANCE_S 300 /* the specification's suggested freshness window */
 
 /*
@@ -38,7 +38,7 @@ int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e) M
  * when memory or libcrypto fail.
  */
 int whsig_sign(const uint8_t *key, size_t keylen, const char *id, long ts, const char *body,
-	       size_t len, char out[WHSIG_MAX], struct err *e) MUSTCHECK;
+               size_t len, char out[WHSIG_MAX], struct err *e) MUSTCHECK;
 
 /*
  * For receivers (and the tests): 0 when header, a space-separated list of
@@ -48,7 +48,7 @@ int whsig_sign(const uint8_t *key, size_t keylen, const char *id, long ts, const
  * -1 with ERR_INPUT saying which check failed.
  */
 int whsig_verify(const uint8_t *key, size_t keylen, const char *id, const char *ts,
-		 const char *body, size_t len, const char *header, long now, long tolerance_s,
-		 struct err *e) MUSTCHECK;
+                 const char *body, size_t len, const char *header, long now, long tolerance_s,
+                 struct err *e) MUSTCHECK;
 
 #endif

@@ -36,8 +36,7 @@ int inbox_setup(PGconn *conn, struct err *e) MUSTCHECK;
  * a duplicate (skip it; counted in the handler's duplicates), -1 on error
  * (e filled; roll back).
  */
-int inbox_claim(PGconn *conn, const char *handler, const char *message_id, struct err *e)
-    MUSTCHECK;
+int inbox_claim(PGconn *conn, const char *handler, const char *message_id, struct err *e) MUSTCHECK;
 
 /* How many duplicates the handler has dropped, or -1 with e filled. */
 long inbox_duplicates(PGconn *conn, const char *handler, struct err *e);

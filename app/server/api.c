@@ -36,8 +36,8 @@ static int authenticate(struct handler_ctx *ctx, struct http_req *req, struct ht
 	if (tok == NULL) {
 		http_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"idemflow\"");
 		handler_problem(resp, req, P_UNAUTHORIZED,
-		            "send Authorization: Bearer <token> with a token issued by "
-		            "\"idemflow token create\"");
+		                "send Authorization: Bearer <token> with a token issued by "
+		                "\"idemflow token create\"");
 		return 0;
 	}
 	fp_token(hash, tok, strlen(tok));
@@ -61,7 +61,7 @@ static int authenticate(struct handler_ctx *ctx, struct http_req *req, struct ht
 			return 1;
 		}
 	}
-	const char *p[AK__N] = {[AK_TOKEN_HASH] = hex, [AK_KEY] = req->idem_key};
+	const char *p[AK__N] = { [AK_TOKEN_HASH] = hex, [AK_KEY] = req->idem_key };
 	_Static_assert((int)AK_TOKEN_HASH == (int)AU_TOKEN_HASH, "Q_AUTH's $1 is Q_AUTH_KEY's");
 	res = db_run(ctx->db, keyed ? Q_AUTH_KEY : Q_AUTH, keyed ? AK__N : AU__N, p, &e);
 	if (res == NULL) {
@@ -82,7 +82,8 @@ static int authenticate(struct handler_ctx *ctx, struct http_req *req, struct ht
 	if (!ok) {
 		http_resp_header(resp, "WWW-Authenticate",
 		                 "Bearer realm=\"idemflow\", error=\"invalid_token\"");
-		handler_problem(resp, req, P_UNAUTHORIZED, "the token is unknown or has been revoked");
+		handler_problem(resp, req, P_UNAUTHORIZED,
+		                "the token is unknown or has been revoked");
 	}
 	return ok;
 }
@@ -131,19 +132,19 @@ static const struct {
 	void (*plain)(struct handler_ctx *, struct http_req *, struct http_resp *);
 	void (*by_id)(struct handler_ctx *, struct http_req *, const char *, struct http_resp *);
 } table[] = {
-    {ROUTE_HEALTHZ, "GET", OPEN, ops_healthz, NULL},
-    {ROUTE_READYZ, "GET", OPEN, ops_readyz, NULL},
-    /* For the operator's scraper, not for tenants: ops.c decides who. */
-    {ROUTE_METRICS, NULL, OPEN, ops_metrics, NULL},
-    {ROUTE_WORKFLOWS, "GET", TOKEN, wf_list, NULL},
-    {ROUTE_WORKFLOWS, "POST", TOKEN_KEY, wf_create, NULL},
-    {ROUTE_WORKFLOW, "GET", TOKEN, NULL, wf_get},
-    {ROUTE_WF_EVENTS, "GET", TOKEN, NULL, wf_events},
-    {ROUTE_WF_TRANSITIONS, "POST", TOKEN_KEY, NULL, wf_transition},
-    {ROUTE_WF_MESSAGES, "POST", TOKEN_KEY, NULL, wf_message},
-    {ROUTE_JOBS_ACTIVATE, "POST", TOKEN_KEY, jobs_activate, NULL},
-    {ROUTE_JOB_COMPLETE, "POST", TOKEN_KEY, NULL, job_complete},
-    {ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail},
+	{ ROUTE_HEALTHZ, "GET", OPEN, ops_healthz, NULL },
+	{ ROUTE_READYZ, "GET", OPEN, ops_readyz, NULL },
+	/* For the operator's scraper, not for tenants: ops.c decides who. */
+	{ ROUTE_METRICS, NULL, OPEN, ops_metrics, NULL },
+	{ ROUTE_WORKFLOWS, "GET", TOKEN, wf_list, NULL },
+	{ ROUTE_WORKFLOWS, "POST", TOKEN_KEY, wf_create, NULL },
+	{ ROUTE_WORKFLOW, "GET", TOKEN, NULL, wf_get },
+	{ ROUTE_WF_EVENTS, "GET", TOKEN, NULL, wf_events },
+	{ ROUTE_WF_TRANSITIONS, "POST", TOKEN_KEY, NULL, wf_transition },
+	{ ROUTE_WF_MESSAGES, "POST", TOKEN_KEY, NULL, wf_message },
+	{ ROUTE_JOBS_ACTIVATE, "POST", TOKEN_KEY, jobs_activate, NULL },
+	{ ROUTE_JOB_COMPLETE, "POST", TOKEN_KEY, NULL, job_complete },
+	{ ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail },
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 

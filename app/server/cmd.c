@@ -74,23 +74,25 @@ static int read_body(struct handler_ctx *ctx, struct http_req *req, struct http_
 
 	if (!http_is_json(req->content_type)) {
 		handler_problem(resp, req, P_UNSUPPORTED_MEDIA_TYPE,
-		            "send the body as Content-Type: application/json");
+		                "send the body as Content-Type: application/json");
 		return -1;
 	}
 	if (req->idem_key_count > 1) {
-		handler_problem(resp, req, P_INVALID_KEY, "send exactly one Idempotency-Key header");
+		handler_problem(resp, req, P_INVALID_KEY,
+		                "send exactly one Idempotency-Key header");
 		return -1;
 	}
 	if (req->idem_key == NULL && key_required) {
 		handler_problem(resp, req, P_MISSING_KEY,
-		            "this request needs an Idempotency-Key header: a unique value per "
-		            "logical request, such as a UUID, reused on every retry");
+		                "this request needs an Idempotency-Key header: a unique value per "
+		                "logical request, such as a UUID, reused on every retry");
 		return -1;
 	}
 	if (req->idem_key != NULL && !idem_key_valid(req->idem_key)) {
-		handler_problem(resp, req, P_INVALID_KEY,
-		            "an Idempotency-Key is 1 to 255 printable ASCII characters, without "
-		            "spaces");
+		handler_problem(
+		    resp, req, P_INVALID_KEY,
+		    "an Idempotency-Key is 1 to 255 printable ASCII characters, without "
+		    "spaces");
 		return -1;
 	}
 	buf_reset(&ctx->body);
@@ -153,8 +155,8 @@ static struct json_object *parse_body(struct handler_ctx *ctx, struct http_req *
 	return root;
 }
 
-struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                                  int key_required)
+struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req,
+                                  struct http_resp *resp, int key_required)
 {
 	if (read_body(ctx, req, resp, key_required) < 0)
 		return NULL;
@@ -287,12 +289,12 @@ static int store_and_commit(struct handler_ctx *ctx, const struct http_req *req,
                             const struct http_resp *resp, const char *tenant, struct err *e)
 {
 	char status[8];
-	const char *sp[KS__N] = {[KS_TENANT] = tenant,
-	                         [KS_KEY] = req->idem_key,
-	                         [KS_STATUS] = status,
-	                         [KS_HEADERS] = resp->headers.data ? resp->headers.data : "",
-	                         [KS_BODY] = resp->body.data ? resp->body.data : ""};
-	const struct db_call calls[2] = {{Q_KEY_STORE, KS__N, sp}, {Q_COMMIT, 0, NULL}};
+	const char *sp[KS__N] = { [KS_TENANT] = tenant,
+		                  [KS_KEY] = req->idem_key,
+		                  [KS_STATUS] = status,
+		                  [KS_HEADERS] = resp->headers.data ? resp->headers.data : "",
+		                  [KS_BODY] = resp->body.data ? resp->body.data : "" };
+	const struct db_call calls[2] = { { Q_KEY_STORE, KS__N, sp }, { Q_COMMIT, 0, NULL } };
 	PGresult *r[2];
 	int failed;
 
@@ -336,8 +338,9 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
                                      const struct keyed *k, PGresult **row, int *in_flight,
                                      struct err *e)
 {
-	const struct db_call calls[3] = {
-	    {Q_BEGIN, 0, NULL}, {Q_KEY_CLAIM, KC__N, k->kc}, {c->stmt, c->nparams, c->params}};
+	const struct db_call calls[3] = { { Q_BEGIN, 0, NULL },
+		                          { Q_KEY_CLAIM, KC__N, k->kc },
+		                          { c->stmt, c->nparams, c->params } };
 	PGresult *r[3];
 	int failed, rc;
 

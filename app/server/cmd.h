@@ -102,8 +102,8 @@ void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
  * bytes (ctx->bytes_fp, kept with every key: a retry resends the same
  * bytes, and is then replayed without parsing them).
  */
-struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                                  int key_required);
+struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req,
+                                  struct http_resp *resp, int key_required);
 
 /*
  * Write the canonical form of root into ctx->scratch (from its start) and

@@ -6,7 +6,7 @@
 #include <string.h>
 
 void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
-                 const char *detail)
+                     const char *detail)
 {
 	resp->status = problem_def(kind)->status;
 	resp->content_type = "application/problem+json";
@@ -26,7 +26,7 @@ void handler_problem(struct http_resp *resp, const struct http_req *req, enum pr
  * Every 503 carries Retry-After.
  */
 void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-                  const struct err *e)
+                      const struct err *e)
 {
 	const int writes = strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0;
 	char ra[24];
@@ -40,24 +40,26 @@ void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const str
 	buf_reset(&resp->headers);
 	http_resp_header(resp, "Retry-After", ra);
 	if (e->code == ERR_DB_DOWN && e->outcome_unknown && writes) {
-		handler_problem(resp, req, P_OUTCOME_UNKNOWN,
-		            req->idem_key != NULL
-		                ? "the connection to the database was lost while the request was "
-		                  "being committed: it may or may not have taken effect. Send the "
-		                  "same request with the same Idempotency-Key: it is safe, and "
-		                  "answered as the first one was or run now"
-		                : "the connection to the database was lost while the request was "
-		                  "being committed: it may or may not have taken effect, and "
-		                  "without an Idempotency-Key a retry may apply it twice");
+		handler_problem(
+		    resp, req, P_OUTCOME_UNKNOWN,
+		    req->idem_key != NULL
+		        ? "the connection to the database was lost while the request was "
+		          "being committed: it may or may not have taken effect. Send the "
+		          "same request with the same Idempotency-Key: it is safe, and "
+		          "answered as the first one was or run now"
+		        : "the connection to the database was lost while the request was "
+		          "being committed: it may or may not have taken effect, and "
+		          "without an Idempotency-Key a retry may apply it twice");
 		return;
 	}
 	if (strcmp(e->sqlstate, "25006") == 0) {
-		handler_problem(resp, req, P_UNAVAILABLE,
-		            "the database is read-only (a standby, or set read-only); nothing was "
-		            "stored, retry the same request later");
+		handler_problem(
+		    resp, req, P_UNAVAILABLE,
+		    "the database is read-only (a standby, or set read-only); nothing was "
+		    "stored, retry the same request later");
 		return;
 	}
 	handler_problem(resp, req, P_UNAVAILABLE,
-	            "the database is unavailable; nothing was stored, retry the same request "
-	            "later");
+	                "the database is unavailable; nothing was stored, retry the same request "
+	                "later");
 }

@@ -27,27 +27,27 @@ struct handler_ctx {
 	struct buf body;         /* the request body */
 	struct buf scratch;      /* canonical forms, payloads */
 	/* Per request, for the access log: */
-	enum route route;        /* matched once, by the router, before anything
-				  * else; the counters and the log line read it */
-	long tenant_id;          /* 0 until authenticated */
-	PGresult *key_row;       /* a keyed POST's stored key row, found while
-				  * authenticating (Q_AUTH_KEY), or NULL; owned */
+	enum route route;            /* matched once, by the router, before anything
+	                              * else; the counters and the log line read it */
+	long tenant_id;              /* 0 until authenticated */
+	PGresult *key_row;           /* a keyed POST's stored key row, found while
+	                              * authenticating (Q_AUTH_KEY), or NULL; owned */
 	char bytes_fp[IDEM_FP_TEXT]; /* a keyed command's request as received
-				      * (cmd_read_json), stored with its key */
+	                              * (cmd_read_json), stored with its key */
 	enum idem_outcome idem;
-	int cached;              /* the key row came from the replay cache */
-	int created;             /* this request wrote an outbox event */
-	struct err err;          /* why a 5xx happened */
+	int cached;     /* the key row came from the replay cache */
+	int created;    /* this request wrote an outbox event */
+	struct err err; /* why a 5xx happened */
 };
 
 /* Fill resp with a problem of the given kind (status, content type, body). */
 void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
-		 const char *detail);
+                     const char *detail);
 
 /* Fill resp with the problem that an error from the database layer calls
  * for (503 with Retry-After for outages, 500 otherwise); remembers e for the
  * log. */
 void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-		  const struct err *e);
+                      const struct err *e);
 
 #endif

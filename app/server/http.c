@@ -218,10 +218,20 @@ int http_send(FCGX_Request *f, const struct http_resp *resp)
 
 	/* "Status: NNN Reason", Content-Type, Content-Length: put straight
 	 * into libfcgi's buffer (no printf on every answer). */
-	char status[] = {'S', 't', 'a', 't', 'u', 's', ':', ' ', (char)('0' + st / 100 % 10),
-	                 (char)('0' + st / 10 % 10), (char)('0' + st % 10), ' '};
-	if (FCGX_PutStr(status, (int)sizeof(status), f->out) < 0 ||
-	    FCGX_PutS(reason, f->out) < 0 || FCGX_PutStr("\r\n", 2, f->out) < 0)
+	char status[] = { 'S',
+		          't',
+		          'a',
+		          't',
+		          'u',
+		          's',
+		          ':',
+		          ' ',
+		          (char)('0' + st / 100 % 10),
+		          (char)('0' + st / 10 % 10),
+		          (char)('0' + st % 10),
+		          ' ' };
+	if (FCGX_PutStr(status, (int)sizeof(status), f->out) < 0 || FCGX_PutS(reason, f->out) < 0 ||
+	    FCGX_PutStr("\r\n", 2, f->out) < 0)
 		return -1;
 	if (resp->content_type != NULL &&
 	    (FCGX_PutS("Content-Type: ", f->out) < 0 || FCGX_PutS(resp->content_type, f->out) < 0 ||

@@ -111,8 +111,9 @@ static int write_job(struct buf *out, const PGresult *res, int i, struct err *e)
 	return 0;
 }
 
-static int render_activate(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
-                           const PGresult *res, const struct cmd *c, struct err *e)
+static int render_activate(struct handler_ctx *ctx, const struct http_req *req,
+                           struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                           struct err *e)
 {
 	(void)ctx;
 	(void)req;
@@ -145,8 +146,8 @@ static int render_job(struct handler_ctx *ctx, const struct http_req *req, struc
 
 void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
-	static const char *const members[] = {"job_type", "worker", "max_jobs", "lease_seconds",
-	                                      NULL};
+	static const char *const members[] = { "job_type", "worker", "max_jobs", "lease_seconds",
+		                               NULL };
 	struct json_object *root;
 	const char *type, *worker;
 	long max_jobs, lease;
@@ -169,16 +170,16 @@ void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_re
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(nmax, sizeof(nmax), "%ld", max_jobs);
 	snprintf(interval, sizeof(interval), "%ld seconds", lease);
-	const char *p[JA__N] = {[JA_TENANT] = tenant,
-	                        [JA_JOB_TYPE] = type,
-	                        [JA_WORKER] = worker,
-	                        [JA_MAX_JOBS] = nmax,
-	                        [JA_LEASE] = interval};
-	const struct cmd cmd = {.stmt = Q_JOBS_ACTIVATE,
-	                        .nparams = JA__N,
-	                        .params = p,
-	                        .fp_text = fp_text,
-	                        .render = render_activate};
+	const char *p[JA__N] = { [JA_TENANT] = tenant,
+		                 [JA_JOB_TYPE] = type,
+		                 [JA_WORKER] = worker,
+		                 [JA_MAX_JOBS] = nmax,
+		                 [JA_LEASE] = interval };
+	const struct cmd cmd = { .stmt = Q_JOBS_ACTIVATE,
+		                 .nparams = JA__N,
+		                 .params = p,
+		                 .fp_text = fp_text,
+		                 .render = render_activate };
 	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);
@@ -187,8 +188,9 @@ out:
 void jobs_finish(struct handler_ctx *ctx, struct http_req *req, const char *key, const char *verb,
                  struct http_resp *resp)
 {
-	static const char *const complete_members[] = {"worker", "output", NULL};
-	static const char *const fail_members[] = {"worker", "error", "retry_after_seconds", NULL};
+	static const char *const complete_members[] = { "worker", "output", NULL };
+	static const char *const fail_members[] = { "worker", "error", "retry_after_seconds",
+		                                    NULL };
 	const int complete = strcmp(verb, "complete") == 0;
 	struct json_object *root, *output = NULL;
 	const char *worker, *error = NULL;
@@ -223,30 +225,28 @@ void jobs_finish(struct handler_ctx *ctx, struct http_req *req, const char *key,
 	if (complete) {
 		if (cmd_json_param(ctx, req, resp, output, &off) < 0)
 			goto out;
-		const char *p[JC__N] = {[JC_TENANT] = tenant,
-		                        [JC_WORKFLOW] = wf,
-		                        [JC_STEP] = step,
-		                        [JC_WORKER] = worker,
-		                        [JC_OUTPUT] = ctx->scratch.data + off};
-		const struct cmd cmd = {.stmt = Q_JOB_COMPLETE,
-		                        .nparams = JC__N,
-		                        .params = p,
-		                        .fp_text = fp_text,
-		                        .render = render_job};
+		const char *p[JC__N] = { [JC_TENANT] = tenant,
+			                 [JC_WORKFLOW] = wf,
+			                 [JC_STEP] = step,
+			                 [JC_WORKER] = worker,
+			                 [JC_OUTPUT] = ctx->scratch.data + off };
+		const struct cmd cmd = { .stmt = Q_JOB_COMPLETE,
+			                 .nparams = JC__N,
+			                 .params = p,
+			                 .fp_text = fp_text,
+			                 .render = render_job };
 		cmd_run(ctx, req, resp, &cmd);
 	} else {
 		snprintf(interval, sizeof(interval), "%ld seconds", retry_after);
-		const char *p[JF__N] = {[JF_TENANT] = tenant,
-		                        [JF_WORKFLOW] = wf,
-		                        [JF_STEP] = step,
-		                        [JF_WORKER] = worker,
-		                        [JF_ERROR] = error,
-		                        [JF_RETRY_AFTER] = interval};
-		const struct cmd cmd = {.stmt = Q_JOB_FAIL,
-		                        .nparams = JF__N,
-		                        .params = p,
-		                        .fp_text = fp_text,
-		                        .render = render_job};
+		const char *p[JF__N] = {
+			[JF_TENANT] = tenant, [JF_WORKFLOW] = wf, [JF_STEP] = step,
+			[JF_WORKER] = worker, [JF_ERROR] = error, [JF_RETRY_AFTER] = interval
+		};
+		const struct cmd cmd = { .stmt = Q_JOB_FAIL,
+			                 .nparams = JF__N,
+			                 .params = p,
+			                 .fp_text = fp_text,
+			                 .render = render_job };
 		cmd_run(ctx, req, resp, &cmd);
 	}
 out:

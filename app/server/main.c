@@ -14,11 +14,10 @@
 
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"Usage: idemflow-fcgi [--config FILE] [--KEY VALUE ...]\n"
-		"Serve the idemflow API over FastCGI with a pool of pre-forked workers.\n"
-		"Signals: TERM/INT finish in-flight requests and exit; HUP reloads the\n"
-		"configuration and replaces the workers one by one.\n\n");
+	fprintf(out, "Usage: idemflow-fcgi [--config FILE] [--KEY VALUE ...]\n"
+	             "Serve the idemflow API over FastCGI with a pool of pre-forked workers.\n"
+	             "Signals: TERM/INT finish in-flight requests and exit; HUP reloads the\n"
+	             "configuration and replaces the workers one by one.\n\n");
 	conf_usage(out);
 }
 

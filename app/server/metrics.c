@@ -10,7 +10,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-
 /* Counters are shared between processes: only lock-free atomics work there. */
 #if ATOMIC_LLONG_LOCK_FREE != 2
 #error "metrics need lock-free 64-bit atomics"
@@ -18,17 +17,18 @@
 
 /* The statuses the server answers with (http_reason's list); anything else
  * is counted under status="other" so the label stays bounded. */
-static const int statuses[] = {200, 201, 204, 400, 401, 403, 404,
-                               405, 409, 413, 415, 422, 500, 503};
+static const int statuses[] = {
+	200, 201, 204, 400, 401, 403, 404, 405, 409, 413, 415, 422, 500, 503
+};
 #define NSTATUS (sizeof(statuses) / sizeof(statuses[0]))
 
 /* Upper bounds of the duration buckets, in seconds: from a replay served
  * in a millisecond to a create that waited out idempotency_wait. */
-static const double bucket_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                   0.25,  0.5,    1,     2.5,  5,     10};
-static const char *const bucket_le_text[] = {"0.001", "0.0025", "0.005", "0.01", "0.025",
-                                             "0.05",  "0.1",    "0.25",  "0.5",  "1",
-                                             "2.5",   "5",      "10"};
+static const double bucket_le[] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+	                            0.25,  0.5,    1,     2.5,  5,     10 };
+static const char *const bucket_le_text[] = { "0.001", "0.0025", "0.005", "0.01", "0.025",
+	                                      "0.05",  "0.1",    "0.25",  "0.5",  "1",
+	                                      "2.5",   "5",      "10" };
 #define NBUCKETS (sizeof(bucket_le) / sizeof(bucket_le[0]))
 
 struct route_ctr {
@@ -312,7 +312,7 @@ struct net {
  * address, as a dual-stack listener may report an IPv4 client either way. */
 static int addr_parse(const char *s, struct net *n)
 {
-	static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	static const unsigned char mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
 
 	memset(n, 0, sizeof(*n));
 	if (inet_pton(AF_INET, s, n->addr) == 1) {

@@ -133,8 +133,8 @@ void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
 	    !ops_metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
 		handler_problem(resp, req, P_FORBIDDEN,
-		            "/metrics is open to the addresses in metrics_allow, or with the "
-		            "metrics_token");
+		                "/metrics is open to the addresses in metrics_allow, or with the "
+		                "metrics_token");
 		return;
 	}
 	if (strcmp(req->method, "GET") != 0) {

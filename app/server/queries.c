@@ -35,141 +35,154 @@
 	"id, type, state, input::text, " TS_UTC("created_at") ", business_key, steps::text, step"
 
 const struct db_stmt queries[Q__COUNT] = {
-    [Q_AUTH] = {"auth", AU__N,
-                "SELECT tenant_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL"},
+	[Q_AUTH] = { "auth", AU__N,
+	             "SELECT tenant_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS "
+	             "NULL" },
 
-    [Q_AUTH_KEY] = {"auth_key", AK__N,
-                    "SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,"
-                    "       k.expires_at <= now(), k.request_bytes_fp,"
-                    "       floor(extract(epoch FROM k.expires_at - now()) * 1000)::bigint"
-                    "  FROM api_tokens t"
-                    "  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = $2"
-                    " WHERE t.token_hash = $1 AND t.revoked_at IS NULL"},
+	[Q_AUTH_KEY] = { "auth_key", AK__N,
+	                 "SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,"
+	                 "       k.expires_at <= now(), k.request_bytes_fp,"
+	                 "       floor(extract(epoch FROM k.expires_at - now()) * 1000)::bigint"
+	                 "  FROM api_tokens t"
+	                 "  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = "
+	                 "$2"
+	                 " WHERE t.token_hash = $1 AND t.revoked_at IS NULL" },
 
-    [Q_CREATE_KEYED] = {"create_keyed", CK__N, CREATE_KEYED("")},
+	[Q_CREATE_KEYED] = { "create_keyed", CK__N, CREATE_KEYED("") },
 
-    [Q_CREATE_UNKEYED] =
-        {"create_unkeyed", CU__N,
-         "WITH w AS ("
-         "  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at)"
-         "  VALUES ($1, $3, $4, 'pending', $5, $2, $2)"
-         "  RETURNING tenant_id, id"
-         ")"
-         " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload, created_at,"
-         "                     next_attempt_at)"
-         " SELECT $6, tenant_id, id, 1, 'workflow.created', $7, $2, now() FROM w"},
+	[Q_CREATE_UNKEYED] = { "create_unkeyed", CU__N,
+	                       "WITH w AS ("
+	                       "  INSERT INTO workflows (tenant_id, id, type, state, input, "
+	                       "created_at, updated_at)"
+	                       "  VALUES ($1, $3, $4, 'pending', $5, $2, $2)"
+	                       "  RETURNING tenant_id, id"
+	                       ")"
+	                       " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, "
+	                       "payload, created_at,"
+	                       "                     next_attempt_at)"
+	                       " SELECT $6, tenant_id, id, 1, 'workflow.created', $7, $2, now() "
+	                       "FROM w" },
 
-    [Q_KEY_GET] = {"key_get", KG__N,
-                   "SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"
-                   "  FROM idempotency_keys WHERE tenant_id = $1 AND key = $2"},
+	[Q_KEY_GET] = { "key_get", KG__N,
+	                "SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"
+	                "  FROM idempotency_keys WHERE tenant_id = $1 AND key = $2" },
 
-    /* The counts of the old key go with it: the key is new again. */
-    [Q_KEY_DELETE_EXPIRED] = {"key_delete_expired", KG__N,
-                              "WITH d AS ("
-                              "  DELETE FROM idempotency_keys"
-                              "   WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()"
-                              "  RETURNING tenant_id, key"
-                              ")"
-                              " DELETE FROM idempotency_key_stats s USING d"
-                              "  WHERE s.tenant_id = d.tenant_id AND s.key = d.key"},
+	/* The counts of the old key go with it: the key is new again. */
+	[Q_KEY_DELETE_EXPIRED] = { "key_delete_expired", KG__N,
+	                           "WITH d AS ("
+	                           "  DELETE FROM idempotency_keys"
+	                           "   WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()"
+	                           "  RETURNING tenant_id, key"
+	                           ")"
+	                           " DELETE FROM idempotency_key_stats s USING d"
+	                           "  WHERE s.tenant_id = d.tenant_id AND s.key = d.key" },
 
-    [Q_CREATE_KEYED_FAIL] = {"create_keyed_fail", CK__N,
-                             CREATE_KEYED(" WHERE 1 / (SELECT count(*) - count(*) FROM o) = 1")},
+	[Q_CREATE_KEYED_FAIL] = { "create_keyed_fail", CK__N,
+	                          CREATE_KEYED(
+	                              " WHERE 1 / (SELECT count(*) - count(*) FROM o) = 1") },
 
-    /* Rows in (tenant_id, key) order, so two workers flushing the same
-     * keys lock them in the same order and cannot deadlock. */
-    [Q_KEYSTATS_FLUSH] =
-        {"keystats_flush", KF__N,
-         "INSERT INTO idempotency_key_stats AS s"
-         "       (tenant_id, key, replays, conflicts, in_flight, last_seen)"
-         " SELECT u.tenant_id, u.key, u.replays, u.conflicts, u.in_flight, now()"
-         "   FROM unnest($1::bigint[], $2::text[], $3::int[], $4::int[], $5::int[])"
-         "        AS u(tenant_id, key, replays, conflicts, in_flight)"
-         " ON CONFLICT (tenant_id, key) DO UPDATE"
-         "    SET replays = s.replays + excluded.replays,"
-         "        conflicts = s.conflicts + excluded.conflicts,"
-         "        in_flight = s.in_flight + excluded.in_flight,"
-         "        last_seen = excluded.last_seen"},
+	/* Rows in (tenant_id, key) order, so two workers flushing the same
+	 * keys lock them in the same order and cannot deadlock. */
+	[Q_KEYSTATS_FLUSH] = { "keystats_flush", KF__N,
+	                       "INSERT INTO idempotency_key_stats AS s"
+	                       "       (tenant_id, key, replays, conflicts, in_flight, last_seen)"
+	                       " SELECT u.tenant_id, u.key, u.replays, u.conflicts, u.in_flight, "
+	                       "now()"
+	                       "   FROM unnest($1::bigint[], $2::text[], $3::int[], $4::int[], "
+	                       "$5::int[])"
+	                       "        AS u(tenant_id, key, replays, conflicts, in_flight)"
+	                       " ON CONFLICT (tenant_id, key) DO UPDATE"
+	                       "    SET replays = s.replays + excluded.replays,"
+	                       "        conflicts = s.conflicts + excluded.conflicts,"
+	                       "        in_flight = s.in_flight + excluded.in_flight,"
+	                       "        last_seen = excluded.last_seen" },
 
-    [Q_SCHEMA_VERSION] = {"schema_version", 0,
-                          "SELECT coalesce(max(version), 0), pg_is_in_recovery(),"
-                          "       current_setting('transaction_read_only')"
-                          "  FROM schema_migrations"},
+	[Q_SCHEMA_VERSION] = { "schema_version", 0,
+	                       "SELECT coalesce(max(version), 0), pg_is_in_recovery(),"
+	                       "       current_setting('transaction_read_only')"
+	                       "  FROM schema_migrations" },
 
-    /* Pending events are what the partial index outbox_due covers;
-     * dead ones are few (a dead event is an incident). */
-    [Q_METRICS_OUTBOX] =
-        {"metrics_outbox", 0,
-         "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0),"
-         "       (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)"
-         "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL"},
+	/* Pending events are what the partial index outbox_due covers;
+	 * dead ones are few (a dead event is an incident). */
+	[Q_METRICS_OUTBOX] = { "metrics_outbox", 0,
+	                       "SELECT count(*), coalesce(extract(epoch FROM now() - "
+	                       "min(created_at)), 0),"
+	                       "       (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)"
+	                       "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL" },
 
-    [Q_WF_GET] = {"wf_get", WG__N,
-                  "SELECT " WF_COLUMNS " FROM workflows WHERE tenant_id = $1 AND id = $2"},
-    [Q_NOTIFY] = {"notify", 0, "SELECT pg_notify('idemflow_outbox', '')"},
+	[Q_WF_GET] = { "wf_get", WG__N,
+	               "SELECT " WF_COLUMNS " FROM workflows WHERE tenant_id = $1 AND id = $2" },
+	[Q_NOTIFY] = { "notify", 0, "SELECT pg_notify('idemflow_outbox', '')" },
 
-    [Q_BEGIN] = {"begin", 0, "BEGIN"},
-    [Q_COMMIT] = {"commit", 0, "COMMIT"},
-    [Q_ROLLBACK] = {"rollback", 0, "ROLLBACK"},
-    [Q_KEY_CLAIM] = {"key_claim", KC__N,
-                     "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
-                     "                              status, headers, body, created_at, expires_at,"
-                     "                              request_bytes_fp)"
-                     " VALUES ($1, $2, $3, $4, $5, 0, '', '', now(), now() + coalesce("
-                     "   (SELECT idempotency_ttl FROM tenants WHERE id = $1), $6::interval), $7)"
-                     " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING 1"},
-    [Q_KEY_STORE] = {"key_store", KS__N,
-                     "UPDATE idempotency_keys SET status = $3, headers = $4, body = $5"
-                     " WHERE tenant_id = $1 AND key = $2"},
-    [Q_WF_CREATE_RUN] = {"wf_create_run", CR__N,
-                         "SELECT * FROM idemflow_wf_create($1, $2, $3, $4, $5, $6, $7, $8)"},
-    [Q_WF_TRANSITION] = {"wf_transition", TR__N,
-                         "SELECT * FROM idemflow_wf_transition($1, $2, $3, $4)"},
-    [Q_WF_MESSAGE] = {"wf_message", MS__N, "SELECT * FROM idemflow_wf_message($1, $2, $3, $4, $5)"},
-    [Q_JOBS_ACTIVATE] = {"jobs_activate", JA__N,
-                         "SELECT * FROM idemflow_jobs_activate($1, $2, $3, $4, $5::interval)"},
-    [Q_JOB_COMPLETE] = {"job_complete", JC__N,
-                        "SELECT * FROM idemflow_job_complete($1, $2, $3, $4, $5)"},
-    [Q_JOB_FAIL] = {"job_fail", JF__N,
-                    "SELECT * FROM idemflow_job_fail($1, $2, $3, $4, $5, $6::interval)"},
-    /* Pages: at most $limit rows (the caller asks for one more than it
-     * shows), each with "within": it starts within the byte budget (the
-     * last parameter). Rows stop after the first one past the budget, so a
-     * worker never receives much more than it may answer, and a row beyond
-     * the ones shown says there is a next page (wf.c). The list walks the
-     * index one row at a time so that PostgreSQL sizes only those rows;
-     * an event's text is sized without reading it. */
-    [Q_WF_EVENTS] =
-        {"wf_events", WE__N,
-         "SELECT e.seq, e.payload, e.within FROM workflows w"
-         "  LEFT JOIN LATERAL (SELECT seq, payload, start < $5::bigint AS within FROM ("
-         "    SELECT seq, payload, start, lag(start, 1, 0::bigint) OVER (ORDER BY seq) AS prev"
-         "      FROM (SELECT seq, payload, sum(octet_length(payload)::bigint)"
-         "                   OVER (ORDER BY seq) - octet_length(payload) AS start"
-         "              FROM (SELECT seq, payload FROM outbox o"
-         "                     WHERE o.tenant_id = w.tenant_id AND o.workflow_id = w.id"
-         "                       AND o.seq > $3 ORDER BY seq LIMIT $4) l) s) t"
-         "    WHERE prev < $5::bigint) e ON true"
-         " WHERE w.tenant_id = $1 AND w.id = $2 ORDER BY e.seq"},
-    [Q_WF_LIST] =
-        {"wf_list", WL__N,
-         "WITH RECURSIVE page AS ("
-         "  (SELECT w.*, 1 AS n, 0::bigint AS start,"
-         "          octet_length(w.input::text)::bigint + octet_length(w.steps::text) AS run"
-         "     FROM workflows w"
-         "    WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
-         "      AND ($3::text IS NULL OR w.type = $3) AND ($4::uuid IS NULL OR w.id > $4)"
-         "    ORDER BY w.id LIMIT 1)"
-         "  UNION ALL"
-         "  SELECT w.*, p.n + 1, p.run,"
-         "         p.run + octet_length(w.input::text) + octet_length(w.steps::text)"
-         "    FROM page p CROSS JOIN LATERAL ("
-         "         SELECT * FROM workflows w"
-         "          WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
-         "            AND ($3::text IS NULL OR w.type = $3) AND w.id > p.id"
-         "          ORDER BY w.id LIMIT 1) w"
-         "   WHERE p.n < $5 AND p.start < $6::bigint)"
-         "SELECT " WF_COLUMNS ", start < $6::bigint FROM page ORDER BY id"},
+	[Q_BEGIN] = { "begin", 0, "BEGIN" },
+	[Q_COMMIT] = { "commit", 0, "COMMIT" },
+	[Q_ROLLBACK] = { "rollback", 0, "ROLLBACK" },
+	[Q_KEY_CLAIM] = { "key_claim", KC__N,
+	                  "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
+	                  "                              status, headers, body, created_at, "
+	                  "expires_at,"
+	                  "                              request_bytes_fp)"
+	                  " VALUES ($1, $2, $3, $4, $5, 0, '', '', now(), now() + coalesce("
+	                  "   (SELECT idempotency_ttl FROM tenants WHERE id = $1), $6::interval), "
+	                  "$7)"
+	                  " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING 1" },
+	[Q_KEY_STORE] = { "key_store", KS__N,
+	                  "UPDATE idempotency_keys SET status = $3, headers = $4, body = $5"
+	                  " WHERE tenant_id = $1 AND key = $2" },
+	[Q_WF_CREATE_RUN] = { "wf_create_run", CR__N,
+	                      "SELECT * FROM idemflow_wf_create($1, $2, $3, $4, $5, $6, $7, $8)" },
+	[Q_WF_TRANSITION] = { "wf_transition", TR__N,
+	                      "SELECT * FROM idemflow_wf_transition($1, $2, $3, $4)" },
+	[Q_WF_MESSAGE] = { "wf_message", MS__N,
+	                   "SELECT * FROM idemflow_wf_message($1, $2, $3, $4, $5)" },
+	[Q_JOBS_ACTIVATE] = { "jobs_activate", JA__N,
+	                      "SELECT * FROM idemflow_jobs_activate($1, $2, $3, $4, "
+	                      "$5::interval)" },
+	[Q_JOB_COMPLETE] = { "job_complete", JC__N,
+	                     "SELECT * FROM idemflow_job_complete($1, $2, $3, $4, $5)" },
+	[Q_JOB_FAIL] = { "job_fail", JF__N,
+	                 "SELECT * FROM idemflow_job_fail($1, $2, $3, $4, $5, $6::interval)" },
+	/* Pages: at most $limit rows (the caller asks for one more than it
+	 * shows), each with "within": it starts within the byte budget (the
+	 * last parameter). Rows stop after the first one past the budget, so a
+	 * worker never receives much more than it may answer, and a row beyond
+	 * the ones shown says there is a next page (wf.c). The list walks the
+	 * index one row at a time so that PostgreSQL sizes only those rows;
+	 * an event's text is sized without reading it. */
+	[Q_WF_EVENTS] = { "wf_events", WE__N,
+	                  "SELECT e.seq, e.payload, e.within FROM workflows w"
+	                  "  LEFT JOIN LATERAL (SELECT seq, payload, start < $5::bigint AS within "
+	                  "FROM ("
+	                  "    SELECT seq, payload, start, lag(start, 1, 0::bigint) OVER (ORDER BY "
+	                  "seq) AS prev"
+	                  "      FROM (SELECT seq, payload, sum(octet_length(payload)::bigint)"
+	                  "                   OVER (ORDER BY seq) - octet_length(payload) AS start"
+	                  "              FROM (SELECT seq, payload FROM outbox o"
+	                  "                     WHERE o.tenant_id = w.tenant_id AND o.workflow_id "
+	                  "= w.id"
+	                  "                       AND o.seq > $3 ORDER BY seq LIMIT $4) l) s) t"
+	                  "    WHERE prev < $5::bigint) e ON true"
+	                  " WHERE w.tenant_id = $1 AND w.id = $2 ORDER BY e.seq" },
+	[Q_WF_LIST] = { "wf_list", WL__N,
+	                "WITH RECURSIVE page AS ("
+	                "  (SELECT w.*, 1 AS n, 0::bigint AS start,"
+	                "          octet_length(w.input::text)::bigint + "
+	                "octet_length(w.steps::text) AS run"
+	                "     FROM workflows w"
+	                "    WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
+	                "      AND ($3::text IS NULL OR w.type = $3) AND ($4::uuid IS NULL OR w.id "
+	                "> $4)"
+	                "    ORDER BY w.id LIMIT 1)"
+	                "  UNION ALL"
+	                "  SELECT w.*, p.n + 1, p.run,"
+	                "         p.run + octet_length(w.input::text) + octet_length(w.steps::text)"
+	                "    FROM page p CROSS JOIN LATERAL ("
+	                "         SELECT * FROM workflows w"
+	                "          WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
+	                "            AND ($3::text IS NULL OR w.type = $3) AND w.id > p.id"
+	                "          ORDER BY w.id LIMIT 1) w"
+	                "   WHERE p.n < $5 AND p.start < $6::bigint)"
+	                "SELECT " WF_COLUMNS ", start < $6::bigint FROM page ORDER BY id" },
 };
 
 int queries_check(struct err *e)

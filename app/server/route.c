@@ -7,18 +7,18 @@ static const struct {
 	const char *template;
 	int keyed;
 } routes[ROUTE__COUNT] = {
-    [ROUTE_WORKFLOWS] = {"/v1/workflows", 1},
-    [ROUTE_WORKFLOW] = {"/v1/workflows/{id}", 0},
-    [ROUTE_HEALTHZ] = {"/healthz", 0},
-    [ROUTE_READYZ] = {"/readyz", 0},
-    [ROUTE_METRICS] = {"/metrics", 0},
-    [ROUTE_WF_EVENTS] = {"/v1/workflows/{id}/events", 0},
-    [ROUTE_WF_TRANSITIONS] = {"/v1/workflows/{id}/transitions", 1},
-    [ROUTE_WF_MESSAGES] = {"/v1/workflows/{id}/messages", 1},
-    [ROUTE_JOBS_ACTIVATE] = {"/v1/jobs/activate", 1},
-    [ROUTE_JOB_COMPLETE] = {"/v1/jobs/{key}/complete", 1},
-    [ROUTE_JOB_FAIL] = {"/v1/jobs/{key}/fail", 1},
-    [ROUTE_OTHER] = {"other", 0},
+	[ROUTE_WORKFLOWS] = { "/v1/workflows", 1 },
+	[ROUTE_WORKFLOW] = { "/v1/workflows/{id}", 0 },
+	[ROUTE_HEALTHZ] = { "/healthz", 0 },
+	[ROUTE_READYZ] = { "/readyz", 0 },
+	[ROUTE_METRICS] = { "/metrics", 0 },
+	[ROUTE_WF_EVENTS] = { "/v1/workflows/{id}/events", 0 },
+	[ROUTE_WF_TRANSITIONS] = { "/v1/workflows/{id}/transitions", 1 },
+	[ROUTE_WF_MESSAGES] = { "/v1/workflows/{id}/messages", 1 },
+	[ROUTE_JOBS_ACTIVATE] = { "/v1/jobs/activate", 1 },
+	[ROUTE_JOB_COMPLETE] = { "/v1/jobs/{key}/complete", 1 },
+	[ROUTE_JOB_FAIL] = { "/v1/jobs/{key}/fail", 1 },
+	[ROUTE_OTHER] = { "other", 0 },
 };
 
 /* Does path match template t? Sets the first "{...}" segment's text. */

@@ -19,9 +19,9 @@
 #include "server/metrics.h"
 #include "server/worker.h"
 
-#define MAX_CHILDREN 1024
-#define YOUNG_SECONDS 5   /* a worker dying younger than this counts as a crash */
-#define BACKOFF_MAX 30
+#define MAX_CHILDREN  1024
+#define YOUNG_SECONDS 5 /* a worker dying younger than this counts as a crash */
+#define BACKOFF_MAX   30
 
 struct child {
 	pid_t pid;
@@ -95,7 +95,7 @@ static int open_listener(const struct conf *c)
 		if (probe >= 0 && connect(probe, (struct sockaddr *)&sun, sizeof(sun)) == 0) {
 			close(probe);
 			log_error("socket is in use by another server", "listen=%s",
-				  LOG_Q(c->listen));
+			          LOG_Q(c->listen));
 			return -1;
 		}
 		if (probe >= 0)
@@ -105,12 +105,12 @@ static int open_listener(const struct conf *c)
 	fd = FCGX_OpenSocket(c->listen, 1024);
 	if (fd < 0) {
 		log_error("could not listen", "listen=%s error=%s", LOG_Q(c->listen),
-			  LOG_Q(strerror(errno)));
+		          LOG_Q(strerror(errno)));
 		return -1;
 	}
 	if (is_unix_path(c->listen) && chmod(c->listen, (mode_t)c->listen_mode) < 0) {
 		log_error("could not set socket permissions", "listen=%s error=%s",
-			  LOG_Q(c->listen), LOG_Q(strerror(errno)));
+		          LOG_Q(c->listen), LOG_Q(strerror(errno)));
 		close(fd);
 		return -1;
 	}
@@ -128,7 +128,7 @@ static int open_listener(const struct conf *c)
  * counters allow. */
 static int free_slot(const struct sup *s)
 {
-	unsigned char used[METRICS_SLOTS] = {0};
+	unsigned char used[METRICS_SLOTS] = { 0 };
 
 	for (int i = 0; i < s->nkids; i++)
 		used[s->kids[i].slot] = 1;
@@ -169,7 +169,7 @@ static void spawn(struct sup *s)
 		_exit(worker_run(s->conf, s->listen_fd));
 	}
 	s->kids[s->nkids++] =
-		(struct child){.pid = pid, .gen = s->gen, .slot = slot, .started = time(NULL)};
+	    (struct child){ .pid = pid, .gen = s->gen, .slot = slot, .started = time(NULL) };
 	metrics_set_workers(s->nkids);
 	log_debug("worker spawned", "worker_pid=%ld gen=%u slot=%d", (long)pid, s->gen, slot);
 }
@@ -224,7 +224,7 @@ static void reap(struct sup *s)
 					d = BACKOFF_MAX;
 				s->respawn_at = time(NULL) + d;
 				log_warning("workers keep crashing; delaying respawn",
-					    "delay_s=%d crashes_in_a_row=%d", d, s->crash_streak);
+				            "delay_s=%d crashes_in_a_row=%d", d, s->crash_streak);
 			}
 		} else {
 			s->crash_streak = 0;
@@ -244,8 +244,8 @@ static int maintain(struct sup *s)
 		if (k->kill_at) {
 			retiring++;
 			if (now >= k->kill_at) {
-				log_warning("worker did not stop in time; killing it", "worker_pid=%ld",
-					    (long)k->pid);
+				log_warning("worker did not stop in time; killing it",
+				            "worker_pid=%ld", (long)k->pid);
 				kill(k->pid, SIGKILL);
 			}
 		} else if (k->gen == s->gen) {
@@ -312,7 +312,7 @@ static void reload(struct sup *s)
 	}
 	if (strcmp(c->listen, s->conf->listen) != 0) {
 		log_warning("listen cannot change on reload; restart to apply it", "listen=%s",
-			    LOG_Q(s->conf->listen));
+		            LOG_Q(s->conf->listen));
 		free(c->listen);
 		c->listen = strdup(s->conf->listen);
 	}
@@ -324,7 +324,7 @@ static void reload(struct sup *s)
 	s->crash_streak = 0;
 	s->respawn_at = 0;
 	log_info("configuration reloaded; replacing workers", "gen=%u workers=%d", s->gen,
-		 c->workers);
+	         c->workers);
 }
 
 static void begin_stop(struct sup *s)
@@ -347,7 +347,7 @@ static int write_pid_file(const char *path)
 	f = fopen(path, "w");
 	if (f == NULL) {
 		log_error("could not write pid file", "pid_file=%s error=%s", LOG_Q(path),
-			  LOG_Q(strerror(errno)));
+		          LOG_Q(strerror(errno)));
 		return -1;
 	}
 	fprintf(f, "%ld\n", (long)getpid());
@@ -372,7 +372,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigemptyset(&handled);
-	int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1};
+	int sigs[] = { SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1 };
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
 		sigaddset(&handled, sigs[i]);
 		sigaction(sigs[i], &sa, NULL);

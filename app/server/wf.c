@@ -42,7 +42,7 @@ struct wf_body {
 /* Check one step definition (index i, 0-based) against the ones before. */
 static int validate_step(struct json_object *steps, size_t i, char *detail, size_t dlen)
 {
-	static const char *const members[] = {"name", "job_type", "wait_for", "retries", NULL};
+	static const char *const members[] = { "name", "job_type", "wait_for", "retries", NULL };
 	struct json_object *st = json_object_array_get_idx(steps, i);
 	const char *name, *job_type, *wait_for;
 	char why[200];
@@ -86,7 +86,7 @@ bad:
 /* Check the parsed body; on failure fill detail and return -1. */
 static int validate(struct json_object *root, struct wf_body *b, char *detail, size_t dlen)
 {
-	static const char *const members[] = {"type", "input", "steps", "business_key", NULL};
+	static const char *const members[] = { "type", "input", "steps", "business_key", NULL };
 	const char *type;
 	size_t n;
 
@@ -149,7 +149,7 @@ static int recanon(struct buf *out, const char *text, size_t len, struct err *e)
 int wf_write_row(struct buf *out, struct buf *tmp, const PGresult *res, int row, int col,
                  int existing, struct err *e)
 {
-	struct wf_view w = {0};
+	struct wf_view w = { 0 };
 	size_t input_len;
 
 	buf_reset(tmp);
@@ -237,16 +237,16 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 	snprintf(cr->event_id, sizeof(cr->event_id), "%s.1", cr->id);
 	snprintf(cr->stored_headers, sizeof(cr->stored_headers), "Location: %s\r\n", cr->location);
 
-	struct wf_view w = {.id = cr->id,
-	                    .type = type,
-	                    .state = "pending",
-	                    .input = cr->input,
-	                    .input_len = cr->input_len,
-	                    .created_at = cr->now,
-	                    .business_key = b->business_key,
-	                    .steps = cr->steps,
-	                    .steps_len = cr->steps_len,
-	                    .step = 1};
+	struct wf_view w = { .id = cr->id,
+		             .type = type,
+		             .state = "pending",
+		             .input = cr->input,
+		             .input_len = cr->input_len,
+		             .created_at = cr->now,
+		             .business_key = b->business_key,
+		             .steps = cr->steps,
+		             .steps_len = cr->steps_len,
+		             .step = 1 };
 	wf_write(&cr->out, &w);
 	buf_printf(&cr->payload,
 	           "{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\",\"seq\":1,"
@@ -356,7 +356,7 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	struct wf_body b;
 	struct buf *sc = &ctx->scratch;
 	char detail[300], fp_text[IDEM_FP_TEXT];
-	struct create cr = {.b = &b, .fp_text = fp_text, .out = BUF_INIT, .payload = BUF_INIT};
+	struct create cr = { .b = &b, .fp_text = fp_text, .out = BUF_INIT, .payload = BUF_INIT };
 	size_t input_off, steps_off = 0;
 	struct err e;
 
@@ -401,27 +401,27 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	cr.steps = b.steps != NULL ? sc->data + steps_off : NULL;
 
 	if (b.steps != NULL || b.business_key != NULL) {
-		const struct cmd cmd = {.tx = CMD_TX_PIPELINE,
-		                        .stmt = Q_WF_CREATE_RUN,
-		                        .nparams = CR__N,
-		                        .params = cr.run,
-		                        .fp_text = fp_text,
-		                        .prepare = create_prepare,
-		                        .render = render_create_run,
-		                        .arg = &cr};
+		const struct cmd cmd = { .tx = CMD_TX_PIPELINE,
+			                 .stmt = Q_WF_CREATE_RUN,
+			                 .nparams = CR__N,
+			                 .params = cr.run,
+			                 .fp_text = fp_text,
+			                 .prepare = create_prepare,
+			                 .render = render_create_run,
+			                 .arg = &cr };
 		cmd_run(ctx, req, resp, &cmd);
 	} else {
-		const struct cmd cmd = {.tx = CMD_TX_SINGLE,
-		                        .stmt = create_stmt(ctx),
-		                        .nparams = CK__N,
-		                        .params = cr.keyed,
-		                        .unkeyed_stmt = Q_CREATE_UNKEYED,
-		                        .unkeyed_nparams = CU__N,
-		                        .unkeyed_params = cr.unkeyed,
-		                        .fp_text = fp_text,
-		                        .prepare = create_prepare,
-		                        .render = render_created,
-		                        .arg = &cr};
+		const struct cmd cmd = { .tx = CMD_TX_SINGLE,
+			                 .stmt = create_stmt(ctx),
+			                 .nparams = CK__N,
+			                 .params = cr.keyed,
+			                 .unkeyed_stmt = Q_CREATE_UNKEYED,
+			                 .unkeyed_nparams = CU__N,
+			                 .unkeyed_params = cr.unkeyed,
+			                 .fp_text = fp_text,
+			                 .prepare = create_prepare,
+			                 .render = render_created,
+			                 .arg = &cr };
 		cmd_run(ctx, req, resp, &cmd);
 	}
 out:
@@ -441,7 +441,7 @@ void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struc
 		return;
 	}
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[WG__N] = {[WG_TENANT] = tenant, [WG_ID] = id};
+	const char *p[WG__N] = { [WG_TENANT] = tenant, [WG_ID] = id };
 	res = db_run(ctx->db, Q_WF_GET, WG__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
@@ -493,7 +493,7 @@ static int query_limit(const struct http_req *req, struct http_resp *resp, long 
 	*limit = strtol(v, &end, 10);
 	if (*end != '\0' || end == v || *limit < 1 || *limit > WF_PAGE_MAX) {
 		handler_problem(resp, req, P_INVALID_REQUEST,
-		            "limit must be an integer from 1 to 1000");
+		                "limit must be an integer from 1 to 1000");
 		return -1;
 	}
 	return 0;
@@ -501,8 +501,8 @@ static int query_limit(const struct http_req *req, struct http_resp *resp, long 
 
 static int is_state(const char *s)
 {
-	static const char *const states[] = {"pending", "running", "completed", "failed",
-	                                     "cancelled"};
+	static const char *const states[] = { "pending", "running", "completed", "failed",
+		                              "cancelled" };
 
 	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
 		if (strcmp(s, states[i]) == 0)
@@ -599,24 +599,25 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	    query_limit(req, resp, &limit) < 0)
 		return;
 	if (state[0] != '\0' && !is_state(state)) {
-		handler_problem(resp, req, P_INVALID_REQUEST,
-		            "state must be one of pending, running, completed, failed, cancelled");
+		handler_problem(
+		    resp, req, P_INVALID_REQUEST,
+		    "state must be one of pending, running, completed, failed, cancelled");
 		return;
 	}
 	if (after[0] != '\0' && !ids_is_uuid(after)) {
 		handler_problem(resp, req, P_INVALID_REQUEST,
-		            "after must be the next_cursor of the previous page");
+		                "after must be the next_cursor of the previous page");
 		return;
 	}
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[WL__N] = {[WL_TENANT] = tenant,
-	                        [WL_STATE] = state[0] ? state : NULL,
-	                        [WL_TYPE] = type[0] ? type : NULL,
-	                        [WL_AFTER] = after[0] ? after : NULL,
-	                        [WL_LIMIT] = lim,
-	                        [WL_BUDGET] = budget};
+	const char *p[WL__N] = { [WL_TENANT] = tenant,
+		                 [WL_STATE] = state[0] ? state : NULL,
+		                 [WL_TYPE] = type[0] ? type : NULL,
+		                 [WL_AFTER] = after[0] ? after : NULL,
+		                 [WL_LIMIT] = lim,
+		                 [WL_BUDGET] = budget };
 	res = db_run(ctx->db, Q_WF_LIST, WL__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
@@ -627,7 +628,8 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	PQclear(res);
 }
 
-void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
+void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id,
+               struct http_resp *resp)
 {
 	char tenant[24], after[24], lim[24], budget[24], *end;
 	long limit, after_seq = 0;
@@ -646,7 +648,7 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id, st
 		after_seq = strtol(after, &end, 10);
 		if (*end != '\0' || after_seq < 0 || after_seq > 2147483647L) {
 			handler_problem(resp, req, P_INVALID_REQUEST,
-			            "after must be the next_cursor of the previous page");
+			                "after must be the next_cursor of the previous page");
 			return;
 		}
 	}
@@ -654,11 +656,11 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id, st
 	snprintf(after, sizeof(after), "%ld", after_seq);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[WE__N] = {[WE_TENANT] = tenant,
-	                        [WE_ID] = id,
-	                        [WE_AFTER] = after,
-	                        [WE_LIMIT] = lim,
-	                        [WE_BUDGET] = budget};
+	const char *p[WE__N] = { [WE_TENANT] = tenant,
+		                 [WE_ID] = id,
+		                 [WE_AFTER] = after,
+		                 [WE_LIMIT] = lim,
+		                 [WE_BUDGET] = budget };
 	res = db_run(ctx->db, Q_WF_EVENTS, WE__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
@@ -690,7 +692,7 @@ static int render_transition(struct handler_ctx *ctx, const struct http_req *req
 void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id,
                    struct http_resp *resp)
 {
-	static const char *const members[] = {"to", "from", NULL};
+	static const char *const members[] = { "to", "from", NULL };
 	struct json_object *root;
 	const char *to, *from;
 	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
@@ -720,19 +722,22 @@ void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id
 	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[TR__N] = {[TR_TENANT] = tenant, [TR_ID] = id, [TR_TO] = to, [TR_FROM] = from};
-	const struct cmd cmd = {.stmt = Q_WF_TRANSITION,
-	                        .nparams = TR__N,
-	                        .params = p,
-	                        .fp_text = fp_text,
-	                        .render = render_transition};
+	const char *p[TR__N] = {
+		[TR_TENANT] = tenant, [TR_ID] = id, [TR_TO] = to, [TR_FROM] = from
+	};
+	const struct cmd cmd = { .stmt = Q_WF_TRANSITION,
+		                 .nparams = TR__N,
+		                 .params = p,
+		                 .fp_text = fp_text,
+		                 .render = render_transition };
 	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);
 }
 
-static int render_message(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
-                          const PGresult *res, const struct cmd *c, struct err *e)
+static int render_message(struct handler_ctx *ctx, const struct http_req *req,
+                          struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                          struct err *e)
 {
 	const char *message_id = c->arg, *outcome;
 
@@ -755,9 +760,10 @@ static int render_message(struct handler_ctx *ctx, const struct http_req *req, s
 	return 0;
 }
 
-void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
+void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id,
+                struct http_resp *resp)
 {
-	static const char *const members[] = {"message_id", "name", "payload", NULL};
+	static const char *const members[] = { "message_id", "name", "payload", NULL };
 	struct json_object *root, *payload;
 	const char *message_id, *name;
 	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
@@ -782,17 +788,17 @@ void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id, s
 	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[MS__N] = {[MS_TENANT] = tenant,
-	                        [MS_ID] = id,
-	                        [MS_MESSAGE_ID] = message_id,
-	                        [MS_NAME] = name,
-	                        [MS_PAYLOAD] = ctx->scratch.data + off};
-	const struct cmd cmd = {.stmt = Q_WF_MESSAGE,
-	                        .nparams = MS__N,
-	                        .params = p,
-	                        .fp_text = fp_text,
-	                        .render = render_message,
-	                        .arg = (void *)message_id};
+	const char *p[MS__N] = { [MS_TENANT] = tenant,
+		                 [MS_ID] = id,
+		                 [MS_MESSAGE_ID] = message_id,
+		                 [MS_NAME] = name,
+		                 [MS_PAYLOAD] = ctx->scratch.data + off };
+	const struct cmd cmd = { .stmt = Q_WF_MESSAGE,
+		                 .nparams = MS__N,
+		                 .params = p,
+		                 .fp_text = fp_text,
+		                 .render = render_message,
+		                 .arg = (void *)message_id };
 	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);

@@ -18,14 +18,16 @@ void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struc
 void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
 
 /* GET /v1/workflows/{id}/events?after=&limit=: the history, in order. */
-void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp);
+void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id,
+               struct http_resp *resp);
 
 /* POST /v1/workflows/{id}/transitions: compare-and-set on the state. */
 void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id,
                    struct http_resp *resp);
 
 /* POST /v1/workflows/{id}/messages: deduplicated by message_id. */
-void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp);
+void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id,
+                struct http_resp *resp);
 
 /* A workflow as the API shows it; every string borrowed. input and steps
  * are canonical JSON; steps is NULL for a workflow without steps. */

@@ -146,7 +146,7 @@ static char *decimal(char *end, unsigned long v, int thousandths)
 }
 
 static void log_request(const struct handler_ctx *ctx, const struct http_req *req,
-			const struct http_resp *resp, double ms)
+                        const struct http_resp *resp, double ms)
 {
 	char line[1024];
 	size_t n = 0;
@@ -203,13 +203,13 @@ int worker_run(const struct conf *c, int listen_fd)
 	char appname[128];
 	struct db_settings ds;
 	struct handler_ctx ctx;
-	struct http_resp resp = {0};
+	struct http_resp resp = { 0 };
 	FCGX_Request freq;
 	struct keystats ks;
-	struct rcache rc_cache = {0};
-	struct notifier nt = {0};
+	struct rcache rc_cache = { 0 };
+	struct notifier nt = { 0 };
 	struct err e;
-	struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd};
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd };
 	long served = 0;
 	int rc = 0, ep = -1;
 
@@ -240,12 +240,12 @@ int worker_run(const struct conf *c, int listen_fd)
 	sigdelset(&waitmask, SIGUSR1);
 
 	snprintf(appname, sizeof(appname), "%s-worker-%ld", c->application_name, (long)getpid());
-	ds = (struct db_settings){.conninfo = c->db,
-				  .application_name = appname,
-				  .lock_timeout_ms = c->idempotency_wait,
-				  .statement_timeout_ms = c->statement_timeout,
-				  .stmts = queries,
-				  .nstmts = Q__COUNT};
+	ds = (struct db_settings){ .conninfo = c->db,
+		                   .application_name = appname,
+		                   .lock_timeout_ms = c->idempotency_wait,
+		                   .statement_timeout_ms = c->statement_timeout,
+		                   .stmts = queries,
+		                   .nstmts = Q__COUNT };
 	memset(&ctx, 0, sizeof(ctx));
 	ctx.conf = c;
 	ctx.rcache = &rc_cache;
@@ -257,7 +257,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	}
 	if (e.code != ERR_NONE)
 		log_warning("database unavailable at start; answering 503 until it is back",
-			    "error=%s", LOG_Q(e.msg));
+		            "error=%s", LOG_Q(e.msg));
 
 	if (FCGX_Init() != 0 || FCGX_InitRequest(&freq, listen_fd, FCGI_FAIL_ACCEPT_ON_INTR) != 0) {
 		log_error("could not initialise libfcgi", NULL);
@@ -270,7 +270,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	ep = epoll_create1(EPOLL_CLOEXEC);
 	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev) < 0) {
 		log_error("could not watch the listening socket", "error=%s",
-			  LOG_Q(strerror(errno)));
+		          LOG_Q(strerror(errno)));
 		rc = 1;
 		goto out;
 	}
@@ -306,13 +306,13 @@ int worker_run(const struct conf *c, int listen_fd)
 		db_check(ctx.db);
 		api_handle(&ctx, &req, &resp);
 		metrics_request(ctx.route, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
-				db_reconnects(ctx.db));
+		                db_reconnects(ctx.db));
 		if (ctx.cached)
 			metrics_replay_cache_hit();
 		keystats_note(&ks, ctx.tenant_id, req.idem_key, ctx.idem);
 		if (http_send(&freq, &resp) < 0)
 			log_warning("client went away before the answer was sent", "request_id=%s",
-				    req.request_id);
+			            req.request_id);
 		/* Log before finish_request: it frees the strings req points to. */
 		log_request(&ctx, &req, &resp, elapsed_ms(&t0));
 		finish_request(&freq);

@@ -45,7 +45,7 @@ struct batch {
 	char payload[MAX_EVENTS][192];
 };
 
-static const char *const types[] = {"workflow.created", "workflow.completed"};
+static const char *const types[] = { "workflow.created", "workflow.completed" };
 
 /* A name no other test (or earlier run) uses. */
 static void unique(char *out, size_t outsz, const char *label)
@@ -72,13 +72,13 @@ static void batch_fill(struct batch *b, size_t n, const char *label)
 		         "{\"event_id\":\"%s\",\"label\":\"%s\",\"n\":%zu,\"s\":\"caf\xc3\xa9 "
 		         "\\\"q\\\"\"}",
 		         b->id[i], label, i);
-		b->ev[i] = (struct sink_event){.event_id = b->id[i],
-		                               .type = types[i % 2],
-		                               .workflow_id = b->wf[i],
-		                               .payload = b->payload[i],
-		                               .payload_len = strlen(b->payload[i]),
-		                               .attempt = 1,
-		                               .max_attempts = 8};
+		b->ev[i] = (struct sink_event){ .event_id = b->id[i],
+			                        .type = types[i % 2],
+			                        .workflow_id = b->wf[i],
+			                        .payload = b->payload[i],
+			                        .payload_len = strlen(b->payload[i]),
+			                        .attempt = 1,
+			                        .max_attempts = 8 };
 	}
 }
 
@@ -86,7 +86,7 @@ static struct sink *sink_with(const char *url, const char *exchange, const char 
                               const char *timeout)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 	struct sink *s;
 
 	cr_assert_not_null(c);
@@ -104,7 +104,7 @@ static struct sink *sink_with(const char *url, const char *exchange, const char 
 
 static void deliver(struct sink *s, struct batch *b)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(s->deliver(s, b->ev, b->n, b->out, &e), 0, "deliver: %s", e.msg);
 }
@@ -133,7 +133,7 @@ static void receive(struct amqpc *c, struct amqpc_msg *m)
 /* A loopback port with nothing listening on it. */
 static int closed_port(void)
 {
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t len = sizeof(a);
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
@@ -148,7 +148,7 @@ static int closed_port(void)
  * handshake, then nobody ever speaks. Returns the fd; *port its port. */
 static int silent_listener(int *port)
 {
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t len = sizeof(a);
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
@@ -187,9 +187,9 @@ static void write_all(int fd, const char *p, size_t n)
 
 static int dial(int port)
 {
-	struct sockaddr_in a = {.sin_family = AF_INET,
-	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-	                        .sin_port = htons((uint16_t)port)};
+	struct sockaddr_in a = { .sin_family = AF_INET,
+		                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+		                 .sin_port = htons((uint16_t)port) };
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
 	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
@@ -222,10 +222,10 @@ static void *relay_main(void *arg)
 				pair_close(fds[i]);
 			np = 0;
 		}
-		p[0] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+		p[0] = (struct pollfd){ .fd = r->lfd, .events = POLLIN };
 		for (size_t i = 0; i < np; i++) {
-			p[1 + 2 * i] = (struct pollfd){.fd = fds[i][0], .events = POLLIN};
-			p[2 + 2 * i] = (struct pollfd){.fd = fds[i][1], .events = POLLIN};
+			p[1 + 2 * i] = (struct pollfd){ .fd = fds[i][0], .events = POLLIN };
+			p[2 + 2 * i] = (struct pollfd){ .fd = fds[i][1], .events = POLLIN };
 		}
 		if (poll(p, 1 + 2 * np, 20) <= 0)
 			continue;
@@ -450,22 +450,22 @@ Test(amqp_sink, bad_amqp_url_is_a_config_error_naming_the_key)
 	static const struct {
 		const char *url, *msg;
 	} cases[] = {
-	    {"http://127.0.0.1:5672/",
-	     "invalid value \"http://127.0.0.1:5672/\" for \"amqp_url\": expected "
-	     "amqp://user:password@host:port/vhost"},
-	    {"amqp://guest:s3cret@127.0.0.1:99999/",
-	     "invalid value \"amqp://guest:***@127.0.0.1:99999/\" for \"amqp_url\": expected "
-	     "amqp://user:password@host:port/vhost"},
-	    {"", "invalid value \"\" for \"amqp_url\": expected "
-	         "amqp://user:password@host:port/vhost"},
-	    {"amqps://guest:s3cret@127.0.0.1/",
-	     "invalid value \"amqps://guest:***@127.0.0.1/\" for \"amqp_url\": amqps:// (TLS) "
-	     "is not supported"},
+		{ "http://127.0.0.1:5672/",
+		  "invalid value \"http://127.0.0.1:5672/\" for \"amqp_url\": expected "
+		  "amqp://user:password@host:port/vhost" },
+		{ "amqp://guest:s3cret@127.0.0.1:99999/",
+		  "invalid value \"amqp://guest:***@127.0.0.1:99999/\" for \"amqp_url\": expected "
+		  "amqp://user:password@host:port/vhost" },
+		{ "", "invalid value \"\" for \"amqp_url\": expected "
+		      "amqp://user:password@host:port/vhost" },
+		{ "amqps://guest:s3cret@127.0.0.1/",
+		  "invalid value \"amqps://guest:***@127.0.0.1/\" for \"amqp_url\": amqps:// (TLS) "
+		  "is not supported" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct conf *c = conf_new();
-		struct err e = {0};
+		struct err e = { 0 };
 
 		cr_assert_not_null(c);
 		cr_assert_eq(conf_set(c, "amqp_url", cases[i].url, "test", &e), 0, "%s", e.msg);
@@ -773,24 +773,24 @@ Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_i
 	snprintf(exchange, sizeof(exchange), "dispatch-%ld", (long)getpid());
 	consumer_open(&c, exchange, "wf.#");
 	tstack_exec(tstack_db(),
-		    "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
-		    " updated_at) SELECT $1::bigint, gen_random_uuid(), 't', '{}', now(), now()"
-		    " FROM generate_series(1, 30) RETURNING tenant_id, id)"
-		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-		    " SELECT id::text || '.1', tenant_id, id, 1, 'workflow.created',"
-		    " json_build_object('id', id::text || '.1')::text FROM w",
-		    t.id_text);
+	            "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+	            " updated_at) SELECT $1::bigint, gen_random_uuid(), 't', '{}', now(), now()"
+	            " FROM generate_series(1, 30) RETURNING tenant_id, id)"
+	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " SELECT id::text || '.1', tenant_id, id, 1, 'workflow.created',"
+	            " json_build_object('id', id::text || '.1')::text FROM w",
+	            t.id_text);
 	snprintf(cmd, sizeof(cmd),
-		 "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
-		 " --routing-key 'wf.{type}' --log-level warning",
-		 tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
-		 tstack_env("IDEMFLOW_AMQP_URL"), exchange);
+	         "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
+	         " --routing-key 'wf.{type}' --log-level warning",
+	         tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
+	         tstack_env("IDEMFLOW_AMQP_URL"), exchange);
 	rc = system(cmd);
 	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-				  " AND published_at IS NOT NULL AND attempts = 1",
-				  t.id_text),
-		     30, "every event marked published on attempt 1");
+	                          " AND published_at IS NOT NULL AND attempts = 1",
+	                          t.id_text),
+	             30, "every event marked published on attempt 1");
 
 	for (int i = 0; i < 30; i++) {
 		struct amqpc_msg m;
@@ -799,9 +799,9 @@ Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_i
 		cr_assert_str_eq(m.routing_key, "wf.workflow.created");
 		cr_assert_str_eq(m.type, "workflow.created");
 		cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE event_id = $1"
-					  " AND payload = $2",
-					  m.message_id, m.body),
-			     1, "message_id %s is an event id, body byte for byte", m.message_id);
+		                          " AND payload = $2",
+		                          m.message_id, m.body),
+		             1, "message_id %s is an event id, body byte for byte", m.message_id);
 		amqpc_msg_free(&m);
 	}
 	cr_assert_eq(amqpc_drain(&c, 300), 0, "no message arrived twice");
@@ -810,37 +810,38 @@ Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_i
 	 * failure with the broker's reason, the last attempt makes it dead,
 	 * and it is never marked published. */
 	tstack_exec(tstack_db(),
-		    "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
-		    " updated_at) VALUES ($1::bigint, gen_random_uuid(), 't', '{}', now(), now())"
-		    " RETURNING tenant_id, id)"
-		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-		    " SELECT id::text || '.1', tenant_id, id, 1, 'nobody.listens', '{}' FROM w",
-		    t.id_text);
+	            "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+	            " updated_at) VALUES ($1::bigint, gen_random_uuid(), 't', '{}', now(), now())"
+	            " RETURNING tenant_id, id)"
+	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " SELECT id::text || '.1', tenant_id, id, 1, 'nobody.listens', '{}' FROM w",
+	            t.id_text);
 	snprintf(cmd, sizeof(cmd),
-		 "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
-		 " --routing-key 'none.{type}' --max-attempts 2 --log-level error",
-		 tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
-		 tstack_env("IDEMFLOW_AMQP_URL"), exchange);
+	         "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
+	         " --routing-key 'none.{type}' --max-attempts 2 --log-level error",
+	         tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
+	         tstack_env("IDEMFLOW_AMQP_URL"), exchange);
 	rc = system(cmd);
 	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
-	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-				  " AND type = 'nobody.listens' AND attempts = 1"
-				  " AND published_at IS NULL AND dead_at IS NULL"
-				  " AND next_attempt_at > now()"
-				  " AND last_error LIKE 'RabbitMQ returned the message: 312 NO_ROUTE%'",
-				  t.id_text),
-		     1, "an unroutable event is a failed attempt, to be retried");
+	cr_assert_eq(
+	    tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+	                 " AND type = 'nobody.listens' AND attempts = 1"
+	                 " AND published_at IS NULL AND dead_at IS NULL"
+	                 " AND next_attempt_at > now()"
+	                 " AND last_error LIKE 'RabbitMQ returned the message: 312 NO_ROUTE%'",
+	                 t.id_text),
+	    1, "an unroutable event is a failed attempt, to be retried");
 	tstack_exec(tstack_db(),
-		    "UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
-		    " AND type = 'nobody.listens'",
-		    t.id_text);
+	            "UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
+	            " AND type = 'nobody.listens'",
+	            t.id_text);
 	rc = system(cmd);
 	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-				  " AND type = 'nobody.listens' AND attempts = 2"
-				  " AND published_at IS NULL AND dead_at IS NOT NULL",
-				  t.id_text),
-		     1, "dead after its last attempt, never published");
+	                          " AND type = 'nobody.listens' AND attempts = 2"
+	                          " AND published_at IS NULL AND dead_at IS NOT NULL",
+	                          t.id_text),
+	             1, "dead after its last attempt, never published");
 	cr_assert_eq(amqpc_drain(&c, 300), 0, "the unroutable event reached nobody");
 	amqpc_close(&c);
 }

@@ -31,7 +31,7 @@ static char tenant[24];
 static long count(const char *sql)
 {
 	struct err e;
-	const char *p[1] = {tenant};
+	const char *p[1] = { tenant };
 	PGresult *res = db_exec(admin, sql, 1, p, &e);
 	long n;
 
@@ -50,7 +50,7 @@ static void setup(void)
 	admin = db_connect_simple(getenv("DATABASE_URL"), "test_db", &e);
 	cr_assert_not_null(admin, "%s", e.msg);
 	snprintf(name, sizeof(name), "dbtest-%ld-%d", (long)getpid(), rand());
-	const char *p[1] = {name};
+	const char *p[1] = { name };
 	res = db_exec(admin, "INSERT INTO tenants (name) VALUES ($1) RETURNING id", 1, p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	snprintf(tenant, sizeof(tenant), "%s", PQgetvalue(res, 0, 0));
@@ -65,11 +65,11 @@ static void teardown(void)
 static struct db *open_db(long lock_timeout_ms)
 {
 	struct err e;
-	struct db_settings s = {.conninfo = getenv("DATABASE_URL"),
-				.application_name = "test_db",
-				.lock_timeout_ms = lock_timeout_ms,
-				.stmts = queries,
-				.nstmts = Q__COUNT};
+	struct db_settings s = { .conninfo = getenv("DATABASE_URL"),
+		                 .application_name = "test_db",
+		                 .lock_timeout_ms = lock_timeout_ms,
+		                 .stmts = queries,
+		                 .nstmts = Q__COUNT };
 	struct db *db = db_open(&s, &e);
 
 	cr_assert_not_null(db);
@@ -95,9 +95,10 @@ static void claim_init(struct claim *c, const char *key, const char *body, const
 	idem_fp_text(c->fp, d);
 	fp_request_bytes(d, "POST", "/v1/workflows", body, strlen(body));
 	idem_fp_text(c->bytes_fp, d);
-	const char *p[15] = {tenant, key,     "POST", "/v1/workflows", c->fp, "Location: x\r\n",
-			     body,   c->now,  ttl,    c->id,           "t",   "{}",
-			     c->event, "{}", c->bytes_fp};
+	const char *p[15] = {
+		tenant, key, "POST", "/v1/workflows", c->fp, "Location: x\r\n", body, c->now, ttl,
+		c->id,  "t", "{}",   c->event,        "{}",  c->bytes_fp
+	};
 	memcpy(c->p, p, sizeof(p));
 }
 
@@ -145,7 +146,7 @@ Test(db, twenty_concurrent_claims_of_one_key_make_one_owner)
 
 	pthread_barrier_init(&go, NULL, N);
 	for (int i = 0; i < N; i++) {
-		r[i] = (struct racer){.go = &go, .key = "race-key"};
+		r[i] = (struct racer){ .go = &go, .key = "race-key" };
 		pthread_create(&th[i], NULL, race, &r[i]);
 	}
 	for (int i = 0; i < N; i++) {
@@ -185,7 +186,7 @@ Test(db, a_failure_after_the_rows_are_written_leaves_none_of_them)
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 1);
 	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"), 1);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 1,
-		     "the failed request's key is not consumed");
+	             "the failed request's key is not consumed");
 
 	/* Its retry under the same key executes again and succeeds. */
 	claim_init(&d, "doomed-key-2", "{\"type\":\"t\"}", "1 hour");
@@ -265,7 +266,7 @@ Test(db, an_expired_key_is_reported_as_expired)
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0,
-		     "the expired row is gone");
+	             "the expired row is gone");
 	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created", "the key is claimed afresh");
 	PQclear(res);
@@ -281,7 +282,7 @@ Test(db, lost_connection_is_classified_as_down_and_reconnects)
 	char pid[16];
 
 	snprintf(pid, sizeof(pid), "%d", PQbackendPID(db_conn(db)));
-	const char *p[1] = {pid};
+	const char *p[1] = { pid };
 	res = db_exec(admin, "SELECT pg_terminate_backend($1::int)", 1, p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
@@ -330,29 +331,29 @@ Test(db, the_fault_injection_statement_fails_after_writing_and_leaves_nothing)
 /* Defaults that an ALTER DATABASE ... SET could make, given here as the
  * session's startup options (the same precedence for a session). */
 #define HOSTILE                                                                                    \
-	" options='-c bytea_output=escape -c default_transaction_isolation=serializable"          \
+	" options='-c bytea_output=escape -c default_transaction_isolation=serializable"           \
 	" -c DateStyle=SQL,DMY -c IntervalStyle=sql_standard -c TimeZone=Asia/Kathmandu"           \
 	" -c search_path=pg_catalog -c extra_float_digits=-15 -c synchronous_commit=off"           \
 	" -c transform_null_equals=on -c client_encoding=LATIN1'"
 
 static const char *const pinned[][2] = {
-    {"bytea_output", "hex"},
-    {"default_transaction_isolation", "read committed"},
-    {"DateStyle", "ISO, MDY"},
-    {"IntervalStyle", "postgres"},
-    {"TimeZone", "UTC"},
-    {"search_path", "public"},
-    {"extra_float_digits", "1"},
-    {"synchronous_commit", "on"},
-    {"transform_null_equals", "off"},
-    {"client_encoding", "UTF8"},
+	{ "bytea_output", "hex" },
+	{ "default_transaction_isolation", "read committed" },
+	{ "DateStyle", "ISO, MDY" },
+	{ "IntervalStyle", "postgres" },
+	{ "TimeZone", "UTC" },
+	{ "search_path", "public" },
+	{ "extra_float_digits", "1" },
+	{ "synchronous_commit", "on" },
+	{ "transform_null_equals", "off" },
+	{ "client_encoding", "UTF8" },
 };
 
 static void expect_pinned(PGconn *conn)
 {
 	for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++) {
 		struct err e;
-		const char *p[1] = {pinned[i][0]};
+		const char *p[1] = { pinned[i][0] };
 		PGresult *res = db_exec(conn, "SELECT current_setting($1)", 1, p, &e);
 		cr_assert_not_null(res, "%s", e.msg);
 		cr_assert_str_eq(PQgetvalue(res, 0, 0), pinned[i][1], "%s", pinned[i][0]);
@@ -371,9 +372,12 @@ static char *hostile_conninfo(const char *extra)
 Test(db, every_connection_pins_the_settings_the_sql_depends_on)
 {
 	char *ci = hostile_conninfo("");
-	struct db_settings s = {.conninfo = ci, .application_name = "test_db",
-				.lock_timeout_ms = 1234, .statement_timeout_ms = 5678,
-				.stmts = queries, .nstmts = Q__COUNT};
+	struct db_settings s = { .conninfo = ci,
+		                 .application_name = "test_db",
+		                 .lock_timeout_ms = 1234,
+		                 .statement_timeout_ms = 5678,
+		                 .stmts = queries,
+		                 .nstmts = Q__COUNT };
 	struct err e;
 	struct db *db = db_open(&s, &e);
 	PGconn *simple;
@@ -382,15 +386,17 @@ Test(db, every_connection_pins_the_settings_the_sql_depends_on)
 	cr_assert_not_null(db);
 	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
 	expect_pinned(db_conn(db));
-	res = db_exec(db_conn(db),
-		      "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),"
-		      "       current_setting('idle_in_transaction_session_timeout'),"
-		      "       current_setting('default_transaction_read_only')",
-		      0, NULL, &e);
+	res =
+	    db_exec(db_conn(db),
+	            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),"
+	            "       current_setting('idle_in_transaction_session_timeout'),"
+	            "       current_setting('default_transaction_read_only')",
+	            0, NULL, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "1234ms");
 	cr_assert_str_eq(PQgetvalue(res, 0, 1), "5678ms");
-	cr_assert_str_eq(PQgetvalue(res, 0, 2), "10s", "a frozen worker holds its locks 10 s at most");
+	cr_assert_str_eq(PQgetvalue(res, 0, 2), "10s",
+	                 "a frozen worker holds its locks 10 s at most");
 	cr_assert_str_eq(PQgetvalue(res, 0, 3), "off");
 	PQclear(res);
 	db_close(db);
@@ -444,7 +450,7 @@ Test(db, keepalives_are_on_and_several_hosts_look_for_the_primary)
 
 	/* The conninfo's own values win. */
 	snprintf(multi, sizeof(multi), "%s keepalives_idle=42 connect_timeout=7",
-		 getenv("DATABASE_URL"));
+	         getenv("DATABASE_URL"));
 	c = db_connect_simple(multi, "test_db", &e);
 	cr_assert_not_null(c, "%s", e.msg);
 	expect_option(c, "keepalives_idle", "42");
@@ -453,14 +459,14 @@ Test(db, keepalives_are_on_and_several_hosts_look_for_the_primary)
 
 	/* Several hosts (the first one refuses): read-write unless told. */
 	snprintf(multi, sizeof(multi), "host=127.0.0.1,%s port=1,%s dbname=%s user=%s", host, port,
-		 getenv("PGDATABASE"), getenv("PGUSER"));
+	         getenv("PGDATABASE"), getenv("PGUSER"));
 	c = db_connect_simple(multi, "test_db", &e);
 	cr_assert_not_null(c, "%s", e.msg);
 	expect_option(c, "target_session_attrs", "read-write");
 	PQfinish(c);
 	snprintf(multi, sizeof(multi),
-		 "host=127.0.0.1,%s port=1,%s dbname=%s user=%s target_session_attrs=any", host,
-		 port, getenv("PGDATABASE"), getenv("PGUSER"));
+	         "host=127.0.0.1,%s port=1,%s dbname=%s user=%s target_session_attrs=any", host,
+	         port, getenv("PGDATABASE"), getenv("PGUSER"));
 	c = db_connect_simple(multi, "test_db", &e);
 	cr_assert_not_null(c, "%s", e.msg);
 	expect_option(c, "target_session_attrs", "any");
@@ -469,10 +475,11 @@ Test(db, keepalives_are_on_and_several_hosts_look_for_the_primary)
 
 Test(db, reconnects_back_off_from_100_ms_to_at_most_1600_ms)
 {
-	static const long want[] = {0, 100, 200, 400, 800, 1600, 1600, 1600, 1600};
-	struct db_settings s = {.conninfo = "host=127.0.0.1 port=1 dbname=x connect_timeout=1",
-				.application_name = "test_db", .stmts = queries,
-				.nstmts = Q__COUNT};
+	static const long want[] = { 0, 100, 200, 400, 800, 1600, 1600, 1600, 1600 };
+	struct db_settings s = { .conninfo = "host=127.0.0.1 port=1 dbname=x connect_timeout=1",
+		                 .application_name = "test_db",
+		                 .stmts = queries,
+		                 .nstmts = Q__COUNT };
 	struct timespec t0, t;
 	struct err e;
 	struct db *db;
@@ -499,7 +506,7 @@ Test(db, reconnects_back_off_from_100_ms_to_at_most_1600_ms)
 		elapsed = (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9;
 	} while (elapsed < 1.6);
 	cr_assert(db_connect_attempts(db) >= 3 && db_connect_attempts(db) <= 6,
-		  "%lu connects in 1.6 s", db_connect_attempts(db));
+	          "%lu connects in 1.6 s", db_connect_attempts(db));
 	db_close(db);
 }
 
@@ -511,9 +518,12 @@ Test(db, a_read_only_server_is_unavailable_and_the_connection_is_dropped)
 	PGresult *res;
 
 	cr_assert(asprintf(&ro, "%s options='-c default_transaction_read_only=on'",
-			   getenv("DATABASE_URL")) > 0);
-	struct db_settings s = {.conninfo = ro, .application_name = "test_db",
-				.lock_timeout_ms = 5000, .stmts = queries, .nstmts = Q__COUNT};
+	                   getenv("DATABASE_URL")) > 0);
+	struct db_settings s = { .conninfo = ro,
+		                 .application_name = "test_db",
+		                 .lock_timeout_ms = 5000,
+		                 .stmts = queries,
+		                 .nstmts = Q__COUNT };
 	struct db *db = db_open(&s, &e);
 	cr_assert_not_null(db);
 	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
@@ -552,20 +562,26 @@ Test(db, lifetimes_and_due_times_come_from_the_database_clock)
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
-			   " AND expires_at > now() + interval '59 minutes'"
-			   " AND created_at > now() - interval '1 minute'"),
-		     1, "the key lives an hour from now");
+	                   " AND expires_at > now() + interval '59 minutes'"
+	                   " AND created_at > now() - interval '1 minute'"),
+	             1, "the key lives an hour from now");
 	/* A worker a day fast: its events would wait a day. */
 	cr_assert_eq(ids_uuid7(id), 0);
 	snprintf(payload, sizeof(payload), "{}");
-	const char *p[8] = {tenant, id, "t", "{}", "2099-01-01T00:00:00Z",
-			    "[{\"name\":\"a\",\"job_type\":\"j\"}]", NULL, payload};
+	const char *p[8] = { tenant,
+		             id,
+		             "t",
+		             "{}",
+		             "2099-01-01T00:00:00Z",
+		             "[{\"name\":\"a\",\"job_type\":\"j\"}]",
+		             NULL,
+		             payload };
 	res = db_run(db, Q_WF_CREATE_RUN, 8, p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-			   " AND next_attempt_at <= now()"),
-		     2, "both events are due now");
+	                   " AND next_attempt_at <= now()"),
+	             2, "both events are due now");
 	db_close(db);
 }
 
@@ -576,8 +592,8 @@ static PGconn *mig_conn(const char *db)
 	char conninfo[512];
 	PGconn *c;
 
-	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s",
-		 getenv("PGHOST"), getenv("PGPORT"), getenv("PGUSER"), db);
+	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s", getenv("PGHOST"),
+	         getenv("PGPORT"), getenv("PGUSER"), db);
 	c = PQconnectdb(conninfo);
 	cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
 	return c;
@@ -588,7 +604,7 @@ static void mig_sql(PGconn *c, const char *sql)
 	PGresult *res = PQexec(c, sql);
 
 	cr_assert(PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK,
-		  "%s: %s", sql, PQerrorMessage(c));
+	          "%s: %s", sql, PQerrorMessage(c));
 	PQclear(res);
 }
 
@@ -609,15 +625,16 @@ static pid_t mig_spawn(const char *db, const char *out)
 	char conninfo[512];
 	pid_t pid;
 
-	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s",
-		 getenv("PGHOST"), getenv("PGPORT"), getenv("PGUSER"), db);
+	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s", getenv("PGHOST"),
+	         getenv("PGPORT"), getenv("PGUSER"), db);
 	pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		dup2(fd, STDOUT_FILENO);
 		dup2(fd, STDERR_FILENO);
-		execl(getenv("IDEMFLOW_CLI"), "idemflow", "--db", conninfo, "migrate", (char *)NULL);
+		execl(getenv("IDEMFLOW_CLI"), "idemflow", "--db", conninfo, "migrate",
+		      (char *)NULL);
 		_exit(127);
 	}
 	return pid;
@@ -675,30 +692,32 @@ Test(migrate, two_concurrent_runs_queue_on_the_advisory_lock_and_apply_each_migr
 	mig_sql(hold, "SELECT pg_advisory_lock(7594306392197721975)");
 	for (int i = 0; i < 2; i++) {
 		snprintf(out[i], sizeof(out[i]), "%s/migrate-%ld-%d.out",
-			 getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
-			 (long)getpid(), i);
+		         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
+		         (long)getpid(), i);
 		pid[i] = mig_spawn(mig_db, out[i]);
 	}
 	deadline = tstack_now() + 20;
 	while (waiting < 2 && tstack_now() < deadline) {
 		usleep(20 * 1000);
-		waiting = mig_count(hold, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-					  "   AND NOT granted AND database = (SELECT oid FROM"
-					  "   pg_database WHERE datname = current_database())");
+		waiting =
+		    mig_count(hold, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+		                    "   AND NOT granted AND database = (SELECT oid FROM"
+		                    "   pg_database WHERE datname = current_database())");
 	}
 	mig_sql(hold, "SELECT pg_advisory_unlock(7594306392197721975)");
 	for (int i = 0; i < 2; i++) {
 		cr_assert_eq(waitpid(pid[i], &st, 0), pid[i]);
 		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate %d ended with 0x%x", i,
-			  st);
+		          st);
 	}
 	cr_assert_eq(waiting, 2, "%ld runs waited on the advisory lock, want 2", waiting);
 	cr_assert_eq(mig_applied(out[0]) + mig_applied(out[1]), migrations_count,
-		     "applied %d + %d of %d migrations", mig_applied(out[0]), mig_applied(out[1]),
-		     migrations_count);
-	snprintf(q, sizeof(q), "SELECT (count(*) = count(DISTINCT version) AND count(*) = %d"
-			       "  AND max(version) = %d)::int FROM schema_migrations",
-		 migrations_count, migrate_latest());
+	             "applied %d + %d of %d migrations", mig_applied(out[0]), mig_applied(out[1]),
+	             migrations_count);
+	snprintf(q, sizeof(q),
+	         "SELECT (count(*) = count(DISTINCT version) AND count(*) = %d"
+	         "  AND max(version) = %d)::int FROM schema_migrations",
+	         migrations_count, migrate_latest());
 	cr_assert_eq(mig_count(hold, q), 1, "schema_migrations: each version once, all of them");
 	PQfinish(hold);
 

@@ -79,8 +79,9 @@ static void roles_apply(void)
 	snprintf(file, sizeof(file), "%s/sql/roles.sql", srcdir && *srcdir ? srcdir : ".");
 	stack_path(log, sizeof(log), "psql.log");
 	const char *argv[] = {
-	    psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", tstack_env("DATABASE_URL"),
-	    "-f", file, NULL};
+		psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", tstack_env("DATABASE_URL"),
+		"-f", file, NULL
+	};
 	rc = run(argv, log);
 	char *out = slurp(log);
 	cr_assert_eq(rc, 0, "psql -f %s exited %d: %s", file, rc, out);
@@ -105,8 +106,7 @@ static void roles_apply(void)
 /* $DATABASE_URL as another user (the last keyword wins in libpq). */
 static void conninfo_as(char *out, size_t size, const char *user)
 {
-	snprintf(out, size, "%s user=%s password=" ROLE_PASSWORD, tstack_env("DATABASE_URL"),
-	         user);
+	snprintf(out, size, "%s user=%s password=" ROLE_PASSWORD, tstack_env("DATABASE_URL"), user);
 }
 
 TestSuite(roles, .init = roles_apply, .timeout = 90);
@@ -165,20 +165,20 @@ static void own_start(void)
 	conninfo_as(db, sizeof(db), "idemflow_web");
 	tstack_pool_paths(&own, "roles");
 	/* optional: unkeyed creates too, so every create statement runs. */
-	const char *argv[] = {tstack_env("IDEMFLOW_FCGI"),
-	                      "--config",
-	                      tstack_env("IDEMFLOW_CONF"),
-	                      "--db",
-	                      db,
-	                      "--listen",
-	                      own.sock,
-	                      "--pid-file",
-	                      own.pidfile,
-	                      "--workers",
-	                      "1",
-	                      "--idempotency-key",
-	                      "optional",
-	                      NULL};
+	const char *argv[] = { tstack_env("IDEMFLOW_FCGI"),
+		               "--config",
+		               tstack_env("IDEMFLOW_CONF"),
+		               "--db",
+		               db,
+		               "--listen",
+		               own.sock,
+		               "--pid-file",
+		               own.pidfile,
+		               "--workers",
+		               "1",
+		               "--idempotency-key",
+		               "optional",
+		               NULL };
 	tstack_pool_run(&own, argv, 10000);
 }
 
@@ -200,7 +200,7 @@ static struct http_response *req(const char *method, const char *path, const cha
                                  const char *key, const char *body)
 {
 	char kh[160];
-	const char *h[4] = {auth, NULL, NULL, NULL};
+	const char *h[4] = { auth, NULL, NULL, NULL };
 	size_t n = auth ? 1 : 0;
 	struct http_response *r;
 
@@ -315,8 +315,8 @@ Test(roles, the_server_runs_every_statement_as_idemflow_server, .fini = own_stop
 	                  "{\"job_type\":\"ra\",\"worker\":\"w\"}"),
 	              200, "keyed activation");
 	snprintf(jpath, sizeof(jpath), "/v1/jobs/%s.s1/fail", wf);
-	expect_status(req("POST", jpath, t2.auth, NULL, "{\"worker\":\"w\",\"error\":\"e\"}"),
-	              200, "fail with a retry left");
+	expect_status(req("POST", jpath, t2.auth, NULL, "{\"worker\":\"w\",\"error\":\"e\"}"), 200,
+	              "fail with a retry left");
 	expect_status(req("POST", "/v1/jobs/activate", t2.auth, NULL,
 	                  "{\"job_type\":\"ra\",\"worker\":\"w\"}"),
 	              200, "activation");
@@ -326,8 +326,7 @@ Test(roles, the_server_runs_every_statement_as_idemflow_server, .fini = own_stop
 	expect_status(req("POST", path, t2.auth, NULL, "{\"message_id\":\"m1\",\"name\":\"go\"}"),
 	              200, "message");
 	snprintf(path, sizeof(path), COLLECTION "/%s/transitions", wf);
-	expect_status(req("POST", path, t2.auth, NULL, "{\"to\":\"cancelled\"}"), 200,
-	              "cancel");
+	expect_status(req("POST", path, t2.auth, NULL, "{\"to\":\"cancelled\"}"), 200, "cancel");
 	snprintf(path, sizeof(path), COLLECTION "/%s/events", wf);
 	expect_status(req("GET", path, t2.auth, NULL, NULL), 200, "events");
 	expect_status(req("GET", COLLECTION "?state=cancelled", t2.auth, NULL, NULL), 200, "list");
@@ -364,17 +363,17 @@ Test(roles, the_dispatcher_delivers_as_idemflow_dispatcher)
 		    t.id_text);
 	conninfo_as(db, sizeof(db), "idemflow_cron");
 	stack_path(log, sizeof(log), "dispatch.log");
-	const char *argv[] = {tstack_env("IDEMFLOW_DISPATCH"),
-	                      "--config",
-	                      tstack_env("IDEMFLOW_CONF"),
-	                      "--db",
-	                      db,
-	                      "--once",
-	                      "--sink",
-	                      "exec",
-	                      "--exec",
-	                      "cat >/dev/null",
-	                      NULL};
+	const char *argv[] = { tstack_env("IDEMFLOW_DISPATCH"),
+		               "--config",
+		               tstack_env("IDEMFLOW_CONF"),
+		               "--db",
+		               db,
+		               "--once",
+		               "--sink",
+		               "exec",
+		               "--exec",
+		               "cat >/dev/null",
+		               NULL };
 	rc = run(argv, log);
 	text = slurp(log);
 	cr_assert_eq(rc, 0, "idemflow-dispatch exited %d: %s", rc, text);
@@ -390,7 +389,7 @@ Test(roles, the_dispatcher_delivers_as_idemflow_dispatcher)
 static void expect_refused(const char *user, const char *sql)
 {
 	char conninfo[1024];
-	const char *keys[] = {"dbname", NULL}, *vals[] = {conninfo, NULL};
+	const char *keys[] = { "dbname", NULL }, *vals[] = { conninfo, NULL };
 	PGconn *c;
 	PGresult *res;
 	const char *state;
@@ -410,39 +409,39 @@ static void expect_refused(const char *user, const char *sql)
 Test(roles, neither_role_can_change_the_schema_the_tenants_or_the_tokens)
 {
 	static const char *server_refused[] = {
-	    "CREATE TABLE evil (a int)",
-	    "ALTER TABLE workflows ADD COLUMN evil int",
-	    "DROP TABLE outbox",
-	    "TRUNCATE workflows",
-	    "CREATE INDEX evil ON workflows (type)",
-	    "CREATE FUNCTION evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
-	    "UPDATE workflows SET input = '{}'",
-	    "DELETE FROM workflows",
-	    "UPDATE outbox SET payload = '{}'",
-	    "DELETE FROM outbox",
-	    "UPDATE idempotency_keys SET fingerprint = '\\x00'",
-	    "INSERT INTO tenants (name) VALUES ('evil')",
-	    "SELECT name FROM tenants",
-	    "UPDATE tenants SET idempotency_ttl = NULL",
-	    "INSERT INTO api_tokens (token_hash, tenant_id) VALUES (decode(repeat('00', 32), "
-	    "'hex'), 1)",
-	    "UPDATE api_tokens SET revoked_at = NULL",
-	    "SELECT id, created_at FROM api_tokens",
-	    "DELETE FROM api_tokens",
-	    "INSERT INTO schema_migrations (version, name) VALUES (999, 'evil')",
-	    "SET ROLE postgres",
+		"CREATE TABLE evil (a int)",
+		"ALTER TABLE workflows ADD COLUMN evil int",
+		"DROP TABLE outbox",
+		"TRUNCATE workflows",
+		"CREATE INDEX evil ON workflows (type)",
+		"CREATE FUNCTION evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+		"UPDATE workflows SET input = '{}'",
+		"DELETE FROM workflows",
+		"UPDATE outbox SET payload = '{}'",
+		"DELETE FROM outbox",
+		"UPDATE idempotency_keys SET fingerprint = '\\x00'",
+		"INSERT INTO tenants (name) VALUES ('evil')",
+		"SELECT name FROM tenants",
+		"UPDATE tenants SET idempotency_ttl = NULL",
+		"INSERT INTO api_tokens (token_hash, tenant_id) VALUES (decode(repeat('00', 32), "
+		"'hex'), 1)",
+		"UPDATE api_tokens SET revoked_at = NULL",
+		"SELECT id, created_at FROM api_tokens",
+		"DELETE FROM api_tokens",
+		"INSERT INTO schema_migrations (version, name) VALUES (999, 'evil')",
+		"SET ROLE postgres",
 	};
 	static const char *dispatcher_refused[] = {
-	    "CREATE TABLE evil (a int)",
-	    "UPDATE outbox SET payload = '{}'",
-	    "UPDATE outbox SET type = 'evil'",
-	    "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-	    " VALUES ('e', 1, gen_random_uuid(), 1, 't', '{}')",
-	    "DELETE FROM outbox",
-	    "SELECT * FROM workflows",
-	    "SELECT token_hash FROM api_tokens",
-	    "SELECT * FROM idempotency_keys",
-	    "SELECT name FROM tenants",
+		"CREATE TABLE evil (a int)",
+		"UPDATE outbox SET payload = '{}'",
+		"UPDATE outbox SET type = 'evil'",
+		"INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+		" VALUES ('e', 1, gen_random_uuid(), 1, 't', '{}')",
+		"DELETE FROM outbox",
+		"SELECT * FROM workflows",
+		"SELECT token_hash FROM api_tokens",
+		"SELECT * FROM idempotency_keys",
+		"SELECT name FROM tenants",
 	};
 
 	for (size_t i = 0; i < sizeof(server_refused) / sizeof(server_refused[0]); i++)
@@ -495,13 +494,12 @@ static void installed_command(char *out, size_t outsz, const char *line, const c
 			word = conf;
 		else if (prev != NULL && strcmp(prev, "--pid-file") == 0)
 			word = pidfile;
-		else if (strchr(w, '/') != NULL && strstr(w, "/idemflow") != NULL &&
-		         w[0] == '/' && strrchr(w, '/')[1] == 'i') {
-			snprintf(prog, sizeof(prog), "%s", tstack_env(strstr(w, "idemflow-dispatch")
-			                                                  ? "IDEMFLOW_DISPATCH"
-			                                                  : strstr(w, "idemflow-fcgi")
-			                                                        ? "IDEMFLOW_FCGI"
-			                                                        : "IDEMFLOW_CLI"));
+		else if (strchr(w, '/') != NULL && strstr(w, "/idemflow") != NULL && w[0] == '/' &&
+		         strrchr(w, '/')[1] == 'i') {
+			snprintf(prog, sizeof(prog), "%s",
+			         tstack_env(strstr(w, "idemflow-dispatch") ? "IDEMFLOW_DISPATCH"
+			                    : strstr(w, "idemflow-fcgi")   ? "IDEMFLOW_FCGI"
+			                                                   : "IDEMFLOW_CLI"));
 			word = prog;
 		}
 		n += (size_t)snprintf(out + n, outsz - n, " %s", word);
@@ -512,7 +510,7 @@ static void installed_command(char *out, size_t outsz, const char *line, const c
 
 static int sh_run(const char *cmd, const char *log)
 {
-	const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+	const char *argv[] = { "/bin/sh", "-c", cmd, NULL };
 
 	return run(argv, log);
 }
@@ -549,8 +547,10 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 	stack_path(conf, sizeof(conf), "shipped.conf");
 	f = fopen(conf, "w");
 	cr_assert_not_null(f);
-	fprintf(f, "listen = %s\nworkers = 1\nsink = exec\nexec = cat >/dev/null\n"
-	           "outbox_retention = 1h\n", own.sock);
+	fprintf(f,
+	        "listen = %s\nworkers = 1\nsink = exec\nexec = cat >/dev/null\n"
+	        "outbox_retention = 1h\n",
+	        own.sock);
 	fclose(f);
 
 	/* The server, as systemd starts it. */
@@ -565,7 +565,7 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 		installed_command(cmd, sizeof(cmd), with_env, conf, own.pidfile, pgpass);
 	}
 	free(exec);
-	const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+	const char *argv[] = { "/bin/sh", "-c", cmd, NULL };
 	tstack_pool_run(&own, argv, 10000);
 	own_wait_worker();
 	tstack_tenant_create(&t, "shipped");
@@ -584,14 +584,15 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 	static const struct {
 		const char *needle, *service, *log;
 	} jobs[] = {
-	    {"idemflow-dispatch --config", "PGSERVICE=idemflow-dispatch ", "dispatch"},
-	    {" reap |", "PGSERVICE=idemflow-maintenance ", "reap"},
+		{ "idemflow-dispatch --config", "PGSERVICE=idemflow-dispatch ", "dispatch" },
+		{ " reap |", "PGSERVICE=idemflow-maintenance ", "reap" },
 	};
 	for (size_t i = 0; i < 2; i++) {
 		char *job = line_with(cron, jobs[i].needle), *start = strstr(job, "PGSERVICE=");
 
 		cr_assert_not_null(start, "%s", job);
-		cr_assert_eq(strncmp(start, jobs[i].service, strlen(jobs[i].service)), 0, "%s", job);
+		cr_assert_eq(strncmp(start, jobs[i].service, strlen(jobs[i].service)), 0, "%s",
+		             job);
 		installed_command(cmd, sizeof(cmd), start, conf, "", pgpass);
 		stack_path(log, sizeof(log), jobs[i].log);
 		rc = sh_run(cmd, log);
@@ -605,9 +606,10 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 	                          " AND published_at IS NOT NULL",
 	                          t.id_text),
 	             1, "the cron dispatcher delivered the event");
-	tstack_exec(tstack_db(),
-	            "UPDATE outbox SET published_at = now() - interval '2 hours' WHERE tenant_id = $1",
-	            t.id_text);
+	tstack_exec(
+	    tstack_db(),
+	    "UPDATE outbox SET published_at = now() - interval '2 hours' WHERE tenant_id = $1",
+	    t.id_text);
 
 	line = line_with(cron, " prune |");
 	installed_command(cmd, sizeof(cmd), strstr(line, "PGSERVICE="), conf, "", pgpass);
@@ -618,9 +620,9 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 	text = slurp(log);
 	cr_assert_eq(rc, 0, "prune exited %d: %s", rc, text);
 	free(text);
-	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1",
-	                          t.id_text),
-	             0, "prune deleted the expired key");
+	cr_assert_eq(
+	    tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1", t.id_text),
+	    0, "prune deleted the expired key");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1", t.id_text), 0,
 	             "prune deleted the delivered event");
 

@@ -64,7 +64,7 @@ static void setup(void)
 	 * would otherwise be delivered by this test's runs. */
 	PQclear(sql("UPDATE outbox SET published_at = now() WHERE published_at IS NULL", 0, NULL));
 	snprintf(name, sizeof(name), "disp-%ld-%d", (long)getpid(), rand() % 100000);
-	const char *p[1] = {name};
+	const char *p[1] = { name };
 	res = sql("INSERT INTO tenants (name) VALUES ($1) RETURNING id", 1, p);
 	snprintf(tenant, sizeof(tenant), "%s", PQgetvalue(res, 0, 0));
 	PQclear(res);
@@ -83,23 +83,23 @@ static void seed(int nwf, int nev)
 	char a[16], b[16];
 	snprintf(a, sizeof(a), "%d", nwf);
 	snprintf(b, sizeof(b), "%d", nev);
-	const char *p[3] = {tenant, a, b};
+	const char *p[3] = { tenant, a, b };
 
 	PQclear(sql("WITH w AS ("
-		    "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
-		    "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
-		    "    FROM generate_series(1, $2::int) RETURNING tenant_id, id)"
-		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-		    " SELECT w.id::text || '.' || s, w.tenant_id, w.id, s, 'test.event',"
-		    "        json_build_object('id', w.id::text || '.' || s, 'seq', s)::text"
-		    "   FROM w, generate_series(1, $3::int) s ORDER BY w.id, s",
-		    3, p));
+	            "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+	            "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
+	            "    FROM generate_series(1, $2::int) RETURNING tenant_id, id)"
+	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " SELECT w.id::text || '.' || s, w.tenant_id, w.id, s, 'test.event',"
+	            "        json_build_object('id', w.id::text || '.' || s, 'seq', s)::text"
+	            "   FROM w, generate_series(1, $3::int) s ORDER BY w.id, s",
+	            3, p));
 }
 
 static long count_where(const char *cond)
 {
 	char q[256];
-	const char *p[1] = {tenant};
+	const char *p[1] = { tenant };
 
 	snprintf(q, sizeof(q), "SELECT count(*) FROM outbox WHERE tenant_id = $1 AND %s", cond);
 	return scalar(q, 1, p);
@@ -114,13 +114,16 @@ static pid_t spawn(const char *const *extra)
 	pid_t pid;
 
 	snprintf(logfile, sizeof(logfile), "%s/dispatch-%d.log",
-		 getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp", ++run_no);
+	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp", ++run_no);
 	argv[n++] = getenv("IDEMFLOW_DISPATCH");
 	cr_assert_not_null(argv[0], "IDEMFLOW_DISPATCH is not set");
-	const char *common[] = {"--db",      getenv("DATABASE_URL"), "--sink",    "http",
-				"--url",     rcv.url,                "--secret",  SECRET,
-				"--backoff", "50ms",                 "--timeout", "3s",
-				NULL};
+	const char *common[] = { "--db",      getenv("DATABASE_URL"),
+		                 "--sink",    "http",
+		                 "--url",     rcv.url,
+		                 "--secret",  SECRET,
+		                 "--backoff", "50ms",
+		                 "--timeout", "3s",
+		                 NULL };
 	for (int i = 0; common[i]; i++)
 		argv[n++] = common[i];
 	for (int i = 0; extra && extra[i]; i++)
@@ -169,12 +172,13 @@ static int log_has(const char *needle)
 static char *event_id_of(const char *cond)
 {
 	char q[256];
-	const char *p[1] = {tenant};
+	const char *p[1] = { tenant };
 	PGresult *res;
 	char *id;
 
 	snprintf(q, sizeof(q),
-		 "SELECT event_id FROM outbox WHERE tenant_id = $1 AND %s ORDER BY id LIMIT 1", cond);
+	         "SELECT event_id FROM outbox WHERE tenant_id = $1 AND %s ORDER BY id LIMIT 1",
+	         cond);
 	res = sql(q, 1, p);
 	cr_assert_eq(PQntuples(res), 1);
 	id = strdup(PQgetvalue(res, 0, 0));
@@ -194,21 +198,21 @@ Test(dispatch, a_failed_delivery_stays_pending_then_publishes_on_attempt_two)
 
 	seed(1, 1);
 	cr_assert_eq(receiver_control(&rcv, "{\"fail_next\": 1, \"status\": 503}"), 0, "%s",
-		     rcv.error);
-	const char *once[] = {"--backoff", "300ms", NULL};
+	             rcv.error);
+	const char *once[] = { "--backoff", "300ms", NULL };
 	cr_assert_eq(run(once), 0, "a rescheduled failure is still a successful run");
 	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NULL AND attempts = 1 "
-				 "AND last_error LIKE '%503%' AND next_attempt_at > now()"),
-		     1, "pending, attempts=1, error recorded, rescheduled");
+	                         "AND last_error LIKE '%503%' AND next_attempt_at > now()"),
+	             1, "pending, attempts=1, error recorded, rescheduled");
 	cr_assert(log_has("outcome=retry") && log_has("attempt=1/8"), "attempt logged");
 
 	usleep(500 * 1000); /* 300 ms back-off, +20% jitter at most */
 	cr_assert_eq(run(once), 0);
 	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 1,
-		     "published on attempt 2");
+	             "published on attempt 2");
 	cr_assert(log_has("attempt=2/8") && log_has("outcome=published"));
 	cr_assert(log_has("msg=\"run finished\" claimed=1 published=1 retried=0 dead=0"),
-		  "summary line");
+	          "summary line");
 
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
 	cr_assert_eq(n, 2);
@@ -219,24 +223,24 @@ Test(dispatch, a_failed_delivery_stays_pending_then_publishes_on_attempt_two)
 	cr_assert_eq(whsig_key(SECRET, key, &klen, &e), 0);
 	for (size_t i = 0; i < n; i++)
 		cr_assert_eq(whsig_verify(key, klen, d[i].event_id, d[i].timestamp, d[i].body,
-					  d[i].body_len, d[i].signature, time(NULL), 300, &e),
-			     0, "signature of delivery %zu: %s", i, e.msg);
+		                          d[i].body_len, d[i].signature, time(NULL), 300, &e),
+		             0, "signature of delivery %zu: %s", i, e.msg);
 	receiver_deliveries_free(d, n);
 }
 
 Test(dispatch, a_rolled_back_creation_leaves_no_event_to_deliver)
 {
-	const char *p[1] = {tenant};
+	const char *p[1] = { tenant };
 	size_t n;
 	struct receiver_delivery *d;
 
 	PQclear(sql("BEGIN", 0, NULL));
 	PQclear(sql("WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
-		    " updated_at) VALUES ($1, gen_random_uuid(), 't', '{}', now(), now())"
-		    " RETURNING tenant_id, id)"
-		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-		    " SELECT id::text || '.1', tenant_id, id, 1, 't', '{}' FROM w",
-		    1, p));
+	            " updated_at) VALUES ($1, gen_random_uuid(), 't', '{}', now(), now())"
+	            " RETURNING tenant_id, id)"
+	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " SELECT id::text || '.1', tenant_id, id, 1, 't', '{}' FROM w",
+	            1, p));
 	PQclear(sql("ROLLBACK", 0, NULL));
 	cr_assert_eq(count_where("true"), 0);
 	cr_assert_eq(run(NULL), 0);
@@ -256,13 +260,13 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	/* Slow answers: the kill lands after some events were published and
 	 * before the batch's outcome is recorded. */
 	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 100}"), 0);
-	const char *slow[] = {"--batch", "20", "--timeout", "1s", "--lease", "3s", NULL};
+	const char *slow[] = { "--batch", "20", "--timeout", "1s", "--lease", "3s", NULL };
 	pid = spawn(slow);
 	cr_assert_eq(receiver_wait(&rcv, 5, 20000), 0, "%s", rcv.error);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 0,
-		     "killed before recording: nothing is marked published");
+	             "killed before recording: nothing is marked published");
 
 	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 0}"), 0);
 	usleep(3200 * 1000); /* the dead dispatcher's lease runs out */
@@ -277,7 +281,7 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	cr_assert_geq(n, 25, "at least the 5 seen before the kill went out twice: %zu", n);
 	for (size_t i = 0; i < n; i++) {
-		const char *p[1] = {d[i].event_id};
+		const char *p[1] = { d[i].event_id };
 		PQclear(sql("BEGIN", 0, NULL));
 		int first = inbox_claim(conn, "test-effects", d[i].event_id, &e);
 		cr_assert_geq(first, 0, "%s", e.msg);
@@ -285,19 +289,20 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 			PQclear(sql("INSERT INTO test_effects VALUES ($1)", 1, p));
 		PQclear(sql("COMMIT", 0, NULL));
 	}
-	const char *p[1] = {tenant};
-	distinct = (size_t)scalar("SELECT count(DISTINCT e.event_id) FROM test_effects e"
-				  " JOIN outbox o ON o.event_id = e.event_id WHERE o.tenant_id = $1",
-				  1, p);
+	const char *p[1] = { tenant };
+	distinct =
+	    (size_t)scalar("SELECT count(DISTINCT e.event_id) FROM test_effects e"
+	                   " JOIN outbox o ON o.event_id = e.event_id WHERE o.tenant_id = $1",
+	                   1, p);
 	cr_assert_eq(distinct, 20);
 	cr_assert_eq(scalar("SELECT count(*) FROM test_effects e JOIN outbox o"
-			    " ON o.event_id = e.event_id WHERE o.tenant_id = $1",
-			    1, p),
-		     20, "each effect applied exactly once");
+	                    " ON o.event_id = e.event_id WHERE o.tenant_id = $1",
+	                    1, p),
+	             20, "each effect applied exactly once");
 	cr_assert_eq(inbox_duplicates(conn, "test-effects", &e), (long)(n - 20),
-		     "every redelivery was counted as a dropped duplicate");
+	             "every redelivery was counted as a dropped duplicate");
 	cr_log_info("crash mid-batch: %zu deliveries for 20 events, %zu duplicates dropped", n,
-		    n - 20);
+	            n - 20);
 	receiver_deliveries_free(d, n);
 }
 
@@ -307,13 +312,13 @@ static void claims_start(void)
 {
 	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
 	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
-		    " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
-		    " RETURN NEW; END$$",
-		    0, NULL));
+	            " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
+	            " RETURN NEW; END$$",
+	            0, NULL));
 	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
-		    " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
-		    " test_claim_note()",
-		    0, NULL));
+	            " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
+	            " test_claim_note()",
+	            0, NULL));
 }
 
 static void claims_stop(void)
@@ -328,13 +333,13 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 	struct receiver_delivery *d;
 	size_t n;
 	pid_t a, b;
-	const char *p[1] = {tenant};
+	const char *p[1] = { tenant };
 
 	seed(10000, 1);
 	/* Who claimed what, as the claims wrote it: each claim sets
 	 * lease_owner, "host:pid:n" of the dispatcher and its claim. */
 	claims_start();
-	const char *both[] = {"--batch", "100", "--log-level", "warning", NULL};
+	const char *both[] = { "--batch", "100", "--log-level", "warning", NULL };
 	a = spawn(both);
 	b = spawn(both);
 	cr_assert_eq(wait_exit(a), 0);
@@ -343,39 +348,39 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 		char pa[24], pb[24];
 		snprintf(pa, sizeof(pa), "%ld", (long)a);
 		snprintf(pb, sizeof(pb), "%ld", (long)b);
-		const char *q[2] = {pa, pb};
+		const char *q[2] = { pa, pb };
 		long by_a = scalar("SELECT count(*) FROM test_claims"
-				   " WHERE owner LIKE '%:' || $1 || ':%'",
-				   1, q);
+		                   " WHERE owner LIKE '%:' || $1 || ':%'",
+		                   1, q);
 		long by_b = scalar("SELECT count(*) FROM test_claims"
-				   " WHERE owner LIKE '%:' || $1 || ':%'",
-				   1, q + 1);
+		                   " WHERE owner LIKE '%:' || $1 || ':%'",
+		                   1, q + 1);
 		long all = scalar("SELECT count(*) FROM test_claims", 0, NULL);
 		claims_stop();
 		cr_log_info("two dispatchers: %ld and %ld events claimed", by_a, by_b);
 		cr_assert_eq(all, 10000, "%ld claims for 10000 events", all);
 		cr_assert_eq(by_a + by_b, 10000, "claims by owners other than the two: %ld + %ld",
-			     by_a, by_b);
+		             by_a, by_b);
 		cr_assert_geq(by_a, 100, "dispatcher %ld claimed %ld events: no sharing", (long)a,
-			      by_a);
+		              by_a);
 		cr_assert_geq(by_b, 100, "dispatcher %ld claimed %ld events: no sharing", (long)b,
-			      by_b);
+		              by_b);
 	}
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 10000, "every event delivered");
 	cr_assert_eq(count_where("attempts = 1"), 10000,
-		     "no event was claimed twice: one attempt each");
+	             "no event was claimed twice: one attempt each");
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	PQclear(sql("CREATE TEMP TABLE got (event_id text)", 0, NULL));
 	PQclear(sql("BEGIN", 0, NULL));
 	for (size_t i = 0; i < n; i++) {
-		const char *q[1] = {d[i].event_id};
+		const char *q[1] = { d[i].event_id };
 		PQclear(sql("INSERT INTO got VALUES ($1)", 1, q));
 	}
 	PQclear(sql("COMMIT", 0, NULL));
 	cr_assert_eq(scalar("SELECT count(*) FROM outbox o WHERE tenant_id = $1"
-			    " AND NOT EXISTS (SELECT 1 FROM got g WHERE g.event_id = o.event_id)",
-			    1, p),
-		     0, "every event arrived");
+	                    " AND NOT EXISTS (SELECT 1 FROM got g WHERE g.event_id = o.event_id)",
+	                    1, p),
+	             0, "every event arrived");
 	cr_log_info("two dispatchers, 10000 events: %zu deliveries", n);
 	cr_assert_eq(n, 10000, "no duplicates without a crash: %zu deliveries", n);
 	receiver_deliveries_free(d, n);
@@ -389,7 +394,7 @@ Test(dispatch, events_of_a_workflow_arrive_in_order_under_injected_failures)
 
 	seed(30, 4);
 	cr_assert_eq(receiver_control(&rcv, "{\"fail_rate\": 0.3, \"status\": 503}"), 0);
-	const char *fast[] = {"--backoff", "10ms", "--max-attempts", "100", NULL};
+	const char *fast[] = { "--backoff", "10ms", "--max-attempts", "100", NULL };
 	while (count_where("published_at IS NULL") > 0 && runs < 200) {
 		cr_assert_eq(run(fast), 0);
 		runs++;
@@ -406,19 +411,20 @@ Test(dispatch, events_of_a_workflow_arrive_in_order_under_injected_failures)
 	for (size_t i = 0; i < n; i++) {
 		char num[24];
 		snprintf(num, sizeof(num), "%zu", i);
-		const char *q[3] = {num, d[i].event_id, d[i].status == 200 ? "t" : "f"};
+		const char *q[3] = { num, d[i].event_id, d[i].status == 200 ? "t" : "f" };
 		failures += d[i].status != 200;
 		PQclear(sql("INSERT INTO arrivals VALUES ($1, $2, $3)", 3, q));
 	}
 	PQclear(sql("COMMIT", 0, NULL));
 	cr_assert_gt(failures, 10, "failures were injected: %d", failures);
-	cr_assert_eq(scalar("SELECT count(*) FROM arrivals later"
-			    "  JOIN outbox lo ON lo.event_id = later.event_id"
-			    "  JOIN outbox eo ON eo.workflow_id = lo.workflow_id AND eo.seq < lo.seq"
-			    " WHERE NOT EXISTS (SELECT 1 FROM arrivals ok WHERE ok.event_id = eo.event_id"
-			    "                     AND ok.ok AND ok.n < later.n)",
-			    0, NULL),
-		     0, "a later event overtook an earlier one");
+	cr_assert_eq(
+	    scalar("SELECT count(*) FROM arrivals later"
+	           "  JOIN outbox lo ON lo.event_id = later.event_id"
+	           "  JOIN outbox eo ON eo.workflow_id = lo.workflow_id AND eo.seq < lo.seq"
+	           " WHERE NOT EXISTS (SELECT 1 FROM arrivals ok WHERE ok.event_id = eo.event_id"
+	           "                     AND ok.ok AND ok.n < later.n)",
+	           0, NULL),
+	    0, "a later event overtook an earlier one");
 	cr_log_info("order under failures: %zu deliveries, %d failed, %d runs", n, failures, runs);
 	receiver_deliveries_free(d, n);
 }
@@ -433,22 +439,22 @@ Test(dispatch, an_event_goes_dead_after_max_attempts_and_requeue_revives_it)
 	id = event_id_of("true");
 	snprintf(ctl, sizeof(ctl), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 503}", id);
 	cr_assert_eq(receiver_control(&rcv, ctl), 0);
-	const char *three[] = {"--max-attempts", "3", "--backoff", "10ms", NULL};
+	const char *three[] = { "--max-attempts", "3", "--backoff", "10ms", NULL };
 	for (int i = 0; i < 6; i++) {
 		cr_assert_eq(run(three), 0);
 		usleep(30 * 1000);
 	}
 	cr_assert_eq(count_where("dead_at IS NOT NULL AND attempts = 3 AND published_at IS NULL"),
-		     1, "dead after 3 attempts");
+	             1, "dead after 3 attempts");
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 1, "the other event is unaffected");
 
 	/* The operator's view and revival, through the CLI. */
 	char cmd[2048];
 	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox list --dead | grep -q '%s'",
-		 getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), id);
+	         getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), id);
 	cr_assert_eq(system(cmd), 0, "outbox list --dead shows it");
 	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox requeue '%s' >/dev/null",
-		 getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), id);
+	         getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), id);
 	rc = system(cmd);
 	cr_assert_eq(rc, 0);
 	cr_assert_eq(count_where("dead_at IS NULL AND published_at IS NULL AND attempts = 0"), 1);
@@ -477,11 +483,11 @@ Test(dispatch, requeue_refuses_an_event_a_dispatcher_holds_unless_forced)
 	id = event_id_of("true");
 	p[0] = id;
 	res = sql("UPDATE outbox SET lease_owner = 'host-a:4242:1', attempts = 1,"
-		  "       lease_until = date_trunc('second', now()) + interval '1 hour'"
-		  " WHERE event_id = $1"
-		  " RETURNING to_char(lease_until AT TIME ZONE 'UTC',"
-		  "                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
-		  1, p);
+	          "       lease_until = date_trunc('second', now()) + interval '1 hour'"
+	          " WHERE event_id = $1"
+	          " RETURNING to_char(lease_until AT TIME ZONE 'UTC',"
+	          "                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+	          1, p);
 	snprintf(until, sizeof(until), "%s", PQgetvalue(res, 0, 0));
 	PQclear(res);
 
@@ -489,31 +495,31 @@ Test(dispatch, requeue_refuses_an_event_a_dispatcher_holds_unless_forced)
 	cr_assert_eq(rc, 75, "exit %d: %s", rc, tstack_cli_stderr());
 	cr_assert_str_eq(out, "");
 	snprintf(want, sizeof(want),
-		 "idemflow: outbox event \"%s\" is held by dispatcher \"host-a:4242:1\" until %s"
-		 " and may be in delivery; requeue it after that, or with --force\n",
-		 id, until);
+	         "idemflow: outbox event \"%s\" is held by dispatcher \"host-a:4242:1\" until %s"
+	         " and may be in delivery; requeue it after that, or with --force\n",
+	         id, until);
 	cr_assert_str_eq(tstack_cli_stderr(), want);
 	cr_assert_eq(count_where("lease_owner = 'host-a:4242:1' AND lease_until > now()"
-				 " AND attempts = 1"),
-		     1, "the refused requeue changed the event");
+	                         " AND attempts = 1"),
+	             1, "the refused requeue changed the event");
 
 	rc = tstack_cli(out, sizeof(out), "outbox", "requeue", id, "--force", NULL);
 	cr_assert_eq(rc, 0, "exit %d: %s", rc, tstack_cli_stderr());
 	cr_assert_str_eq(out, "requeued 1 event(s)");
 	snprintf(want, sizeof(want),
-		 "idemflow: warning: broke the lease of dispatcher \"host-a:4242:1\" on outbox"
-		 " event \"%s\" (until %s): the event may be delivered twice, and that"
-		 " dispatcher's outcome for it is not recorded\n",
-		 id, until);
+	         "idemflow: warning: broke the lease of dispatcher \"host-a:4242:1\" on outbox"
+	         " event \"%s\" (until %s): the event may be delivered twice, and that"
+	         " dispatcher's outcome for it is not recorded\n",
+	         id, until);
 	cr_assert_str_eq(tstack_cli_stderr(), want);
 	cr_assert_eq(count_where("lease_owner IS NULL AND lease_until IS NULL AND attempts = 0"
-				 " AND next_attempt_at <= now()"),
-		     1);
+	                         " AND next_attempt_at <= now()"),
+	             1);
 
 	/* A lease that has run out holds nothing: no force needed, no warning. */
 	PQclear(sql("UPDATE outbox SET lease_owner = 'host-b:1:1', attempts = 2,"
-		    "       lease_until = now() - interval '1 second' WHERE event_id = $1",
-		    1, p));
+	            "       lease_until = now() - interval '1 second' WHERE event_id = $1",
+	            1, p));
 	rc = tstack_cli(out, sizeof(out), "outbox", "requeue", id, NULL);
 	cr_assert_eq(rc, 0, "exit %d: %s", rc, tstack_cli_stderr());
 	cr_assert_str_eq(out, "requeued 1 event(s)");
@@ -554,7 +560,7 @@ static int in_loop_wait(pid_t pid, long poll_interval_ms, long timeout_ms)
 	snprintf(path, sizeof(path), "/proc/%ld/syscall", (long)pid);
 	do {
 		FILE *f = fopen(path, "r");
-		char *arg[4] = {0}, *save = NULL;
+		char *arg[4] = { 0 }, *save = NULL;
 		int ok = 0;
 
 		if (f != NULL && fgets(line, sizeof(line), f) != NULL) {
@@ -584,7 +590,7 @@ Test(dispatch, loop_mode_wakes_on_notify)
 	double t0;
 	struct timespec ts;
 
-	const char *loop[] = {"--loop", "--poll-interval", "60s", NULL};
+	const char *loop[] = { "--loop", "--poll-interval", "60s", NULL };
 	pid = spawn(loop);
 	/* Asleep for the next 60 s: only a notification can wake it. */
 	cr_assert(in_loop_wait(pid, 60000, 20000), "the dispatcher never reached its wait");
@@ -597,7 +603,7 @@ Test(dispatch, loop_mode_wakes_on_notify)
 	cr_assert_eq(receiver_wait(&rcv, 1, 5000), 0, "not woken by NOTIFY: %s", rcv.error);
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	cr_log_info("loop: delivered %.0f ms after the insert",
-		    ((double)ts.tv_sec + (double)ts.tv_nsec / 1e9 - t0) * 1e3);
+	            ((double)ts.tv_sec + (double)ts.tv_nsec / 1e9 - t0) * 1e3);
 	kill(pid, SIGTERM);
 	cr_assert_eq(wait_exit(pid), 0, "SIGTERM ends --loop cleanly");
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
@@ -608,7 +614,7 @@ Test(dispatch, loop_mode_outlives_a_database_restart)
 	struct err e;
 	pid_t pid;
 
-	const char *loop[] = {"--loop", "--poll-interval", "1s", NULL};
+	const char *loop[] = { "--loop", "--poll-interval", "1s", NULL };
 	pid = spawn(loop);
 	/* Connected and asleep in its wait before the restart: a dispatcher
 	 * still starting when the database goes away exits instead. */
@@ -620,7 +626,7 @@ Test(dispatch, loop_mode_outlives_a_database_restart)
 	seed(1, 1);
 	PQclear(sql("NOTIFY idemflow_outbox", 0, NULL));
 	cr_assert_eq(receiver_wait(&rcv, 1, 10000), 0,
-		     "the --loop dispatcher did not deliver after the restart: %s", rcv.error);
+	             "the --loop dispatcher did not deliver after the restart: %s", rcv.error);
 	cr_assert(tstack_pid_gone(pid) == 0, "the dispatcher exited with the database");
 	kill(pid, SIGTERM);
 	cr_assert_eq(wait_exit(pid), 0, "SIGTERM still ends --loop cleanly");
@@ -630,24 +636,24 @@ Test(dispatch, loop_mode_outlives_a_database_restart)
 
 Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
 {
-	const char *smtp[] = {"--sink", "smtp", NULL};
+	const char *smtp[] = { "--sink", "smtp", NULL };
 	cr_assert_eq(run(smtp), 78);
 	cr_assert(log_has("level=error component=dispatch") &&
-		      log_has("msg=\"bad configuration\" error=\"invalid value \\\"smtp\\\" for"
-			      " \\\"sink\\\": expected http, amqp or exec\" exit=78"),
-		  "the message names the key, the value and the choices");
-	const char *badurl[] = {"--url", "not a url", NULL};
+	              log_has("msg=\"bad configuration\" error=\"invalid value \\\"smtp\\\" for"
+	                      " \\\"sink\\\": expected http, amqp or exec\" exit=78"),
+	          "the message names the key, the value and the choices");
+	const char *badurl[] = { "--url", "not a url", NULL };
 	cr_assert_eq(run(badurl), 78);
 	cr_assert(log_has("msg=\"bad configuration\" error=\"url \\\"not a url\\\" is not a"
-			  " valid URL"));
-	const char *backoff[] = {"--backoff", "5s,soon", NULL};
+	                  " valid URL"));
+	const char *backoff[] = { "--backoff", "5s,soon", NULL };
 	cr_assert_eq(run(backoff), 78);
 	cr_assert(log_has("msg=\"bad configuration\" error=\"invalid value \\\"5s,soon\\\" for"
-			  " \\\"backoff\\\""));
-	const char *nodb[] = {"--db", "host=127.0.0.1 port=1 dbname=x", NULL};
+	                  " \\\"backoff\\\""));
+	const char *nodb[] = { "--db", "host=127.0.0.1 port=1 dbname=x", NULL };
 	cr_assert_eq(run(nodb), 75, "an unreachable database is \"try later\"");
 	cr_assert(log_has("msg=\"run failed\" error=\"could not connect to database:"));
-	const char *both[] = {"--once", "--loop", NULL};
+	const char *both[] = { "--once", "--loop", NULL };
 	cr_assert_eq(run(both), 64);
 }
 
@@ -660,31 +666,32 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 	seed(1, 1);
 	id = event_id_of("true");
 	snprintf(dir, sizeof(dir), "%s/exec-%ld",
-		 getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp", (long)getpid());
+	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
+	         (long)getpid());
 	mkdir(dir, 0755);
 	/* A command that fails first: the event is retried, not lost. */
 	snprintf(cmd, sizeof(cmd),
-		 "test -e '%s/fail-once' || { touch '%s/fail-once'; exit 3; };"
-		 " cat > \"%s/$IDEMFLOW_EVENT_ID\"; echo \"$IDEMFLOW_EVENT_TYPE"
-		 " $IDEMFLOW_WORKFLOW_ID $IDEMFLOW_ATTEMPT\" > \"%s/$IDEMFLOW_EVENT_ID.env\"",
-		 dir, dir, dir, dir);
+	         "test -e '%s/fail-once' || { touch '%s/fail-once'; exit 3; };"
+	         " cat > \"%s/$IDEMFLOW_EVENT_ID\"; echo \"$IDEMFLOW_EVENT_TYPE"
+	         " $IDEMFLOW_WORKFLOW_ID $IDEMFLOW_ATTEMPT\" > \"%s/$IDEMFLOW_EVENT_ID.env\"",
+	         dir, dir, dir, dir);
 	/* The retry is due 5 s later (+-20%): never within the first run,
 	 * however slow the machine (that would make it attempt 2); the test
 	 * makes it due before the second run. */
-	const char *exec[] = {"--sink", "exec", "--exec", cmd, "--backoff", "5s", NULL};
+	const char *exec[] = { "--sink", "exec", "--exec", cmd, "--backoff", "5s", NULL };
 	cr_assert_eq(run(exec), 0);
 	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1 AND last_error = "
-				 "'command exited with status 3'"),
-		     1, "a failing command is a retry with its status recorded");
+	                         "'command exited with status 3'"),
+	             1, "a failing command is a retry with its status recorded");
 	PQclear(sql("UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
-		    " AND published_at IS NULL",
-		    1, (const char *const[]){tenant}));
+	            " AND published_at IS NULL",
+	            1, (const char *const[]){ tenant }));
 	cr_assert_eq(run(exec), 0);
 	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 1);
 
 	/* The command got the stored event JSON on stdin, byte for byte,
 	 * and the id, type, workflow and attempt in its environment. */
-	const char *p[1] = {id};
+	const char *p[1] = { id };
 	PGresult *res = sql("SELECT payload, workflow_id FROM outbox WHERE event_id = $1", 1, p);
 	snprintf(path, sizeof(path), "%s/%s", dir, id);
 	f = fopen(path, "r");
@@ -717,29 +724,32 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 {
 	char dir[256], cmd[1200];
-	const char *p[1] = {tenant};
+	const char *p[1] = { tenant };
 
-	PQclear(sql("WITH w AS ("
-		    "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
-		    "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
-		    "    FROM generate_series(1, 300) RETURNING tenant_id, id)"
-		    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-		    " SELECT w.id::text || '.1', w.tenant_id, w.id, 1, 'test.event',"
-		    "        json_build_object('id', w.id::text || '.1', 'pad', repeat('x', 8192))::text"
-		    "   FROM w",
-		    1, p));
+	PQclear(sql(
+	    "WITH w AS ("
+	    "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+	    "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
+	    "    FROM generate_series(1, 300) RETURNING tenant_id, id)"
+	    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	    " SELECT w.id::text || '.1', w.tenant_id, w.id, 1, 'test.event',"
+	    "        json_build_object('id', w.id::text || '.1', 'pad', repeat('x', 8192))::text"
+	    "   FROM w",
+	    1, p));
 	snprintf(dir, sizeof(dir), "%s/slow-%ld",
-		 getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp", (long)getpid());
+	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
+	         (long)getpid());
 	mkdir(dir, 0755);
 	/* One line per delivery, appended (O_APPEND: whole lines). */
 	snprintf(cmd, sizeof(cmd), "sleep 0.02; echo \"$IDEMFLOW_EVENT_ID\" >> '%s/delivered'",
-		 dir);
-	const char *slow[] = {"--sink", "exec", "--exec", cmd, "--batch", "100",
-			      "--statement-timeout", "1s", NULL};
+	         dir);
+	const char *slow[] = {
+		"--sink", "exec", "--exec", cmd, "--batch", "100", "--statement-timeout", "1s", NULL
+	};
 	int rc = run(slow);
 	cr_assert_eq(rc, 0, "the run exited %d (log: %s)", rc, logfile);
 	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 1"), 300,
-		     "every event is recorded as published on its first attempt");
+	             "every event is recorded as published on its first attempt");
 	cr_assert_eq(count_where("lease_owner IS NOT NULL"), 0, "no lease is left behind");
 
 	/* What the sink saw: each event once (a second delivery would be
@@ -751,16 +761,16 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 	PQclear(sql("CREATE TEMP TABLE seen (event_id text)", 0, NULL));
 	while (fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = '\0';
-		const char *q[1] = {line};
+		const char *q[1] = { line };
 		PQclear(sql("INSERT INTO seen VALUES ($1)", 1, q));
 	}
 	fclose(f);
 	cr_assert_eq(scalar("SELECT count(*) FROM seen", 0, NULL), 300);
 	cr_assert_eq(scalar("SELECT count(DISTINCT event_id) FROM seen", 0, NULL), 300);
 	cr_assert_eq(scalar("SELECT count(*) FROM seen s JOIN outbox o USING (event_id)"
-			    " WHERE o.tenant_id = $1",
-			    1, p),
-		     300, "the sink got exactly this tenant's events");
+	                    " WHERE o.tenant_id = $1",
+	                    1, p),
+	             300, "the sink got exactly this tenant's events");
 }
 
 Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_untouched,
@@ -776,8 +786,8 @@ Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_unto
 	 * be delivered within one lease. */
 	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 500}"), 0);
 	claims_start();
-	const char *slow[] = {"--batch", "10", "--parallel", "1", "--timeout", "1s",
-			      "--lease", "3s", NULL};
+	const char *slow[] = { "--batch", "10",      "--parallel", "1", "--timeout",
+		               "1s",      "--lease", "3s",         NULL };
 	cr_assert_eq(run(slow), 0);
 	claims = scalar("SELECT count(*) FROM test_claims", 0, NULL);
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 10, "every event delivered");
@@ -800,10 +810,11 @@ Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued
 	seed(2, 2);
 	dead = event_id_of("seq = 1");
 	{
-		const char *p[1] = {dead};
-		PGresult *res = sql("SELECT event_id FROM outbox WHERE workflow_id ="
-				    " (SELECT workflow_id FROM outbox WHERE event_id = $1) AND seq = 2",
-				    1, p);
+		const char *p[1] = { dead };
+		PGresult *res =
+		    sql("SELECT event_id FROM outbox WHERE workflow_id ="
+		        " (SELECT workflow_id FROM outbox WHERE event_id = $1) AND seq = 2",
+		        1, p);
 		held = strdup(PQgetvalue(res, 0, 0));
 		PQclear(res);
 	}
@@ -814,11 +825,11 @@ Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued
 	cr_assert_eq(count_where("dead_at IS NOT NULL"), 1);
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 2, "the other workflow went out");
 	{
-		const char *p[1] = {held};
+		const char *p[1] = { held };
 		cr_assert_eq(scalar("SELECT count(*) FROM outbox WHERE event_id = $1 AND"
-				    " published_at IS NULL AND dead_at IS NULL AND attempts = 0",
-				    1, p),
-			     1, "the later event was never attempted");
+		                    " published_at IS NULL AND dead_at IS NULL AND attempts = 0",
+		                    1, p),
+		             1, "the later event was never attempted");
 	}
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	for (size_t i = 0; i < n; i++)
@@ -828,7 +839,7 @@ Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued
 
 	/* Requeued, the dead one goes first, then the one it held. */
 	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox requeue '%s' >/dev/null",
-		 getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), dead);
+	         getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), dead);
 	cr_assert_eq(system(cmd), 0);
 	cr_assert_eq(receiver_control(&rcv, "{\"reset\": true}"), 0);
 	cr_assert_eq(run(NULL), 0);
@@ -848,18 +859,18 @@ Test(dispatch, a_retry_after_longer_than_the_backoff_schedules_the_next_attempt)
 	/* Backoff 50 ms; the receiver asks for 30 s, then 0 s (shorter than
 	 * the backoff, so the backoff stands). */
 	cr_assert_eq(receiver_control(&rcv, "{\"fail_next\": 1, \"status\": 503,"
-					    " \"retry_after\": 30}"),
-		     0);
+	                                    " \"retry_after\": 30}"),
+	             0);
 	cr_assert_eq(run(NULL), 0);
 	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"
-				 " AND next_attempt_at BETWEEN now() + interval '29 seconds'"
-				 "                         AND now() + interval '30 seconds'"),
-		     1, "the next attempt is 30 s away, as the receiver asked");
+	                         " AND next_attempt_at BETWEEN now() + interval '29 seconds'"
+	                         "                         AND now() + interval '30 seconds'"),
+	             1, "the next attempt is 30 s away, as the receiver asked");
 	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
 	usleep(100 * 1000);
 	cr_assert_eq(run(NULL), 0);
 	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"), 1,
-		     "not attempted again before its Retry-After");
+	             "not attempted again before its Retry-After");
 }
 
 Test(dispatch, a_database_error_other_than_unreachable_exits_70)
@@ -873,9 +884,9 @@ Test(dispatch, a_database_error_other_than_unreachable_exits_70)
 		PQclear(sql(q, 0, NULL));
 	}
 	/* Reachable, but without the schema: the claim fails. */
-	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s",
-		 getenv("PGHOST"), getenv("PGPORT"), getenv("PGUSER"), db);
-	const char *empty[] = {"--db", conninfo, NULL};
+	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s", getenv("PGHOST"),
+	         getenv("PGPORT"), getenv("PGUSER"), db);
+	const char *empty[] = { "--db", conninfo, NULL };
 	int rc = run(empty);
 	{
 		char q[128];

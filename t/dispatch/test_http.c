@@ -20,7 +20,7 @@
 #include "dispatch/whsig.h"
 #include "receiver.h"
 
-#define SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+#define SECRET       "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 #define OTHER_SECRET "whsec_c2VjcmV0LW9mLWFub3RoZXItZW5kcG9pbnQ="
 
 static struct receiver rcv;
@@ -28,7 +28,7 @@ static struct receiver rcv;
 static void start_receiver(void)
 {
 	/* The receiver checks signatures itself too, with Python's hmac. */
-	static const char *const args[] = {"--secret", SECRET, NULL};
+	static const char *const args[] = { "--secret", SECRET, NULL };
 
 	cr_assert_eq(receiver_start(&rcv, args), 0, "%s", rcv.error);
 }
@@ -49,7 +49,7 @@ static void control(const char *json)
 static struct sink *open_sink(const char *url, ...)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 	struct sink *s;
 	va_list ap;
 
@@ -74,7 +74,7 @@ static struct sink *open_sink(const char *url, ...)
 static struct err open_error(const char *url, const char *secret)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 	struct sink *s;
 
 	cr_assert_not_null(c);
@@ -103,16 +103,16 @@ static struct sink_event event(const char *id, const char *payload)
 
 /* Deliver evs, expecting the sink itself to stay usable. */
 static void deliver(struct sink *s, const struct sink_event *evs, size_t n,
-		    struct sink_outcome *outs)
+                    struct sink_outcome *outs)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(s->deliver(s, evs, n, outs, &e), 0, "deliver: %s", e.msg);
 }
 
 static void key_of(const char *secret, uint8_t *key, size_t *keylen)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(whsig_key(secret, key, keylen, &e), 0, "%s", e.msg);
 }
@@ -120,7 +120,7 @@ static void key_of(const char *secret, uint8_t *key, size_t *keylen)
 /* A loopback port nothing listens on: bound by us, then released. */
 static int closed_port(void)
 {
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t len = sizeof(a);
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
@@ -167,7 +167,7 @@ Test(http, every_delivery_carries_id_timestamp_idempotency_key_and_a_valid_signa
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &got), 0, "%s", rcv.error);
 	cr_assert_eq(got, n);
 	for (size_t i = 0; i < n; i++) {
-		struct err e = {0};
+		struct err e = { 0 };
 		long ts;
 
 		cr_assert_eq(d[i].seq, (long)i + 1, "delivered in order");
@@ -185,17 +185,17 @@ Test(http, every_delivery_carries_id_timestamp_idempotency_key_and_a_valid_signa
 		cr_assert_not_null(d[i].timestamp);
 		ts = atol(d[i].timestamp);
 		cr_assert(ts >= now - 5 && ts <= now + 5, "webhook-timestamp %s, now %ld",
-			  d[i].timestamp, now);
+		          d[i].timestamp, now);
 		cr_assert_not_null(d[i].signature);
 		cr_assert_eq(strncmp(d[i].signature, "v1,", 3), 0, "%s", d[i].signature);
 		cr_assert_eq(whsig_verify(key, keylen, d[i].event_id, d[i].timestamp, d[i].body,
-					  d[i].body_len, d[i].signature, (long)time(NULL),
-					  WHSIG_TOLERANCE_S, &e),
-			     0, "event %zu: %s", i, e.msg);
+		                          d[i].body_len, d[i].signature, (long)time(NULL),
+		                          WHSIG_TOLERANCE_S, &e),
+		             0, "event %zu: %s", i, e.msg);
 		cr_assert_eq(whsig_verify(other, otherlen, d[i].event_id, d[i].timestamp, d[i].body,
-					  d[i].body_len, d[i].signature, (long)time(NULL),
-					  WHSIG_TOLERANCE_S, &e),
-			     -1, "another secret must not verify");
+		                          d[i].body_len, d[i].signature, (long)time(NULL),
+		                          WHSIG_TOLERANCE_S, &e),
+		             -1, "another secret must not verify");
 		cr_assert_eq(d[i].signature_valid, 1, "receiver.py rejected event %zu", i);
 		cr_assert_eq(d[i].status, 200);
 	}
@@ -256,7 +256,7 @@ Test(http, with_parallel_1_a_batch_is_sent_in_order_over_one_connection)
 	cr_assert_eq(got, N + 10);
 	for (size_t i = 0; i < got; i++) {
 		cr_assert_eq(d[i].conn, d[0].conn, "delivery %zu came on connection %ld, not %ld",
-			     i, d[i].conn, d[0].conn);
+		             i, d[i].conn, d[0].conn);
 		cr_assert_str_eq(d[i].peer, d[0].peer);
 		cr_assert_str_eq(d[i].event_id, batch_ids[i % N], "delivery %zu out of order", i);
 		cr_assert_eq(d[i].duplicate, i >= N, "the second batch repeats ids");
@@ -298,13 +298,14 @@ Test(http, a_parallel_batch_sends_each_event_once_over_at_most_parallel_connecti
 		cr_assert_str_eq(d[i].body, batch_bodies[idx]);
 	}
 	for (int i = 0; i < N; i++)
-		cr_assert_eq(seen[i], 1, "event %d delivered %d times in the first batch", i, seen[i]);
+		cr_assert_eq(seen[i], 1, "event %d delivered %d times in the first batch", i,
+		             seen[i]);
 	receiver_deliveries_free(d, got);
 }
 
 Test(http, a_503_with_retry_after_is_retried_after_that_delay)
 {
-	struct sink_event evs[] = {event("evt-503.1", "{}"), event("evt-503.2", "{}")};
+	struct sink_event evs[] = { event("evt-503.1", "{}"), event("evt-503.2", "{}") };
 	struct sink_outcome outs[2];
 	struct sink *s = open_sink(rcv.url, (char *)NULL);
 
@@ -330,12 +331,12 @@ Test(http, retry_after_as_an_http_date_becomes_seconds)
 
 	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", gmtime(&later));
 	snprintf(json, sizeof(json), "{\"fail_next\": 2, \"status\": 503, \"retry_after\": \"%s\"}",
-		 date);
+	         date);
 	control(json);
 	deliver(s, &ev, 1, &out);
 	cr_assert_eq(out.result, SINK_RETRY);
 	cr_assert(out.retry_after_s >= 115 && out.retry_after_s <= 120, "Retry-After %s gave %ld",
-		  date, out.retry_after_s);
+	          date, out.retry_after_s);
 
 	/* A date in the past means "now". */
 	control("{\"retry_after\": \"Wed, 21 Oct 2015 07:28:00 GMT\"}");
@@ -367,8 +368,8 @@ Test(http, a_429_and_a_408_are_retried)
 
 Test(http, a_400_is_dead_and_the_batch_goes_on)
 {
-	struct sink_event evs[] = {event("evt-400.1", "{}"), event("evt-400.2", "{}"),
-				   event("evt-400.3", "{}")};
+	struct sink_event evs[] = { event("evt-400.1", "{}"), event("evt-400.2", "{}"),
+		                    event("evt-400.3", "{}") };
 	struct sink_outcome outs[3];
 	struct sink *s = open_sink(rcv.url, (char *)NULL);
 
@@ -416,8 +417,8 @@ Test(http, a_redirect_is_retried_not_followed)
 
 Test(http, a_2xx_whose_body_is_cut_short_counts_as_delivered)
 {
-	struct sink_event evs[] = {event("evt-cut.1", "{}"), event("evt-cut.2", "{}"),
-				   event("evt-cut.3", "{}")};
+	struct sink_event evs[] = { event("evt-cut.1", "{}"), event("evt-cut.2", "{}"),
+		                    event("evt-cut.3", "{}") };
 	struct sink_outcome outs[3];
 	struct receiver_delivery *d;
 	size_t got;
@@ -459,13 +460,13 @@ Test(http, a_closed_port_is_retried_with_the_connection_error)
 	cr_assert_eq(out.status, 0);
 	cr_assert_eq(out.retry_after_s, -1);
 	cr_assert_not_null(strstr(out.error, "Failed to connect to 127.0.0.1 port"), "%s",
-			   out.error);
+	                   out.error);
 	cr_assert_not_null(strstr(out.error, "(Connection refused)"), "%s", out.error);
 }
 
 Test(http, a_receiver_slower_than_timeout_is_retried_as_a_timeout)
 {
-	struct sink_event evs[] = {event("evt-slow.1", "{}"), event("evt-slow.2", "{}")};
+	struct sink_event evs[] = { event("evt-slow.1", "{}"), event("evt-slow.2", "{}") };
 	struct sink_outcome outs[2];
 	struct sink *s = open_sink(rcv.url, "timeout", "300ms", (char *)NULL);
 
@@ -475,7 +476,7 @@ Test(http, a_receiver_slower_than_timeout_is_retried_as_a_timeout)
 	cr_assert_eq(outs[0].status, 0);
 	cr_assert_str_eq(outs[0].error, "timeout after 300 ms");
 	cr_assert(outs[0].latency_ms >= 290 && outs[0].latency_ms < 1400, "latency %.0f ms",
-		  outs[0].latency_ms);
+	          outs[0].latency_ms);
 
 	/* The timed-out connection is dropped; the next delivery gets a new one. */
 	control("{\"delay_ms\": 0}");

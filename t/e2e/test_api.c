@@ -23,8 +23,8 @@
 #include "twait.h"
 
 #define COLLECTION "/v1/workflows"
-#define JSON_CT "Content-Type: application/json"
-#define RACERS 20
+#define JSON_CT    "Content-Type: application/json"
+#define RACERS     20
 
 /* The smallest valid workflow, for tests about everything but the body. */
 static const char MIN_BODY[] = "{\"type\":\"x\",\"input\":{}}";
@@ -43,11 +43,9 @@ TestSuite(crash, .timeout = 60);
 /* --- Helpers ----------------------------------------------------------- */
 
 static struct http_response *request(const char *method, const char *path,
-				     const char *const *headers,
-				     const char *body, size_t body_len)
+                                     const char *const *headers, const char *body, size_t body_len)
 {
-	struct http_response *r = http_request(method, path, headers, body,
-					       body_len);
+	struct http_response *r = http_request(method, path, headers, body, body_len);
 
 	cr_assert_not_null(r, "%s %s: %s", method, path, http_error());
 	return r;
@@ -63,18 +61,15 @@ static const char *key_header(char *buf, size_t size, const char *key)
 }
 
 /* POST /v1/workflows as t with a JSON body and, unless NULL, a key. */
-static struct http_response *post(const struct tstack_tenant *t,
-				  const char *key, const char *body)
+static struct http_response *post(const struct tstack_tenant *t, const char *key, const char *body)
 {
 	char kh[1024];
-	const char *h[] = { t->auth, JSON_CT, key_header(kh, sizeof(kh), key),
-			    NULL };
+	const char *h[] = { t->auth, JSON_CT, key_header(kh, sizeof(kh), key), NULL };
 
 	return request("POST", COLLECTION, h, body, strlen(body));
 }
 
-static struct http_response *get(const struct tstack_tenant *t,
-				 const char *path)
+static struct http_response *get(const struct tstack_tenant *t, const char *path)
 {
 	const char *h[] = { t->auth, NULL };
 
@@ -83,8 +78,7 @@ static struct http_response *get(const struct tstack_tenant *t,
 
 static void expect_no_header(const struct http_response *r, const char *name)
 {
-	cr_assert_null(http_header(r, name), "unexpected %s: %s", name,
-		       http_header(r, name));
+	cr_assert_null(http_header(r, name), "unexpected %s: %s", name, http_header(r, name));
 }
 
 /* --- create ------------------------------------------------------------ */
@@ -103,22 +97,22 @@ Test(create, post_returns_201_with_location_and_body_and_writes_one_row_each)
 
 	tstack_expect_counts(&t, 1, 1, 1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows"
-				  " WHERE tenant_id = $1 AND id = $2"
-				  "   AND type = 'order.ship' AND state = 'pending'"
-				  "   AND input = '{\"a\":1,\"b\":2}'::jsonb"
-				  "   AND created_at = $3::timestamptz",
-				  t.id_text, id, created_at),
-		     1, "workflow row does not match the response %s", r->body);
+	                          " WHERE tenant_id = $1 AND id = $2"
+	                          "   AND type = 'order.ship' AND state = 'pending'"
+	                          "   AND input = '{\"a\":1,\"b\":2}'::jsonb"
+	                          "   AND created_at = $3::timestamptz",
+	                          t.id_text, id, created_at),
+	             1, "workflow row does not match the response %s", r->body);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox"
-				  " WHERE tenant_id = $1 AND workflow_id = $2"
-				  "   AND type = 'workflow.created'",
-				  t.id_text, id),
-		     1, "no workflow.created event for %s", id);
+	                          " WHERE tenant_id = $1 AND workflow_id = $2"
+	                          "   AND type = 'workflow.created'",
+	                          t.id_text, id),
+	             1, "no workflow.created event for %s", id);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys"
-				  " WHERE tenant_id = $1 AND key = $2"
-				  "   AND status = 201",
-				  t.id_text, key),
-		     1, "no stored 201 for key %s", key);
+	                          " WHERE tenant_id = $1 AND key = $2"
+	                          "   AND status = 201",
+	                          t.id_text, key),
+	             1, "no stored 201 for key %s", key);
 
 	free(created_at);
 	free(id);
@@ -136,10 +130,10 @@ Test(create, input_is_returned_in_canonical_form)
 	/* Reordered members at every level, whitespace, and an escape that
 	 * the canonical form writes as literal UTF-8. */
 	r = post(&t, key,
-		 "{ \"input\" : { \"b\" : [1, {\"d\": true, \"c\": null}],"
-		 " \"a\" : \"\\u00e9\" } , \"type\" : \"x\" }");
-	id = tstack_expect_created(r, "x",
-			    "{\"a\":\"\xc3\xa9\",\"b\":[1,{\"c\":null,\"d\":true}]}");
+	         "{ \"input\" : { \"b\" : [1, {\"d\": true, \"c\": null}],"
+	         " \"a\" : \"\\u00e9\" } , \"type\" : \"x\" }");
+	id =
+	    tstack_expect_created(r, "x", "{\"a\":\"\xc3\xa9\",\"b\":[1,{\"c\":null,\"d\":true}]}");
 	tstack_expect_counts(&t, 1, 1, 1);
 	free(id);
 	http_response_free(r);
@@ -153,7 +147,7 @@ Test(create, input_is_returned_in_canonical_form)
 Test(create, integers_beyond_64_bits_are_doubles_in_post_and_get)
 {
 	static const char want[] = "{\"big\":18446744073709551616,\"e\":1e+30,"
-				   "\"i\":-9223372036854775808,\"u\":18446744073709551615}";
+	                           "\"i\":-9223372036854775808,\"u\":18446744073709551615}";
 	struct tstack_tenant t;
 	struct http_response *r, *g;
 	char key[128], path[64], *id, *input;
@@ -161,15 +155,15 @@ Test(create, integers_beyond_64_bits_are_doubles_in_post_and_get)
 	tstack_tenant_create(&t, "bigint");
 	tstack_key(key, sizeof(key), "bigint");
 	r = post(&t, key,
-		 "{\"type\":\"x\",\"input\":{\"big\":18446744073709551616,\"e\":1e30,"
-		 "\"i\":-9223372036854775809,\"u\":18446744073709551615}}");
+	         "{\"type\":\"x\",\"input\":{\"big\":18446744073709551616,\"e\":1e30,"
+	         "\"i\":-9223372036854775809,\"u\":18446744073709551615}}");
 	id = tstack_expect_created(r, "x", want);
 	snprintf(path, sizeof(path), COLLECTION "/%s", id);
 	g = get(&t, path);
 	cr_assert_eq(g->status, 200, "status %d, body %.500s", g->status, g->body);
 	input = strstr(g->body, "\"input\":");
 	cr_assert(input && strncmp(input + 8, want, strlen(want)) == 0,
-		  "GET input differs from %s: %s", want, g->body);
+	          "GET input differs from %s: %s", want, g->body);
 	tstack_expect_counts(&t, 1, 1, 1);
 	free(id);
 	http_response_free(g);
@@ -231,8 +225,7 @@ Test(replay, same_key_with_different_body_is_409_and_writes_nothing)
 	id = tstack_expect_created(first, "x", "{\"a\":1}");
 
 	r = post(&t, key, "{\"type\":\"x\",\"input\":{\"a\":2}}");
-	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused",
-			      COLLECTION);
+	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused", COLLECTION);
 	expect_no_header(r, "Idempotent-Replayed");
 	named = tstack_json(r->body, "{idempotency_key}");
 	cr_assert_not_null(named, "409 must name the key: %s", r->body);
@@ -271,13 +264,14 @@ Test(replay, same_bytes_replay_without_the_canonical_comparison_other_bytes_use_
 	tstack_key(key, sizeof(key), "bytesfp");
 	first = post(&t, key, body);
 	id = tstack_expect_created(first, "x", "{\"a\":1,\"b\":2}");
-	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
-				  " AND request_bytes_fp IS NOT NULL AND request_bytes_fp <> fingerprint",
-				  key),
-		     1, "the create stores the fingerprint of its bytes");
+	cr_assert_eq(
+	    tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
+	                 " AND request_bytes_fp IS NOT NULL AND request_bytes_fp <> fingerprint",
+	                 key),
+	    1, "the create stores the fingerprint of its bytes");
 
-	tstack_exec(tstack_db(),
-		    "UPDATE idempotency_keys SET fingerprint = '\\x00' WHERE key = $1", key);
+	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET fingerprint = '\\x00' WHERE key = $1",
+	            key);
 	r = post(&t, key, body);
 	tstack_expect_replay(r, first);
 	http_response_free(r);
@@ -289,8 +283,8 @@ Test(replay, same_bytes_replay_without_the_canonical_comparison_other_bytes_use_
 	 * canonical one: a conflict, so the replay above did not use it. A
 	 * new token, so that the row is read again, not from a worker's
 	 * replay cache. */
-	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET request_bytes_fp = NULL WHERE key = $1",
-		    key);
+	tstack_exec(tstack_db(),
+	            "UPDATE idempotency_keys SET request_bytes_fp = NULL WHERE key = $1", key);
 	tstack_tenant_retoken(&t);
 	r = post(&t, key, body);
 	tstack_expect_problem(r, 409, "/problems/idempotency-key-reused", COLLECTION);
@@ -312,8 +306,8 @@ Test(replay, a_row_without_the_bytes_fingerprint_replays_by_the_canonical_one)
 	tstack_key(key, sizeof(key), "oldrow");
 	first = post(&t, key, "{\"type\":\"x\",\"input\":{\"n\":1}}");
 	id = tstack_expect_created(first, "x", "{\"n\":1}");
-	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET request_bytes_fp = NULL WHERE key = $1",
-		    key);
+	tstack_exec(tstack_db(),
+	            "UPDATE idempotency_keys SET request_bytes_fp = NULL WHERE key = $1", key);
 	r = post(&t, key, "{\"type\":\"x\",\"input\":{\"n\":1}}");
 	tstack_expect_replay(r, first);
 	http_response_free(r);
@@ -343,8 +337,7 @@ static void *racer_run(void *arg)
 	struct racer *rc = arg;
 
 	pthread_barrier_wait(rc->start);
-	rc->resp = http_request("POST", COLLECTION, rc->headers, rc->body,
-				strlen(rc->body));
+	rc->resp = http_request("POST", COLLECTION, rc->headers, rc->body, strlen(rc->body));
 	if (!rc->resp)
 		snprintf(rc->err, sizeof(rc->err), "%s", http_error());
 	return NULL;
@@ -363,16 +356,12 @@ Test(concurrency, twenty_simultaneous_posts_with_one_key_create_one_workflow)
 
 	tstack_tenant_create(&t, "race");
 	tstack_key(key, sizeof(key), "race");
-	const char *headers[] = { t.auth, JSON_CT,
-				  key_header(kh, sizeof(kh), key), NULL };
+	const char *headers[] = { t.auth, JSON_CT, key_header(kh, sizeof(kh), key), NULL };
 
 	cr_assert_eq(pthread_barrier_init(&start, NULL, RACERS), 0);
 	for (int i = 0; i < RACERS; i++) {
-		racers[i] = (struct racer){ .start = &start,
-					    .headers = headers,
-					    .body = body };
-		cr_assert_eq(pthread_create(&threads[i], NULL, racer_run,
-					    &racers[i]), 0);
+		racers[i] = (struct racer){ .start = &start, .headers = headers, .body = body };
+		cr_assert_eq(pthread_create(&threads[i], NULL, racer_run, &racers[i]), 0);
 	}
 	for (int i = 0; i < RACERS; i++)
 		pthread_join(threads[i], NULL);
@@ -383,8 +372,8 @@ Test(concurrency, twenty_simultaneous_posts_with_one_key_create_one_workflow)
 		const char *replayed;
 
 		cr_assert_not_null(r, "request %d: %s", i, racers[i].err);
-		cr_assert_eq(r->status, 201, "request %d: status %d, body %.500s",
-			     i, r->status, r->body);
+		cr_assert_eq(r->status, 201, "request %d: status %d, body %.500s", i, r->status,
+		             r->body);
 		replayed = http_header(r, "Idempotent-Replayed");
 		if (replayed) {
 			cr_assert_str_eq(replayed, "true");
@@ -402,8 +391,7 @@ Test(concurrency, twenty_simultaneous_posts_with_one_key_create_one_workflow)
 			tstack_expect_replay(racers[i].resp, fresh);
 
 	tstack_expect_counts(&t, 1, 1, 1);
-	row = tstack_text("SELECT id::text FROM workflows WHERE tenant_id = $1",
-			  t.id_text);
+	row = tstack_text("SELECT id::text FROM workflows WHERE tenant_id = $1", t.id_text);
 	cr_assert_str_eq(row, id);
 	free(row);
 	free(id);
@@ -436,16 +424,13 @@ Test(in_flight, key_held_past_idempotency_wait_is_409_with_retry_after)
 	tstack_exec(hold, "ROLLBACK");
 	PQfinish(hold);
 
-	tstack_expect_problem(r, 409, "/problems/idempotency-key-in-flight",
-			      COLLECTION);
+	tstack_expect_problem(r, 409, "/problems/idempotency-key-in-flight", COLLECTION);
 	tstack_expect_header(r, "Retry-After", retry_after);
 	/* It waited for the holder, but not much longer than promised. */
 	cr_assert(elapsed >= wait_ms / 1000.0 * 0.9,
-		  "answered after %.3fs, idempotency_wait is %ldms", elapsed,
-		  wait_ms);
-	cr_assert(elapsed < wait_ms / 1000.0 + 5,
-		  "answered after %.3fs, idempotency_wait is %ldms", elapsed,
-		  wait_ms);
+	          "answered after %.3fs, idempotency_wait is %ldms", elapsed, wait_ms);
+	cr_assert(elapsed < wait_ms / 1000.0 + 5, "answered after %.3fs, idempotency_wait is %ldms",
+	          elapsed, wait_ms);
 	http_response_free(r);
 	tstack_expect_counts(&t, 0, 0, 0);
 
@@ -466,8 +451,7 @@ Test(idempotency_key, missing_key_is_400_and_writes_nothing)
 
 	tstack_tenant_create(&t, "nokey");
 	r = post(&t, NULL, MIN_BODY);
-	tstack_expect_problem(r, 400, "/problems/missing-idempotency-key",
-			      COLLECTION);
+	tstack_expect_problem(r, 400, "/problems/missing-idempotency-key", COLLECTION);
 	tstack_expect_counts(&t, 0, 0, 0);
 	http_response_free(r);
 }
@@ -490,8 +474,7 @@ Test(idempotency_key, malformed_keys_are_400_and_write_nothing)
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 		struct http_response *r = post(&t, keys[i], MIN_BODY);
 
-		tstack_expect_problem(r, 400, "/problems/invalid-idempotency-key",
-				      COLLECTION);
+		tstack_expect_problem(r, 400, "/problems/invalid-idempotency-key", COLLECTION);
 		tstack_expect_counts(&t, 0, 0, 0);
 		http_response_free(r);
 	}
@@ -514,9 +497,9 @@ Test(idempotency_key, key_of_255_printable_characters_is_accepted_and_replayed)
 	tstack_expect_replay(again, first);
 	tstack_expect_counts(&t, 1, 1, 1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys"
-				  " WHERE tenant_id = $1 AND key = $2",
-				  t.id_text, key),
-		     1, "the key must be stored byte for byte");
+	                          " WHERE tenant_id = $1 AND key = $2",
+	                          t.id_text, key),
+	             1, "the key must be stored byte for byte");
 	free(id);
 	http_response_free(again);
 	http_response_free(first);
@@ -533,21 +516,17 @@ Test(validation, invalid_bodies_are_rejected_without_consuming_the_key)
 	} cases[] = {
 		{ "{\"type\":", 400, "/problems/invalid-json" },
 		{ "", 400, "/problems/invalid-json" },
-		{ "{\"type\":\"x\",\"input\":{}} trailing", 400,
-		  "/problems/invalid-json" },
+		{ "{\"type\":\"x\",\"input\":{}} trailing", 400, "/problems/invalid-json" },
 		{ "[{\"type\":\"x\",\"input\":{}}]", 400, "/problems/invalid-json" },
 		{ "null", 400, "/problems/invalid-json" },
 		{ "\"x\"", 400, "/problems/invalid-json" },
 		{ "{\"input\":{}}", 422, "/problems/invalid-workflow" },
 		{ "{\"type\":\"\",\"input\":{}}", 422, "/problems/invalid-workflow" },
 		{ "{\"type\":7,\"input\":{}}", 422, "/problems/invalid-workflow" },
-		{ "{\"type\":\"x\",\"input\":[1]}", 422,
-		  "/problems/invalid-workflow" },
-		{ "{\"type\":\"x\",\"input\":\"s\"}", 422,
-		  "/problems/invalid-workflow" },
+		{ "{\"type\":\"x\",\"input\":[1]}", 422, "/problems/invalid-workflow" },
+		{ "{\"type\":\"x\",\"input\":\"s\"}", 422, "/problems/invalid-workflow" },
 		/* json-c would have cut this key to "a". */
-		{ "{\"type\":\"x\",\"input\":{\"a\\u0000b\":1}}", 400,
-		  "/problems/invalid-json" },
+		{ "{\"type\":\"x\",\"input\":{\"a\\u0000b\":1}}", 400, "/problems/invalid-json" },
 	};
 	struct tstack_tenant t;
 	struct http_response *r;
@@ -557,11 +536,9 @@ Test(validation, invalid_bodies_are_rejected_without_consuming_the_key)
 	tstack_key(key, sizeof(key), "invalid");
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		r = post(&t, key, cases[i].body);
-		cr_assert_eq(r->status, cases[i].status,
-			     "body '%s': status %d, want %d; %.500s",
-			     cases[i].body, r->status, cases[i].status, r->body);
-		tstack_expect_problem(r, cases[i].status, cases[i].type,
-				      COLLECTION);
+		cr_assert_eq(r->status, cases[i].status, "body '%s': status %d, want %d; %.500s",
+		             cases[i].body, r->status, cases[i].status, r->body);
+		tstack_expect_problem(r, cases[i].status, cases[i].type, COLLECTION);
 		tstack_expect_counts(&t, 0, 0, 0);
 		http_response_free(r);
 	}
@@ -583,8 +560,7 @@ static char *padded_body(size_t len)
 	cr_assert_not_null(b);
 	cr_assert(len > sizeof(head) + sizeof(tail));
 	memcpy(b, head, sizeof(head) - 1);
-	memset(b + sizeof(head) - 1, 'a', len - (sizeof(head) - 1) -
-					      (sizeof(tail) - 1));
+	memset(b + sizeof(head) - 1, 'a', len - (sizeof(head) - 1) - (sizeof(tail) - 1));
 	memcpy(b + len - (sizeof(tail) - 1), tail, sizeof(tail) - 1);
 	b[len] = '\0';
 	return b;
@@ -631,8 +607,7 @@ Test(validation, body_of_exactly_max_body_bytes_is_accepted)
 Test(validation, content_type_other_than_json_is_415_and_writes_nothing)
 {
 	const char *types[] = { "Content-Type: text/plain",
-				"Content-Type: application/x-www-form-urlencoded",
-				NULL };
+		                "Content-Type: application/x-www-form-urlencoded", NULL };
 	struct tstack_tenant t;
 	char key[128], kh[160];
 
@@ -644,10 +619,8 @@ Test(validation, content_type_other_than_json_is_415_and_writes_nothing)
 		const char *h[] = { t.auth, kh, types[i], NULL };
 		struct http_response *r;
 
-		r = request("POST", COLLECTION, h, MIN_BODY,
-			    strlen(MIN_BODY));
-		tstack_expect_problem(r, 415, "/problems/unsupported-media-type",
-				      COLLECTION);
+		r = request("POST", COLLECTION, h, MIN_BODY, strlen(MIN_BODY));
+		tstack_expect_problem(r, 415, "/problems/unsupported-media-type", COLLECTION);
 		tstack_expect_counts(&t, 0, 0, 0);
 		http_response_free(r);
 	}
@@ -662,8 +635,7 @@ Test(validation, json_content_type_with_charset_parameter_is_accepted)
 	tstack_tenant_create(&t, "charset");
 	tstack_key(key, sizeof(key), "charset");
 	const char *h[] = { t.auth, key_header(kh, sizeof(kh), key),
-			    "Content-Type: application/json; charset=utf-8",
-			    NULL };
+		            "Content-Type: application/json; charset=utf-8", NULL };
 
 	r = request("POST", COLLECTION, h, MIN_BODY, strlen(MIN_BODY));
 	id = tstack_expect_created(r, "x", "{}");
@@ -676,7 +648,7 @@ Test(validation, json_content_type_with_charset_parameter_is_accepted)
 
 /* RFC 6750 section 3.1: a challenge names an error only when a token was
  * presented and rejected. */
-#define CHALLENGE "Bearer realm=\"idemflow\""
+#define CHALLENGE           "Bearer realm=\"idemflow\""
 #define CHALLENGE_BAD_TOKEN CHALLENGE ", error=\"invalid_token\""
 
 /*
@@ -684,21 +656,19 @@ Test(validation, json_content_type_with_charset_parameter_is_accepted)
  * with the given challenge, and nothing is stored under the key (there is
  * no tenant to count by, so the key itself is counted).
  */
-static void expect_unauthorized(const char *auth, const char *key,
-				const char *challenge)
+static void expect_unauthorized(const char *auth, const char *key, const char *challenge)
 {
 	char kh[1024];
-	const char *h[] = { JSON_CT, key_header(kh, sizeof(kh), key), auth,
-			    NULL };
+	const char *h[] = { JSON_CT, key_header(kh, sizeof(kh), key), auth, NULL };
 	struct http_response *r;
 
 	r = request("POST", COLLECTION, h, MIN_BODY, strlen(MIN_BODY));
 	tstack_expect_problem(r, 401, "/problems/unauthorized", COLLECTION);
 	tstack_expect_header(r, "WWW-Authenticate", challenge);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys"
-				  " WHERE key = $1",
-				  key),
-		     0, "a refused request stored its key");
+	                          " WHERE key = $1",
+	                          key),
+	             0, "a refused request stored its key");
 	http_response_free(r);
 }
 
@@ -736,7 +706,7 @@ static struct http_response *send_replay(int i, void *arg)
 {
 	const struct replays *s = arg;
 	char kh[1024];
-	const char *h[] = {s->t->auth, JSON_CT, key_header(kh, sizeof(kh), s->key), NULL};
+	const char *h[] = { s->t->auth, JSON_CT, key_header(kh, sizeof(kh), s->key), NULL };
 
 	(void)i;
 	return http_request("POST", COLLECTION, h, MIN_BODY, strlen(MIN_BODY));
@@ -761,7 +731,7 @@ Test(auth, revoked_token_is_401_even_for_a_replay)
 	struct tstack_tenant t;
 	struct http_response *r;
 	char key[128], fresh[128], *id;
-	struct replays s = {&t, key, NULL};
+	struct replays s = { &t, key, NULL };
 	pid_t sup = tstack_supervisor_pid();
 	const char *log = tstack_env("IDEMFLOW_FCGI_LOG");
 
@@ -780,8 +750,10 @@ Test(auth, revoked_token_is_401_even_for_a_replay)
 	tstack_token_revoke(t.token);
 	double waited = tstack_now() - t0;
 	long ttl = tstack_conf_ms("replay_cache_ttl", 1000);
-	cr_assert_geq(waited * 1000, (double)ttl, "token revoke returned after %.3f s, before "
-		      "replay_cache_ttl (%ld ms) had passed", waited, ttl);
+	cr_assert_geq(waited * 1000, (double)ttl,
+	              "token revoke returned after %.3f s, before "
+	              "replay_cache_ttl (%ld ms) had passed",
+	              waited, ttl);
 	tstack_key(fresh, sizeof(fresh), "revoked");
 	expect_unauthorized(t.auth, fresh, CHALLENGE_BAD_TOKEN);
 	/* The stored response is not handed out without a valid token, by
@@ -819,8 +791,7 @@ Test(routing, post_on_a_workflow_is_405_allowing_get)
 	tstack_key(key, sizeof(key), "postitem");
 	tstack_uuid(uuid);
 	snprintf(path, sizeof(path), COLLECTION "/%s", uuid);
-	const char *h[] = { t.auth, JSON_CT, key_header(kh, sizeof(kh), key),
-			    NULL };
+	const char *h[] = { t.auth, JSON_CT, key_header(kh, sizeof(kh), key), NULL };
 
 	r = request("POST", path, h, MIN_BODY, strlen(MIN_BODY));
 	tstack_expect_problem(r, 405, NULL, path);
@@ -884,14 +855,11 @@ Test(isolation, a_workflow_is_visible_only_to_its_own_tenant)
 	http_response_free(r);
 
 	r = get(&a, path);
-	cr_assert_eq(r->status, 200, "status %d, body %.500s", r->status,
-		     r->body);
+	cr_assert_eq(r->status, 200, "status %d, body %.500s", r->status, r->body);
 	tstack_expect_header(r, "Content-Type", "application/json");
 	/* Same document; GET need not reproduce POST's bytes. */
-	same = tstack_text("SELECT ($1::jsonb = $2::jsonb)::text", r->body,
-			   created->body);
-	cr_assert_str_eq(same, "true", "GET %s, POST %s", r->body,
-			 created->body);
+	same = tstack_text("SELECT ($1::jsonb = $2::jsonb)::text", r->body, created->body);
+	cr_assert_str_eq(same, "true", "GET %s, POST %s", r->body, created->body);
 	free(same);
 	http_response_free(r);
 
@@ -902,8 +870,7 @@ Test(isolation, a_workflow_is_visible_only_to_its_own_tenant)
 	http_response_free(r);
 
 	r = get(&a, COLLECTION "/not-a-uuid");
-	tstack_expect_problem(r, 404, "/problems/not-found",
-			      COLLECTION "/not-a-uuid");
+	tstack_expect_problem(r, 404, "/problems/not-found", COLLECTION "/not-a-uuid");
 	http_response_free(r);
 
 	free(id);
@@ -923,8 +890,7 @@ static void *pending_post_run(void *arg)
 {
 	struct pending_post *p = arg;
 
-	p->resp = http_request("POST", COLLECTION, p->headers, p->body,
-			       strlen(p->body));
+	p->resp = http_request("POST", COLLECTION, p->headers, p->body, strlen(p->body));
 	if (!p->resp)
 		snprintf(p->err, sizeof(p->err), "%s", http_error());
 	return NULL;
@@ -953,27 +919,23 @@ Test(crash, worker_killed_mid_request_is_retried_to_exactly_one_workflow)
 	PGconn *hold;
 
 	cr_assert(tstack_wait_workers(sup, (size_t)workers, 5000),
-		  "supervisor %ld does not have %ld workers", (long)sup,
-		  workers);
+	          "supervisor %ld does not have %ld workers", (long)sup, workers);
 	tstack_tenant_create(&t, "crash");
 	tstack_key(key, sizeof(key), "crash");
-	const char *headers[] = { t.auth, JSON_CT,
-				  key_header(kh, sizeof(kh), key), NULL };
+	const char *headers[] = { t.auth, JSON_CT, key_header(kh, sizeof(kh), key), NULL };
 
 	/* Park a worker inside the request: its insert waits on our row. */
 	hold = tstack_db_connect();
 	tstack_key_hold(hold, &t, key);
 	pending.headers = headers;
 	pending.body = body;
-	cr_assert_eq(pthread_create(&thread, NULL, pending_post_run, &pending),
-		     0);
+	cr_assert_eq(pthread_create(&thread, NULL, pending_post_run, &pending), 0);
 	/* Kill well inside idempotency_wait, or it would answer 409. */
 	victim = tstack_blocked_worker(hold, wait_ms / 2);
 	cr_assert(victim > 0, "no worker blocked on the held key");
 	n = tstack_workers(sup, pids, 64);
 	cr_assert(pid_in(victim, pids, n < 64 ? n : 64),
-		  "blocked session's pid %ld is not a worker of %ld",
-		  (long)victim, (long)sup);
+	          "blocked session's pid %ld is not a worker of %ld", (long)victim, (long)sup);
 	cr_assert_eq(kill(victim, SIGKILL), 0);
 	tstack_exec(hold, "ROLLBACK");
 	PQfinish(hold);
@@ -981,8 +943,7 @@ Test(crash, worker_killed_mid_request_is_retried_to_exactly_one_workflow)
 
 	/* nginx turns the upstream's dying (502) into its 503 problem. */
 	cr_assert_not_null(pending.resp, "killed request: %s", pending.err);
-	tstack_expect_problem(pending.resp, 503, "/problems/unavailable",
-			      COLLECTION);
+	tstack_expect_problem(pending.resp, 503, "/problems/unavailable", COLLECTION);
 	tstack_expect_header(pending.resp, "Retry-After", "1");
 
 	/* The client retries with the same key until it gets its answer. */
@@ -1000,16 +961,15 @@ Test(crash, worker_killed_mid_request_is_retried_to_exactly_one_workflow)
 	cr_assert_not_null(id, "no id in %s", r->body);
 
 	tstack_expect_counts(&t, 1, 1, 1);
-	row = tstack_text("SELECT id::text FROM workflows WHERE tenant_id = $1",
-			  t.id_text);
+	row = tstack_text("SELECT id::text FROM workflows WHERE tenant_id = $1", t.id_text);
 	cr_assert_str_eq(row, id, "the retry must answer with the one workflow");
 
 	/* The supervisor replaced the killed worker. */
 	cr_assert(tstack_wait_workers(sup, (size_t)workers, 5000),
-		  "workers not back to %ld within 5s", workers);
+	          "workers not back to %ld within 5s", workers);
 	n = tstack_workers(sup, pids, 64);
-	cr_assert(!pid_in(victim, pids, n < 64 ? n : 64),
-		  "killed worker %ld still listed", (long)victim);
+	cr_assert(!pid_in(victim, pids, n < 64 ? n : 64), "killed worker %ld still listed",
+	          (long)victim);
 
 	free(row);
 	free(id);
@@ -1045,7 +1005,7 @@ Test(create, a_create_wakes_listening_dispatchers_after_it_commits)
 	PQclear(PQexec(c, "LISTEN idemflow_outbox"));
 	tstack_tenant_create(&t, "notify");
 	tstack_key(key, sizeof(key), "notify");
-	const char *headers[] = {t.auth, JSON_CT, key_header(kh, sizeof(kh), key), NULL};
+	const char *headers[] = { t.auth, JSON_CT, key_header(kh, sizeof(kh), key), NULL };
 	r = request("POST", COLLECTION, headers, MIN_BODY, strlen(MIN_BODY));
 	id = tstack_expect_created(r, "x", "{}");
 	/* Other tests create too: only a notification from the session of
@@ -1055,8 +1015,8 @@ Test(create, a_create_wakes_listening_dispatchers_after_it_commits)
 	http_response_free(r);
 	snprintf(wpid, sizeof(wpid), "%ld", worker);
 	backend = tstack_count("SELECT pid FROM pg_stat_activity"
-			       " WHERE application_name LIKE '%-worker-' || $1",
-			       wpid);
+	                       " WHERE application_name LIKE '%-worker-' || $1",
+	                       wpid);
 	/* The worker notifies on its own after answering, within ~100 ms. */
 	deadline = tstack_now() + 3;
 	while (n == NULL && tstack_now() < deadline) {
@@ -1068,9 +1028,10 @@ Test(create, a_create_wakes_listening_dispatchers_after_it_commits)
 		if (n == NULL)
 			tstack_sleep_ms(20);
 	}
-	cr_assert_not_null(n, "no NOTIFY idemflow_outbox from worker %ld (backend %ld) after a"
-			      " create; %ld from other sessions",
-			   worker, backend, others);
+	cr_assert_not_null(n,
+	                   "no NOTIFY idemflow_outbox from worker %ld (backend %ld) after a"
+	                   " create; %ld from other sessions",
+	                   worker, backend, others);
 	cr_assert_str_eq(n->relname, "idemflow_outbox");
 	/* After the commit: what it announces is there to be read. */
 	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE workflow_id = $1", id), 1);

@@ -54,15 +54,16 @@ static void exec_ok(PGconn *c, const char *sql)
 	ExecStatusType st = PQresultStatus(res);
 
 	cr_assert(st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK, "%s: %s", sql,
-		  PQerrorMessage(c));
+	          PQerrorMessage(c));
 	PQclear(res);
 }
 
 static void session_safe(PGconn *c)
 {
-	exec_ok(c, "SET default_transaction_read_only = off; SET search_path = public;"
-		   " SET bytea_output = 'hex'; SET default_transaction_isolation = 'read committed';"
-		   " SET synchronous_commit = local; SET client_encoding = 'UTF8'");
+	exec_ok(c,
+	        "SET default_transaction_read_only = off; SET search_path = public;"
+	        " SET bytea_output = 'hex'; SET default_transaction_isolation = 'read committed';"
+	        " SET synchronous_commit = local; SET client_encoding = 'UTF8'");
 }
 
 /* ALTER DATABASE <ours> SET name = value (value as SQL text). */
@@ -82,21 +83,21 @@ static void db_set(const char *name, const char *value)
 static void renew_sessions(const char *prefix)
 {
 	char like[128];
-	const char *p[1] = {like};
+	const char *p[1] = { like };
 	double deadline = tstack_now() + 10;
 	PGresult *res;
 
 	snprintf(like, sizeof(like), "%s-worker-%%", prefix);
 	res = PQexecParams(admin,
-			   "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-			   " WHERE application_name LIKE $1",
-			   1, NULL, p, NULL, NULL, 0);
+	                   "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+	                   " WHERE application_name LIKE $1",
+	                   1, NULL, p, NULL, NULL, 0);
 	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(admin));
 	PQclear(res);
 	for (;;) {
-		res = PQexecParams(admin,
-				   "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1",
-				   1, NULL, p, NULL, NULL, 0);
+		res = PQexecParams(
+		    admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1",
+		    1, NULL, p, NULL, NULL, 0);
 		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(admin));
 		long n = atol(PQgetvalue(res, 0, 0));
 		PQclear(res);
@@ -125,18 +126,18 @@ static void teardown(void)
 	PQclear(PQexec(admin, "ALTER SYSTEM RESET synchronous_standby_names"));
 	PQclear(PQexec(admin, "SELECT pg_reload_conf()"));
 	PQclear(PQexec(admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-			      " WHERE application_name LIKE '%-worker-%'"));
+	                      " WHERE application_name LIKE '%-worker-%'"));
 	PQfinish(admin);
 	admin = NULL;
 }
 
 TestSuite(faults, .init = setup, .fini = teardown, .timeout = 120);
 
-static struct http_response *post(const char *sock, const struct tstack_tenant *t,
-				  const char *path, const char *key, const char *body)
+static struct http_response *post(const char *sock, const struct tstack_tenant *t, const char *path,
+                                  const char *key, const char *body)
 {
 	char kh[300];
-	const char *headers[] = {t->auth, JSON_CT, kh, NULL};
+	const char *headers[] = { t->auth, JSON_CT, kh, NULL };
 	struct http_response *r;
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
@@ -150,7 +151,7 @@ static struct http_response *post(const char *sock, const struct tstack_tenant *
 
 static struct http_response *get(const char *sock, const struct tstack_tenant *t, const char *path)
 {
-	const char *headers[] = {t != NULL ? t->auth : NULL, NULL};
+	const char *headers[] = { t != NULL ? t->auth : NULL, NULL };
 	struct http_response *r;
 
 	if (sock != NULL)
@@ -163,7 +164,7 @@ static struct http_response *get(const char *sock, const struct tstack_tenant *t
 
 /* A 503 of the given type, with Retry-After, whose detail holds want. */
 static void expect_503(const struct http_response *r, const char *type, const char *instance,
-		       const char *want)
+                       const char *want)
 {
 	char *detail;
 
@@ -189,7 +190,8 @@ Test(faults, bytea_output_escape_still_replays_honest_retries)
 {
 	const char *body = "{\"type\":\"escape\",\"input\":{\"a\":1,\"b\":[2]}}";
 	const char *same = "{ \"input\": { \"b\": [2], \"a\": 1 }, \"type\": \"escape\" }";
-	const char *steps = "{\"type\":\"escape-steps\",\"steps\":[{\"name\":\"s\",\"job_type\":\"j\"}]}";
+	const char *steps =
+	    "{\"type\":\"escape-steps\",\"steps\":[{\"name\":\"s\",\"job_type\":\"j\"}]}";
 	struct http_response *first, *r;
 	struct tstack_tenant t;
 	char key[128], key2[128];
@@ -232,7 +234,7 @@ static void *race(void *arg)
 {
 	struct racer *r = arg;
 	char kh[300];
-	const char *headers[] = {r->t->auth, JSON_CT, kh, NULL};
+	const char *headers[] = { r->t->auth, JSON_CT, kh, NULL };
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", r->key);
 	r->resp = http_request("POST", COLLECTION, headers, r->body, strlen(r->body));
@@ -251,10 +253,10 @@ static int wait_blocked(PGconn *holder, int want, long timeout_ms)
 	snprintf(backend, sizeof(backend), "%d", PQbackendPID(holder));
 	for (;;) {
 		v = tstack_text("SELECT count(*) || ' ' || coalesce(min(pid), 0)"
-				"  FROM pg_stat_activity"
-				" WHERE $1::int = ANY (pg_blocking_pids(pid))"
-				"   AND application_name LIKE '%-worker-%'",
-				backend);
+		                "  FROM pg_stat_activity"
+		                " WHERE $1::int = ANY (pg_blocking_pids(pid))"
+		                "   AND application_name LIKE '%-worker-%'",
+		                backend);
 		int n = atoi(v), pid = atoi(strchr(v, ' ') + 1);
 		free(v);
 		if (n >= want)
@@ -285,7 +287,7 @@ static void race_one_key(const char *isolation)
 	session_safe(hold);
 	tstack_key_hold(hold, &t, key);
 	for (int i = 0; i < 3; i++) {
-		r[i] = (struct racer){.t = &t, .key = key, .body = body};
+		r[i] = (struct racer){ .t = &t, .key = key, .body = body };
 		cr_assert_eq(pthread_create(&th[i], NULL, race, &r[i]), 0);
 	}
 	wait_blocked(hold, 3, 5000);
@@ -296,7 +298,7 @@ static void race_one_key(const char *isolation)
 	for (int i = 0; i < 3; i++) {
 		cr_assert_not_null(r[i].resp, "racer %d: %s", i, r[i].err);
 		cr_assert_eq(r[i].resp->status, 201, "racer %d got %d: %s", i, r[i].resp->status,
-			     r[i].resp->body);
+		             r[i].resp->body);
 		created += http_header(r[i].resp, "Idempotent-Replayed") == NULL;
 		cr_assert_eq(r[i].resp->body_len, r[0].resp->body_len);
 		cr_assert(memcmp(r[i].resp->body, r[0].resp->body, r[0].resp->body_len) == 0);
@@ -320,18 +322,18 @@ Test(faults, serializable_default_still_converges_concurrent_duplicates)
 Test(faults, hostile_session_defaults_leave_the_api_cli_and_dispatcher_working)
 {
 	static const char *const hostile[][2] = {
-	    {"bytea_output", "'escape'"},
-	    {"default_transaction_isolation", "'serializable'"},
-	    {"DateStyle", "'SQL, DMY'"},
-	    {"IntervalStyle", "'sql_standard'"},
-	    {"TimeZone", "'Asia/Kathmandu'"},
-	    {"extra_float_digits", "-15"},
-	    {"search_path", "'pg_catalog'"},
-	    {"standard_conforming_strings", "off"},
-	    {"client_encoding", "'LATIN1'"},
-	    {"transform_null_equals", "on"},
-	    {"array_nulls", "off"},
-	    {"synchronous_commit", "off"},
+		{ "bytea_output", "'escape'" },
+		{ "default_transaction_isolation", "'serializable'" },
+		{ "DateStyle", "'SQL, DMY'" },
+		{ "IntervalStyle", "'sql_standard'" },
+		{ "TimeZone", "'Asia/Kathmandu'" },
+		{ "extra_float_digits", "-15" },
+		{ "search_path", "'pg_catalog'" },
+		{ "standard_conforming_strings", "off" },
+		{ "client_encoding", "'LATIN1'" },
+		{ "transform_null_equals", "on" },
+		{ "array_nulls", "off" },
+		{ "synchronous_commit", "off" },
 	};
 	const char *body = "{\"type\":\"hostile\",\"input\":{\"s\":\"caf\xc3\xa9\"}}";
 	struct http_response *first, *r;
@@ -345,12 +347,14 @@ Test(faults, hostile_session_defaults_leave_the_api_cli_and_dispatcher_working)
 	/* The CLI: a tenant, a TTL, and the list that prints both in the
 	 * documented form (ISO time in UTC, postgres-style interval). */
 	tstack_tenant_create(&t, "hostile");
-	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "90m", NULL), 0, "%s",
-		     tstack_cli_stderr());
+	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "90m", NULL), 0,
+	             "%s", tstack_cli_stderr());
 	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "list", NULL), 0, "%s",
-		     tstack_cli_stderr());
-	snprintf(line, sizeof(line), "(^|\n)%ld\t%s\t[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:"
-		 "[0-9]{2}(\\.[0-9]+)?\\+00\t01:30:00(\n|$)", t.id, t.name);
+	             tstack_cli_stderr());
+	snprintf(line, sizeof(line),
+	         "(^|\n)%ld\t%s\t[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:"
+	         "[0-9]{2}(\\.[0-9]+)?\\+00\t01:30:00(\n|$)",
+	         t.id, t.name);
 	tstack_expect_match(out, line, "tenant list");
 
 	/* The API: a create, its replays, a read, a keyed command. */
@@ -367,7 +371,7 @@ Test(faults, hostile_session_defaults_leave_the_api_cli_and_dispatcher_working)
 	cr_assert_eq(r->status, 200, "%d %s", r->status, r->body);
 	cr_assert(strstr(r->body, "\"s\":\"caf\xc3\xa9\"") != NULL, "%s", r->body);
 	tstack_expect_match(r->body, "\"created_at\":\"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z\"",
-			    "created_at");
+	                    "created_at");
 	http_response_free(r);
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", id);
 	tstack_key(key, sizeof(key), "hostile-cancel");
@@ -382,21 +386,28 @@ Test(faults, hostile_session_defaults_leave_the_api_cli_and_dispatcher_working)
 
 	/* The dispatcher delivers the tenant's event and records it. */
 	snprintf(file, sizeof(file), "%s/faults-%ld.events", tstack_env("IDEMFLOW_STACK_DIR"),
-		 (long)getpid());
+	         (long)getpid());
 	snprintf(cmd, sizeof(cmd), "cat >> '%s'; echo >> '%s'", file, file);
-	const char *argv[] = {tstack_env("IDEMFLOW_DISPATCH"), "--db", tstack_env("DATABASE_URL"),
-			      "--once", "--sink", "exec", "--exec", cmd, NULL};
+	const char *argv[] = { tstack_env("IDEMFLOW_DISPATCH"),
+		               "--db",
+		               tstack_env("DATABASE_URL"),
+		               "--once",
+		               "--sink",
+		               "exec",
+		               "--exec",
+		               cmd,
+		               NULL };
 	snprintf(path, sizeof(path), "%s/faults-%ld.dispatch.log", tstack_env("IDEMFLOW_STACK_DIR"),
-		 (long)getpid());
+	         (long)getpid());
 	pid_t pid = tstack_spawn(argv, path);
 	int status;
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "dispatch status 0x%x (see %s)",
-		  status, path);
+	          status, path);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-				  " AND published_at IS NULL",
-				  t.id_text),
-		     0);
+	                          " AND published_at IS NULL",
+	                          t.id_text),
+	             0);
 	cr_assert_eq(tenant_rows(&t, "outbox"), 2); /* created, cancelled */
 	free(id);
 }
@@ -438,8 +449,8 @@ Test(faults, read_only_database_is_503_not_ready_and_each_worker_reconnects)
 	 * read-only at most once more, then the same request creates. */
 	{
 		char sql[256];
-		snprintf(sql, sizeof(sql), "ALTER DATABASE \"%s\" RESET default_transaction_read_only",
-			 PQdb(admin));
+		snprintf(sql, sizeof(sql),
+		         "ALTER DATABASE \"%s\" RESET default_transaction_read_only", PQdb(admin));
 		exec_ok(admin, sql);
 	}
 	for (tries = 0; tries <= workers; tries++) {
@@ -489,8 +500,8 @@ static PGconn *sync_rep_on(void)
 		cr_assert(PQsendQuery(probe, "CREATE TEMP TABLE faults_probe (x int)"));
 		for (int i = 0; i < 50; i++) {
 			if (tstack_count("SELECT count(*) FROM pg_stat_activity"
-					 " WHERE pid = $1::int AND wait_event = 'SyncRep'",
-					 pid) == 1)
+			                 " WHERE pid = $1::int AND wait_event = 'SyncRep'",
+			                 pid) == 1)
 				return probe;
 			tstack_sleep_ms(20);
 		}
@@ -502,7 +513,7 @@ static PGconn *sync_rep_on(void)
 /* Undo sync_rep_on(): the probe's commit returns once it is off. */
 static void sync_rep_off(PGconn *probe)
 {
-	struct pollfd pfd = {.fd = PQsocket(probe), .events = POLLIN};
+	struct pollfd pfd = { .fd = PQsocket(probe), .events = POLLIN };
 	double deadline = tstack_now() + 15;
 	PGresult *res;
 
@@ -529,7 +540,7 @@ static void *pending_run(void *arg)
 {
 	struct pending *p = arg;
 	char kh[300];
-	const char *headers[] = {p->t->auth, JSON_CT, kh, NULL};
+	const char *headers[] = { p->t->auth, JSON_CT, kh, NULL };
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", p->key);
 	p->resp = http_request("POST", COLLECTION, headers, p->body, strlen(p->body));
@@ -548,17 +559,18 @@ static char *worker_waiting(const char *query)
 
 	for (;;) {
 		v = tstack_text("SELECT min(pid)::text FROM pg_stat_activity"
-				" WHERE wait_event = 'SyncRep' AND query LIKE $1"
-				"   AND application_name LIKE 'idemflow-worker-%'",
-				query);
+		                " WHERE wait_event = 'SyncRep' AND query LIKE $1"
+		                "   AND application_name LIKE 'idemflow-worker-%'",
+		                query);
 		if (v != NULL)
 			return v;
 		if (tstack_now() >= deadline) {
-			v = tstack_text("SELECT string_agg(pid || ' ' || coalesce(wait_event, '-') || ' '"
-					" || left(query, 40), '; ') FROM pg_stat_activity"
-					" WHERE application_name LIKE 'idemflow-worker-%'");
-			cr_assert_fail("no worker's \"%s\" waits for the standby; workers: %s", query,
-				       v ? v : "none");
+			v = tstack_text(
+			    "SELECT string_agg(pid || ' ' || coalesce(wait_event, '-') || ' '"
+			    " || left(query, 40), '; ') FROM pg_stat_activity"
+			    " WHERE application_name LIKE 'idemflow-worker-%'");
+			cr_assert_fail("no worker's \"%s\" waits for the standby; workers: %s",
+			               query, v ? v : "none");
 		}
 		tstack_sleep_ms(10);
 	}
@@ -567,9 +579,9 @@ static char *worker_waiting(const char *query)
 /* POST body under key, end the worker's session while its commit (in the
  * statement like query) waits for the standby, and return the answer. */
 static struct http_response *lose_at_commit(const struct tstack_tenant *t, const char *key,
-					    const char *body, const char *query)
+                                            const char *body, const char *query)
 {
-	struct pending p = {.t = t, .key = key, .body = body};
+	struct pending p = { .t = t, .key = key, .body = body };
 	pthread_t th;
 	char *pid;
 
@@ -585,7 +597,8 @@ static struct http_response *lose_at_commit(const struct tstack_tenant *t, const
 Test(faults, connection_lost_after_commit_is_outcome_unknown_and_the_retry_replays)
 {
 	const char *plain = "{\"type\":\"lost\",\"input\":{\"p\":1}}";
-	const char *steps = "{\"type\":\"lost-steps\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}";
+	const char *steps =
+	    "{\"type\":\"lost-steps\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}";
 	struct http_response *r1, *r2, *again;
 	struct tstack_tenant t;
 	char k1[128], k2[128];
@@ -621,9 +634,9 @@ Test(faults, connection_lost_after_commit_is_outcome_unknown_and_the_retry_repla
 
 /* A worker waiting on a held key has its session ended. */
 static struct http_response *lose_while_waiting(const struct tstack_tenant *t, const char *key,
-						const char *body)
+                                                const char *body)
 {
-	struct pending p = {.t = t, .key = key, .body = body};
+	struct pending p = { .t = t, .key = key, .body = body };
 	char pid[24];
 	pthread_t th;
 	PGconn *hold = tstack_db_connect();
@@ -643,7 +656,8 @@ static struct http_response *lose_while_waiting(const struct tstack_tenant *t, c
 Test(faults, connection_lost_before_commit_says_what_is_known)
 {
 	const char *plain = "{\"type\":\"cut\",\"input\":{}}";
-	const char *steps = "{\"type\":\"cut-steps\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}";
+	const char *steps =
+	    "{\"type\":\"cut-steps\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}";
 	struct http_response *r;
 	struct tstack_tenant t;
 	char k1[128], k2[128];
@@ -688,12 +702,23 @@ Test(faults, a_multi_host_conninfo_follows_the_writable_server_with_bounded_back
 	/* The first host refuses connections, the second is the server; no
 	 * target_session_attrs: several hosts get read-write by default. */
 	snprintf(db, sizeof(db), "host=127.0.0.1,%s port=1,%s dbname=%s user=%s",
-		 tstack_env("PGHOST"), tstack_env("PGPORT"), tstack_env("PGDATABASE"),
-		 tstack_env("PGUSER"));
+	         tstack_env("PGHOST"), tstack_env("PGPORT"), tstack_env("PGDATABASE"),
+	         tstack_env("PGUSER"));
 	tstack_pool_paths(&p, "failover");
-	const char *argv[] = {tstack_env("IDEMFLOW_FCGI"), "--config", tstack_env("IDEMFLOW_CONF"),
-			      "--db", db, "--listen", p.sock, "--pid_file", p.pidfile,
-			      "--workers", "2", "--application_name", "faults", NULL};
+	const char *argv[] = { tstack_env("IDEMFLOW_FCGI"),
+		               "--config",
+		               tstack_env("IDEMFLOW_CONF"),
+		               "--db",
+		               db,
+		               "--listen",
+		               p.sock,
+		               "--pid_file",
+		               p.pidfile,
+		               "--workers",
+		               "2",
+		               "--application_name",
+		               "faults",
+		               NULL };
 	tstack_pool_run(&p, argv, 10000);
 	cr_assert(tstack_wait_workers(p.pid, 2, 5000));
 	nb = tstack_workers(p.pid, before, 8);
@@ -721,7 +746,7 @@ Test(faults, a_multi_host_conninfo_follows_the_writable_server_with_bounded_back
 	/* "Promote": the same pool finds the writable server by itself,
 	 * within the back-off's cap (1.6 s) and a connect. */
 	snprintf(sql, sizeof(sql), "ALTER DATABASE \"%s\" RESET default_transaction_read_only",
-		 PQdb(admin));
+	         PQdb(admin));
 	exec_ok(admin, sql);
 	double t0 = tstack_now(), waited;
 	for (;;) {
@@ -772,9 +797,16 @@ Test(faults, a_key_ttl_shorter_than_the_waits_is_refused_at_start_and_on_reload)
 
 	tstack_pool_paths(&p, "ttl");
 	/* At start: exit 78, naming the setting. */
-	const char *bad[] = {tstack_env("IDEMFLOW_FCGI"), "--config", tstack_env("IDEMFLOW_CONF"),
-			     "--listen", p.sock, "--pid_file", p.pidfile,
-			     "--idempotency_ttl", "9s", NULL};
+	const char *bad[] = { tstack_env("IDEMFLOW_FCGI"),
+		              "--config",
+		              tstack_env("IDEMFLOW_CONF"),
+		              "--listen",
+		              p.sock,
+		              "--pid_file",
+		              p.pidfile,
+		              "--idempotency_ttl",
+		              "9s",
+		              NULL };
 	pid_t pid = tstack_spawn(bad, p.log);
 	double deadline = tstack_now() + 10;
 	while (waitpid(pid, &status, WNOHANG) == 0) {
@@ -790,14 +822,15 @@ Test(faults, a_key_ttl_shorter_than_the_waits_is_refused_at_start_and_on_reload)
 
 	/* On reload: the old configuration stays. */
 	snprintf(conf, sizeof(conf), "%s/ttl%ld.conf", tstack_env("IDEMFLOW_STACK_DIR"),
-		 (long)getpid());
+	         (long)getpid());
 	f = fopen(conf, "w");
 	cr_assert_not_null(f);
-	fprintf(f, "db = %s\nlisten = %s\npid_file = %s\nworkers = 1\nidempotency_wait = 1s\n"
-		   "idempotency_ttl = 1h\n",
-		tstack_env("DATABASE_URL"), p.sock, p.pidfile);
+	fprintf(f,
+	        "db = %s\nlisten = %s\npid_file = %s\nworkers = 1\nidempotency_wait = 1s\n"
+	        "idempotency_ttl = 1h\n",
+	        tstack_env("DATABASE_URL"), p.sock, p.pidfile);
 	fclose(f);
-	const char *good[] = {tstack_env("IDEMFLOW_FCGI"), "--config", conf, NULL};
+	const char *good[] = { tstack_env("IDEMFLOW_FCGI"), "--config", conf, NULL };
 	tstack_pool_run(&p, good, 10000);
 	f = fopen(conf, "a");
 	cr_assert_not_null(f);
@@ -817,8 +850,8 @@ Test(faults, a_key_ttl_shorter_than_the_waits_is_refused_at_start_and_on_reload)
 	http_response_free(r);
 	/* The key lives for the old configuration's hour. */
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
-				  " AND expires_at - created_at = interval '1 hour'",
-				  t.id_text),
-		     1);
+	                          " AND expires_at - created_at = interval '1 hour'",
+	                          t.id_text),
+	             1);
 	tstack_pool_kill(&p, SIGTERM);
 }

@@ -66,7 +66,7 @@ static struct http_response *post_key(const struct tstack_tenant *t, const char 
 	struct http_response *r;
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-	const char *h[] = {t->auth, JSON_CT, kh, NULL};
+	const char *h[] = { t->auth, JSON_CT, kh, NULL };
 	r = http_request("POST", COLLECTION, h, body, len);
 	cr_assert_not_null(r, "POST: %s", http_error());
 	return r;
@@ -157,7 +157,7 @@ static double nginx_seconds(const char *directive)
  * finished (http.h sends whole requests only). */
 static int tcp_open(void)
 {
-	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *ai;
 	int fd, rc;
 
 	rc = getaddrinfo(tstack_env("IDEMFLOW_HOST"), tstack_env("IDEMFLOW_PORT"), &hints, &ai);
@@ -185,7 +185,7 @@ static double wait_closed(int fd, double t0, double limit, size_t *got)
 	*got = 0;
 	for (;;) {
 		double left = t0 + limit - tstack_now();
-		struct pollfd p = {.fd = fd, .events = POLLIN};
+		struct pollfd p = { .fd = fd, .events = POLLIN };
 		if (left <= 0)
 			return -1;
 		if (poll(&p, 1, (int)(left * 1000) + 1) <= 0)
@@ -250,7 +250,7 @@ Test(hostile, ten_megabyte_bodies_are_refused_by_nginx_before_any_worker)
 	/* 1.5 MiB passes nginx (2 MiB) and meets the app's max_body with a
 	 * bad token: the worker answers 401 without reading the body, and
 	 * nginx still delivers that answer (not a 502 turned into 503). */
-	const char *bad[] = {"Authorization: Bearer idf_nobody", JSON_CT, kh, NULL};
+	const char *bad[] = { "Authorization: Bearer idf_nobody", JSON_CT, kh, NULL };
 	r = http_request("POST", COLLECTION, bad, body, (size_t)1536 * 1024);
 	cr_assert_not_null(r, "%s", http_error());
 	tstack_expect_problem(r, 401, "/problems/unauthorized", COLLECTION);
@@ -409,7 +409,7 @@ Test(hostile, trickling_clients_hold_no_worker)
 	pool_snapshot(&pool);
 	tstack_tenant_create(&t, "trickle");
 	for (int i = 0; i < SLOW; i++) {
-		tr[i] = (struct trickle){.fd = tcp_open()};
+		tr[i] = (struct trickle){ .fd = tcp_open() };
 		cr_assert_eq(pthread_create(&th[i], NULL, trickle_run, &tr[i]), 0);
 	}
 	tstack_sleep_ms(500);
@@ -485,23 +485,23 @@ Test(hostile, invalid_utf8_nul_bytes_and_control_characters_are_400)
 		const char *body;
 		size_t len; /* 0: strlen */
 	} cases[] = {
-	    {"0xFF", "{\"type\":\"x\",\"input\":{\"a\":\"\xff\"}}", 0},
-	    {"cut sequence", "{\"type\":\"x\",\"input\":{\"a\":\"\xe2\x82\"}}", 0},
-	    {"overlong /", "{\"type\":\"x\",\"input\":{\"a\":\"\xc0\xaf\"}}", 0},
-	    {"encoded surrogate", "{\"type\":\"x\",\"input\":{\"a\":\"\xed\xa0\x80\"}}", 0},
-	    {"above U+10FFFF", "{\"type\":\"x\",\"input\":{\"a\":\"\xf4\x90\x80\x80\"}}", 0},
-	    {"bad key", "{\"type\":\"x\",\"input\":{\"\xc3\x28\":1}}", 0},
-	    {"bad type", "{\"type\":\"\xe0\x80\x80\",\"input\":{}}", 0},
-	    {"raw NUL in a value", "{\"type\":\"x\",\"input\":{\"a\":\"b\0c\"}}", 30},
-	    {"raw NUL in a key", "{\"type\":\"x\",\"input\":{\"a\0b\":1}}", 28},
-	    {"raw NUL after the body", "{\"type\":\"x\",\"input\":{}}\0", 24},
-	    {"\\u0000 in a value", "{\"type\":\"x\",\"input\":{\"a\":\"b\\u0000c\"}}", 0},
-	    {"\\u0000 in a key", "{\"type\":\"x\",\"input\":{\"a\\u0000b\":1}}", 0},
-	    {"\\u0000 in type", "{\"type\":\"x\\u0000\",\"input\":{}}", 0},
-	    {"lone surrogate", "{\"type\":\"x\",\"input\":{\"a\":\"\\udc00\"}}", 0},
-	    {"raw control", "{\"type\":\"x\",\"input\":{\"a\":\"\x01\"}}", 0},
-	    {"NaN", "{\"type\":\"x\",\"input\":{\"a\":NaN}}", 0},
-	    {"-01", "{\"type\":\"x\",\"input\":{\"a\":-01}}", 0},
+		{ "0xFF", "{\"type\":\"x\",\"input\":{\"a\":\"\xff\"}}", 0 },
+		{ "cut sequence", "{\"type\":\"x\",\"input\":{\"a\":\"\xe2\x82\"}}", 0 },
+		{ "overlong /", "{\"type\":\"x\",\"input\":{\"a\":\"\xc0\xaf\"}}", 0 },
+		{ "encoded surrogate", "{\"type\":\"x\",\"input\":{\"a\":\"\xed\xa0\x80\"}}", 0 },
+		{ "above U+10FFFF", "{\"type\":\"x\",\"input\":{\"a\":\"\xf4\x90\x80\x80\"}}", 0 },
+		{ "bad key", "{\"type\":\"x\",\"input\":{\"\xc3\x28\":1}}", 0 },
+		{ "bad type", "{\"type\":\"\xe0\x80\x80\",\"input\":{}}", 0 },
+		{ "raw NUL in a value", "{\"type\":\"x\",\"input\":{\"a\":\"b\0c\"}}", 30 },
+		{ "raw NUL in a key", "{\"type\":\"x\",\"input\":{\"a\0b\":1}}", 28 },
+		{ "raw NUL after the body", "{\"type\":\"x\",\"input\":{}}\0", 24 },
+		{ "\\u0000 in a value", "{\"type\":\"x\",\"input\":{\"a\":\"b\\u0000c\"}}", 0 },
+		{ "\\u0000 in a key", "{\"type\":\"x\",\"input\":{\"a\\u0000b\":1}}", 0 },
+		{ "\\u0000 in type", "{\"type\":\"x\\u0000\",\"input\":{}}", 0 },
+		{ "lone surrogate", "{\"type\":\"x\",\"input\":{\"a\":\"\\udc00\"}}", 0 },
+		{ "raw control", "{\"type\":\"x\",\"input\":{\"a\":\"\x01\"}}", 0 },
+		{ "NaN", "{\"type\":\"x\",\"input\":{\"a\":NaN}}", 0 },
+		{ "-01", "{\"type\":\"x\",\"input\":{\"a\":-01}}", 0 },
 	};
 	struct tstack_tenant t;
 	struct pool pool;
@@ -537,10 +537,10 @@ Test(hostile, duplicate_keys_last_wins_consistently_with_the_fingerprint)
 	struct http_response *first, *r;
 	char key[128], *id;
 	const char *same[] = {
-	    "{\"type\":\"x\",\"input\":{\"a\":2}}",
-	    "{\"type\":\"x\",\"input\":{\"a\":2,\"a\":2}}",
-	    "{\"type\":\"y\",\"type\":\"x\",\"input\":{\"a\":2}}",
-	    "{\"type\":\"x\",\"input\":{\"a\":7},\"input\":{\"a\":1,\"a\":2}}",
+		"{\"type\":\"x\",\"input\":{\"a\":2}}",
+		"{\"type\":\"x\",\"input\":{\"a\":2,\"a\":2}}",
+		"{\"type\":\"y\",\"type\":\"x\",\"input\":{\"a\":2}}",
+		"{\"type\":\"x\",\"input\":{\"a\":7},\"input\":{\"a\":1,\"a\":2}}",
 	};
 
 	pool_snapshot(&pool);
@@ -573,7 +573,7 @@ Test(hostile, duplicate_keys_last_wins_consistently_with_the_fingerprint)
 static void expect_get_input(const struct tstack_tenant *t, const char *id, const char *input)
 {
 	char path[80], *want;
-	const char *h[] = {t->auth, NULL};
+	const char *h[] = { t->auth, NULL };
 	struct http_response *r;
 
 	snprintf(path, sizeof(path), COLLECTION "/%s", id);
@@ -601,13 +601,14 @@ Test(hostile, huge_numbers_are_doubles_or_refused_and_read_back_as_sent)
 		const char *canonical; /* stored and echoed */
 		const char *same;      /* another text of the same request */
 	} ok[] = {
-	    {"{\"n\":18446744073709551615}", "{\"n\":18446744073709551615}", NULL},
-	    {"{\"n\":-9223372036854775808}", "{\"n\":-9223372036854775808}", NULL},
-	    {"{\"n\":18446744073709551616}", "{\"n\":18446744073709551616}",
-	     "{\"n\":18446744073709551617}"},
-	    {"{\"n\":1e20}", "{\"n\":100000000000000000000}", "{\"n\":100000000000000000000}"},
-	    {NULL /* 300 nines */, "{\"n\":1e+300}", "{\"n\":1e300}"},
-	    {"{\"n\":1e-400}", "{\"n\":0}", "{\"n\":0}"},
+		{ "{\"n\":18446744073709551615}", "{\"n\":18446744073709551615}", NULL },
+		{ "{\"n\":-9223372036854775808}", "{\"n\":-9223372036854775808}", NULL },
+		{ "{\"n\":18446744073709551616}", "{\"n\":18446744073709551616}",
+		  "{\"n\":18446744073709551617}" },
+		{ "{\"n\":1e20}", "{\"n\":100000000000000000000}",
+		  "{\"n\":100000000000000000000}" },
+		{ NULL /* 300 nines */, "{\"n\":1e+300}", "{\"n\":1e300}" },
+		{ "{\"n\":1e-400}", "{\"n\":0}", "{\"n\":0}" },
 	};
 	char nines[512], big[600];
 	struct tstack_tenant t;
@@ -644,7 +645,7 @@ Test(hostile, huge_numbers_are_doubles_or_refused_and_read_back_as_sent)
 	memset(nines, '9', 400);
 	nines[400] = '\0';
 	snprintf(big, sizeof(big), "{\"n\":%s}", nines);
-	const char *refused[] = {"{\"n\":1e400}", "{\"n\":-1e400}", big};
+	const char *refused[] = { "{\"n\":1e400}", "{\"n\":-1e400}", big };
 	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
 		char *body = body_with_input(refused[i], &len), *detail;
 		struct http_response *r = post(&t, body, len);
@@ -737,25 +738,25 @@ Test(hostile, abusive_idempotency_keys_are_400_and_store_nothing)
 		size_t len;       /* 0: strlen */
 		const char *type; /* the app's, or nginx's bad-request */
 	} cases[] = {
-	    {long_key, 0, "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: has space\r\n"), "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: tab\there\r\n"), "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: ctl\x01key\r\n"), "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: esc\x1bkey\r\n"), "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: del\x7fkey\r\n"), "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: caf\xc3\xa9\r\n"), "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key:\r\n"), "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: one\r\nIdempotency-Key: two\r\n"),
-	     "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: same\r\nIdempotency-Key: same\r\n"),
-	     "/problems/invalid-idempotency-key"},
-	    {LINES("Idempotency-Key: a\r\nidempotency-key: a\r\nIDEMPOTENCY-KEY: a\r\n"),
-	     "/problems/invalid-idempotency-key"},
-	    /* nginx refuses these before any worker sees them. */
-	    {LINES("Idempotency-Key: nul\0key\r\n"), "/problems/bad-request"},
-	    {LINES("Idempotency-Key: cr\rkey\r\n"), "/problems/bad-request"},
-	    {LINES("Idempotency-Key: folded\r\n continued\r\n"), "/problems/bad-request"},
-	    {huge_key, 0, "/problems/bad-request"},
+		{ long_key, 0, "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: has space\r\n"), "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: tab\there\r\n"), "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: ctl\x01key\r\n"), "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: esc\x1bkey\r\n"), "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: del\x7fkey\r\n"), "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: caf\xc3\xa9\r\n"), "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key:\r\n"), "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: one\r\nIdempotency-Key: two\r\n"),
+		  "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: same\r\nIdempotency-Key: same\r\n"),
+		  "/problems/invalid-idempotency-key" },
+		{ LINES("Idempotency-Key: a\r\nidempotency-key: a\r\nIDEMPOTENCY-KEY: a\r\n"),
+		  "/problems/invalid-idempotency-key" },
+		/* nginx refuses these before any worker sees them. */
+		{ LINES("Idempotency-Key: nul\0key\r\n"), "/problems/bad-request" },
+		{ LINES("Idempotency-Key: cr\rkey\r\n"), "/problems/bad-request" },
+		{ LINES("Idempotency-Key: folded\r\n continued\r\n"), "/problems/bad-request" },
+		{ huge_key, 0, "/problems/bad-request" },
 	};
 	struct tstack_tenant t;
 	struct pool pool;
@@ -836,7 +837,7 @@ Test(hostile, header_injection_attempts_inject_nothing)
 	http_response_free(r);
 
 	/* Encoded CR LF in the path: decoded by nginx, never written raw. */
-	const char *h[] = {t.auth, NULL};
+	const char *h[] = { t.auth, NULL };
 	r = http_request("GET", "/v1/x%0d%0aX-Injected:%20yes%0d%0a%0d%0a<html>", h, NULL, 0);
 	cr_assert_not_null(r, "%s", http_error());
 	tstack_expect_problem(r, 404, "/problems/not-found",
@@ -899,7 +900,7 @@ Test(hostile, a_request_line_over_8k_is_nginx_s_414_as_problem_json)
 	tstack_tenant_create(&t, "longuri");
 	memcpy(path, COLLECTION "/", sizeof(COLLECTION));
 	memset(path + sizeof(COLLECTION), 'a', sizeof(path) - sizeof(COLLECTION) - 1);
-	const char *h[] = {t.auth, NULL};
+	const char *h[] = { t.auth, NULL };
 	r = http_request("GET", path, h, NULL, 0);
 	tstack_expect_problem(r, 414, "/problems/uri-too-long", "");
 	http_response_free(r);

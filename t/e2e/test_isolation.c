@@ -60,7 +60,7 @@ static char *make_workflow(const struct tstack_tenant *t)
 
 	tstack_key(key, sizeof(key), "iso-make");
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-	const char *h[] = {t->auth, JSON_CT, kh, NULL};
+	const char *h[] = { t->auth, JSON_CT, kh, NULL };
 	r = http_request("POST", "/v1/workflows", h, body, strlen(body));
 	cr_assert_not_null(r, "%s", http_error());
 	id = workflow_id(r);
@@ -87,8 +87,8 @@ static char *workflow_state(const struct tstack_tenant *t)
 static char *make_running(const struct tstack_tenant *t)
 {
 	static const char body[] = "{\"type\":\"iso-run\",\"input\":{\"secret\":\"owner-only\"},"
-				   "\"steps\":[{\"name\":\"a\",\"job_type\":\"iso\"},"
-				   "{\"name\":\"b\",\"wait_for\":\"go\"}]}";
+	                           "\"steps\":[{\"name\":\"a\",\"job_type\":\"iso\"},"
+	                           "{\"name\":\"b\",\"wait_for\":\"go\"}]}";
 	static const char act[] = "{\"job_type\":\"iso\",\"worker\":\"iso-w\"}";
 	char key[128], kh[160];
 	struct http_response *r;
@@ -96,7 +96,7 @@ static char *make_running(const struct tstack_tenant *t)
 
 	tstack_key(key, sizeof(key), "iso-run");
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-	const char *h[] = {t->auth, JSON_CT, kh, NULL};
+	const char *h[] = { t->auth, JSON_CT, kh, NULL };
 	r = http_request("POST", "/v1/workflows", h, body, strlen(body));
 	cr_assert_not_null(r, "%s", http_error());
 	id = workflow_id(r);
@@ -114,13 +114,14 @@ static char *run_state(const struct tstack_tenant *t)
 {
 	char *w = workflow_state(t), *j, *out;
 
-	j = tstack_text("SELECT coalesce(string_agg(x, '|' ORDER BY x), '') FROM ("
-			"  SELECT concat_ws(',', workflow_id, step, state, worker, due_at,"
-			"                   activations, retries, output, error) AS x"
-			"    FROM jobs WHERE tenant_id = $1"
-			"  UNION ALL SELECT concat_ws(',', message_id, workflow_id, step) FROM messages"
-			"   WHERE tenant_id = $1) s",
-			t->id_text);
+	j = tstack_text(
+	    "SELECT coalesce(string_agg(x, '|' ORDER BY x), '') FROM ("
+	    "  SELECT concat_ws(',', workflow_id, step, state, worker, due_at,"
+	    "                   activations, retries, output, error) AS x"
+	    "    FROM jobs WHERE tenant_id = $1"
+	    "  UNION ALL SELECT concat_ws(',', message_id, workflow_id, step) FROM messages"
+	    "   WHERE tenant_id = $1) s",
+	    t->id_text);
 	cr_assert(asprintf(&out, "%s#%s", w, j) > 0);
 	free(w);
 	free(j);
@@ -130,21 +131,21 @@ static char *run_state(const struct tstack_tenant *t)
 /* --- The routes -------------------------------------------------------- */
 
 static const struct iso_route routes[] = {
-    {"POST /v1/workflows", ISO_CREATE, "POST", "/v1/workflows",
-     "{\"type\":\"iso\",\"input\":{\"n\":1}}", workflow_id, NULL, workflow_state},
-    {"GET /v1/workflows/{id}", ISO_ITEM, "GET", "/v1/workflows/{id}", NULL, NULL, make_workflow,
-     workflow_state},
-    {"GET /v1/workflows/{id}/events", ISO_ITEM, "GET", "/v1/workflows/{id}/events", NULL, NULL,
-     make_running, run_state},
-    {"POST /v1/workflows/{id}/transitions", ISO_ITEM, "POST", "/v1/workflows/{id}/transitions",
-     "{\"to\":\"cancelled\"}", NULL, make_running, run_state},
-    {"POST /v1/workflows/{id}/messages", ISO_ITEM, "POST", "/v1/workflows/{id}/messages",
-     "{\"message_id\":\"iso-m\",\"name\":\"go\"}", NULL, make_running, run_state},
-    {"POST /v1/jobs/{key}/complete", ISO_ITEM, "POST", "/v1/jobs/{id}.s1/complete",
-     "{\"worker\":\"iso-w\",\"output\":{}}", NULL, make_running, run_state},
-    {"POST /v1/jobs/{key}/fail", ISO_ITEM, "POST", "/v1/jobs/{id}.s1/fail",
-     "{\"worker\":\"iso-w\",\"error\":\"x\"}", NULL, make_running, run_state},
-    {"GET /v1/workflows", ISO_LIST, "GET", "/v1/workflows", NULL, NULL, make_running, NULL},
+	{ "POST /v1/workflows", ISO_CREATE, "POST", "/v1/workflows",
+	  "{\"type\":\"iso\",\"input\":{\"n\":1}}", workflow_id, NULL, workflow_state },
+	{ "GET /v1/workflows/{id}", ISO_ITEM, "GET", "/v1/workflows/{id}", NULL, NULL,
+	  make_workflow, workflow_state },
+	{ "GET /v1/workflows/{id}/events", ISO_ITEM, "GET", "/v1/workflows/{id}/events", NULL, NULL,
+	  make_running, run_state },
+	{ "POST /v1/workflows/{id}/transitions", ISO_ITEM, "POST", "/v1/workflows/{id}/transitions",
+	  "{\"to\":\"cancelled\"}", NULL, make_running, run_state },
+	{ "POST /v1/workflows/{id}/messages", ISO_ITEM, "POST", "/v1/workflows/{id}/messages",
+	  "{\"message_id\":\"iso-m\",\"name\":\"go\"}", NULL, make_running, run_state },
+	{ "POST /v1/jobs/{key}/complete", ISO_ITEM, "POST", "/v1/jobs/{id}.s1/complete",
+	  "{\"worker\":\"iso-w\",\"output\":{}}", NULL, make_running, run_state },
+	{ "POST /v1/jobs/{key}/fail", ISO_ITEM, "POST", "/v1/jobs/{id}.s1/fail",
+	  "{\"worker\":\"iso-w\",\"error\":\"x\"}", NULL, make_running, run_state },
+	{ "GET /v1/workflows", ISO_LIST, "GET", "/v1/workflows", NULL, NULL, make_running, NULL },
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -167,7 +168,7 @@ static struct http_response *send_as(const struct iso_route *rt, const struct ts
                                      const char *path, const char *key, const char *body)
 {
 	char kh[160];
-	const char *h[4] = {t->auth, NULL, NULL, NULL};
+	const char *h[4] = { t->auth, NULL, NULL, NULL };
 	struct http_response *r;
 	size_t n = 1;
 
@@ -193,7 +194,7 @@ static char *owner_state(const struct iso_route *rt, const struct tstack_tenant 
 static void expect_same_problem(const struct http_response *a, const char *apath,
                                 const struct http_response *b, const char *bpath, const char *what)
 {
-	static const char *fields[] = {"{type}", "{title}", "{status}", "{detail}"};
+	static const char *fields[] = { "{type}", "{title}", "{status}", "{detail}" };
 
 	tstack_expect_problem(a, b->status, NULL, apath);
 	tstack_expect_problem(b, b->status, NULL, bpath);

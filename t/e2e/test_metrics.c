@@ -36,9 +36,9 @@
 #include "tstack.h"
 #include "twait.h"
 
-#define COLLECTION "/v1/workflows"
-#define JSON_CT "Content-Type: application/json"
-#define WORKERS 4
+#define COLLECTION  "/v1/workflows"
+#define JSON_CT     "Content-Type: application/json"
+#define WORKERS     4
 #define MAX_WORKERS 64
 
 TestSuite(metrics, .timeout = 120);
@@ -63,8 +63,8 @@ static void own_stop(void)
 /* A path in the harness's directory, unique to this test process. */
 static void stack_path(char *out, size_t size, const char *name)
 {
-	int n = snprintf(out, size, "%s/m%ld-%s", tstack_env("IDEMFLOW_STACK_DIR"),
-			 (long)getpid(), name);
+	int n = snprintf(out, size, "%s/m%ld-%s", tstack_env("IDEMFLOW_STACK_DIR"), (long)getpid(),
+	                 name);
 
 	cr_assert(n > 0 && (size_t)n < size, "path too long: %s", out);
 }
@@ -93,7 +93,7 @@ static void own_start(const char *const *overrides, long workers)
 	argv[argc] = NULL;
 	tstack_pool_run(&own, argv, 10000);
 	cr_assert(tstack_wait_workers(own.pid, (size_t)workers, 10000),
-		  "idemflow-fcgi does not have %ld workers; see %s", workers, own.log);
+	          "idemflow-fcgi does not have %ld workers; see %s", workers, own.log);
 }
 
 /*
@@ -121,22 +121,22 @@ static void own_database(void)
 
 /* --- Requests ------------------------------------------------------------- */
 
-static struct http_response *fcgi(const char *method, const char *path,
-				  const char *const *headers, const char *body)
+static struct http_response *fcgi(const char *method, const char *path, const char *const *headers,
+                                  const char *body)
 {
 	struct http_response *r =
-		http_fcgi_request(own.sock, method, path, headers, body, body ? strlen(body) : 0);
+	    http_fcgi_request(own.sock, method, path, headers, body, body ? strlen(body) : 0);
 
 	cr_assert_not_null(r, "%s %s: %s", method, path, http_error());
 	return r;
 }
 
 /* POST /v1/workflows as t, with a key unless NULL; asserts the status. */
-static struct http_response *post(const struct tstack_tenant *t, const char *key,
-				  const char *body, int status)
+static struct http_response *post(const struct tstack_tenant *t, const char *key, const char *body,
+                                  int status)
 {
 	char kh[512];
-	const char *h[] = {t->auth, JSON_CT, NULL, NULL};
+	const char *h[] = { t->auth, JSON_CT, NULL, NULL };
 	struct http_response *r;
 
 	if (key) {
@@ -145,17 +145,17 @@ static struct http_response *post(const struct tstack_tenant *t, const char *key
 	}
 	r = fcgi("POST", COLLECTION, h, body);
 	cr_assert_eq(r->status, status, "POST %s: %d, want %d: %.300s", key ? key : "(no key)",
-		     r->status, status, r->body);
+	             r->status, status, r->body);
 	return r;
 }
 
 static void expect_status(const char *method, const char *path, const char *const *headers,
-			  int status)
+                          int status)
 {
 	struct http_response *r = fcgi(method, path, headers, NULL);
 
 	cr_assert_eq(r->status, status, "%s %s: %d, want %d: %.300s", method, path, r->status,
-		     status, r->body);
+	             status, r->body);
 	http_response_free(r);
 }
 
@@ -228,8 +228,8 @@ static void *racer_run(void *arg)
 {
 	struct racer *r = arg;
 
-	r->resp = http_fcgi_request(own.sock, "POST", COLLECTION, r->headers, BODY_A,
-				    strlen(BODY_A));
+	r->resp =
+	    http_fcgi_request(own.sock, "POST", COLLECTION, r->headers, BODY_A, strlen(BODY_A));
 	if (!r->resp)
 		snprintf(r->err, sizeof(r->err), "%s", http_error());
 	return NULL;
@@ -246,7 +246,7 @@ static void in_flight_on_n_workers(const struct tstack_tenant *t, int n, long wa
 	struct racer racers[MAX_WORKERS];
 	pthread_t threads[MAX_WORKERS];
 	char key[128], kh[256], holder[24];
-	const char *h[] = {t->auth, JSON_CT, kh, NULL};
+	const char *h[] = { t->auth, JSON_CT, kh, NULL };
 	PGconn *hold;
 	double deadline;
 	long blocked = 0;
@@ -258,27 +258,27 @@ static void in_flight_on_n_workers(const struct tstack_tenant *t, int n, long wa
 	tstack_key_hold(hold, t, key);
 	snprintf(holder, sizeof(holder), "%d", PQbackendPID(hold));
 	for (int i = 0; i < n; i++) {
-		racers[i] = (struct racer){.headers = h};
+		racers[i] = (struct racer){ .headers = h };
 		cr_assert_eq(pthread_create(&threads[i], NULL, racer_run, &racers[i]), 0);
 	}
 	deadline = tstack_now() + (double)wait_ms * 0.8 / 1000;
 	while (blocked < n && tstack_now() < deadline) {
 		tstack_sleep_ms(20);
 		blocked = tstack_count("SELECT count(*) FROM pg_stat_activity"
-				       " WHERE $1::int = ANY (pg_blocking_pids(pid))"
-				       "   AND application_name LIKE '%-worker-%'",
-				       holder);
+		                       " WHERE $1::int = ANY (pg_blocking_pids(pid))"
+		                       "   AND application_name LIKE '%-worker-%'",
+		                       holder);
 	}
 	for (int i = 0; i < n; i++)
 		pthread_join(threads[i], NULL);
 	tstack_exec(hold, "ROLLBACK");
 	PQfinish(hold);
 	cr_assert_eq(blocked, n, "%ld workers were blocked on the held key at once, want %d",
-		     blocked, n);
+	             blocked, n);
 	for (int i = 0; i < n; i++) {
 		cr_assert_not_null(racers[i].resp, "racer %d: %s", i, racers[i].err);
 		tstack_expect_problem(racers[i].resp, 409, "/problems/idempotency-key-in-flight",
-				      COLLECTION);
+		                      COLLECTION);
 		http_response_free(racers[i].resp);
 	}
 }
@@ -287,17 +287,17 @@ static void in_flight_on_n_workers(const struct tstack_tenant *t, int n, long wa
 
 Test(metrics, every_outcome_is_counted_exactly_across_four_workers, .fini = own_stop)
 {
-	static const char *const opts[] = {"--workers", "4", "--idempotency-wait", "3s", NULL};
+	static const char *const opts[] = { "--workers", "4", "--idempotency-wait", "3s", NULL };
 	struct tstack_tenant t;
 	struct http_response *r;
 	char key[128], path[256], uuid[37], *id, *before, *after;
-	const char *bad_auth[] = {"Authorization: Bearer idf_not_a_token", JSON_CT, NULL};
-	const char *no_auth[] = {NULL};
+	const char *bad_auth[] = { "Authorization: Bearer idf_not_a_token", JSON_CT, NULL };
+	const char *no_auth[] = { NULL };
 
 	own_database();
 	own_start(opts, WORKERS);
 	tstack_tenant_create(&t, "metrics");
-	const char *auth[] = {t.auth, NULL};
+	const char *auth[] = { t.auth, NULL };
 	before = scrape();
 
 	/* One key: created, replayed twice, reused for another body. */
@@ -318,7 +318,7 @@ Test(metrics, every_outcome_is_counted_exactly_across_four_workers, .fini = own_
 	http_response_free(post(&t, key, "{\"type\":", 400));
 	{
 		char kh[256];
-		const char *h[] = {bad_auth[0], JSON_CT, kh, NULL};
+		const char *h[] = { bad_auth[0], JSON_CT, kh, NULL };
 		snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
 		r = fcgi("POST", COLLECTION, h, BODY_A);
 		cr_assert_eq(r->status, 401);
@@ -336,41 +336,52 @@ Test(metrics, every_outcome_is_counted_exactly_across_four_workers, .fini = own_
 	expect_status("GET", COLLECTION "/a/b", auth, 404);
 	after = scrape();
 
-	expect_delta(before, after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"201\"}", 3);
-	expect_delta(before, after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"409\"}", 5);
-	expect_delta(before, after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"400\"}", 2);
-	expect_delta(before, after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"401\"}", 1);
 	expect_delta(before, after,
-		     "idemflow_requests_total{route=\"/v1/workflows/{id}\",status=\"200\"}", 1);
+	             "idemflow_requests_total{route=\"/v1/workflows\",status=\"201\"}", 3);
 	expect_delta(before, after,
-		     "idemflow_requests_total{route=\"/v1/workflows/{id}\",status=\"404\"}", 1);
-	expect_delta(before, after, "idemflow_requests_total{route=\"/healthz\",status=\"204\"}", 1);
-	expect_delta(before, after, "idemflow_requests_total{route=\"/healthz\",status=\"405\"}", 1);
+	             "idemflow_requests_total{route=\"/v1/workflows\",status=\"409\"}", 5);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"/v1/workflows\",status=\"400\"}", 2);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"/v1/workflows\",status=\"401\"}", 1);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"/v1/workflows/{id}\",status=\"200\"}", 1);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"/v1/workflows/{id}\",status=\"404\"}", 1);
+	expect_delta(before, after, "idemflow_requests_total{route=\"/healthz\",status=\"204\"}",
+	             1);
+	expect_delta(before, after, "idemflow_requests_total{route=\"/healthz\",status=\"405\"}",
+	             1);
 	expect_delta(before, after, "idemflow_requests_total{route=\"other\",status=\"404\"}", 2);
 	/* The first scrape is counted once its answer is ready: by the second. */
-	expect_delta(before, after, "idemflow_requests_total{route=\"/metrics\",status=\"200\"}", 1);
+	expect_delta(before, after, "idemflow_requests_total{route=\"/metrics\",status=\"200\"}",
+	             1);
 
-	expect_delta(before, after, "idemflow_idempotency_created_total{route=\"/v1/workflows\"}", 1);
-	expect_delta(before, after, "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}", 2);
-	expect_delta(before, after,
-		     "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"mismatch\"}",
-		     1);
-	expect_delta(before, after,
-		     "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"in_flight\"}",
-		     WORKERS);
+	expect_delta(before, after, "idemflow_idempotency_created_total{route=\"/v1/workflows\"}",
+	             1);
+	expect_delta(before, after, "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}",
+	             2);
+	expect_delta(
+	    before, after,
+	    "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"mismatch\"}", 1);
+	expect_delta(
+	    before, after,
+	    "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"in_flight\"}",
+	    WORKERS);
 
 	/* The histogram saw all 11 creates; the 4 that waited out the 3 s
 	 * idempotency_wait are above the 1 s bucket, the 7 others in it. */
 	expect_delta(before, after,
-		     "idemflow_request_duration_seconds_count{route=\"/v1/workflows\"}", 11);
+	             "idemflow_request_duration_seconds_count{route=\"/v1/workflows\"}", 11);
+	expect_delta(
+	    before, after,
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"+Inf\"}", 11);
 	expect_delta(before, after,
-		     "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"+Inf\"}",
-		     11);
-	expect_delta(before, after,
-		     "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"1\"}", 7);
+	             "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"1\"}",
+	             7);
 	double waited =
-		sample(after, "idemflow_request_duration_seconds_sum{route=\"/v1/workflows\"}") -
-		sample(before, "idemflow_request_duration_seconds_sum{route=\"/v1/workflows\"}");
+	    sample(after, "idemflow_request_duration_seconds_sum{route=\"/v1/workflows\"}") -
+	    sample(before, "idemflow_request_duration_seconds_sum{route=\"/v1/workflows\"}");
 	cr_assert(waited >= 4 * 3.0, "duration sum grew by %f s, want at least 12", waited);
 
 	cr_assert_eq(sample(after, "idemflow_workers"), WORKERS);
@@ -387,8 +398,10 @@ Test(metrics, every_outcome_is_counted_exactly_across_four_workers, .fini = own_
 	tstack_key(key, sizeof(key), "second");
 	r = post(&t, key, BODY_B, 201);
 	http_response_free(r);
-	tstack_exec(tstack_db(), "UPDATE outbox SET created_at = now() - interval '600 seconds'"
-				 " WHERE workflow_id = $1", id);
+	tstack_exec(tstack_db(),
+	            "UPDATE outbox SET created_at = now() - interval '600 seconds'"
+	            " WHERE workflow_id = $1",
+	            id);
 	tstack_exec(tstack_db(), "UPDATE outbox SET dead_at = now() WHERE workflow_id <> $1", id);
 	after = scrape();
 	cr_assert_eq(sample(after, "idemflow_outbox_pending"), 1);
@@ -401,7 +414,7 @@ Test(metrics, every_outcome_is_counted_exactly_across_four_workers, .fini = own_
 
 Test(metrics, totals_survive_every_worker_killed_with_sigkill, .fini = own_stop)
 {
-	static const char *const opts[] = {"--workers", "4", "--idempotency-wait", "2s", NULL};
+	static const char *const opts[] = { "--workers", "4", "--idempotency-wait", "2s", NULL };
 	pid_t old[MAX_WORKERS], cur[MAX_WORKERS];
 	struct tstack_tenant t;
 	char key[128], *before, *after;
@@ -421,7 +434,7 @@ Test(metrics, totals_survive_every_worker_killed_with_sigkill, .fini = own_stop)
 	cr_assert_eq(nold, WORKERS);
 	for (size_t i = 0; i < nold; i++)
 		cr_assert_eq(kill(old[i], SIGKILL), 0, "kill %ld: %s", (long)old[i],
-			     strerror(errno));
+		             strerror(errno));
 	/* Young deaths in a row: the respawns back off (up to 2 s here). */
 	deadline = tstack_now() + 20;
 	for (;;) {
@@ -434,25 +447,32 @@ Test(metrics, totals_survive_every_worker_killed_with_sigkill, .fini = own_stop)
 		if (replaced && ncur == WORKERS)
 			break;
 		cr_assert(tstack_now() < deadline, "workers not replaced within 20s; see %s",
-			  own.log);
+		          own.log);
 		tstack_sleep_ms(50);
 	}
 	after = scrape();
 
-	expect_delta(before, after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"409\"}", 0);
-	expect_delta(before, after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"201\"}", 0);
-	cr_assert_eq(counter(after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"409\"}"),
-		     WORKERS);
-	cr_assert_eq(counter(after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"201\"}"),
-		     2);
-	cr_assert_eq(counter(after,
-			     "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"in_flight\"}"),
-		     WORKERS);
-	cr_assert_eq(counter(after, "idemflow_idempotency_created_total{route=\"/v1/workflows\"}"), 1);
-	cr_assert_eq(counter(after, "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}"), 1);
-	cr_assert_eq(counter(after, "idemflow_request_duration_seconds_count{route=\"/v1/workflows\"}"),
-		     WORKERS + 2);
-	expect_delta(before, after, "idemflow_requests_total{route=\"/metrics\",status=\"200\"}", 1);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"/v1/workflows\",status=\"409\"}", 0);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"/v1/workflows\",status=\"201\"}", 0);
+	cr_assert_eq(
+	    counter(after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"409\"}"),
+	    WORKERS);
+	cr_assert_eq(
+	    counter(after, "idemflow_requests_total{route=\"/v1/workflows\",status=\"201\"}"), 2);
+	cr_assert_eq(counter(after, "idemflow_idempotency_conflicts_total{route=\"/v1/"
+	                            "workflows\",reason=\"in_flight\"}"),
+	             WORKERS);
+	cr_assert_eq(counter(after, "idemflow_idempotency_created_total{route=\"/v1/workflows\"}"),
+	             1);
+	cr_assert_eq(counter(after, "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}"),
+	             1);
+	cr_assert_eq(
+	    counter(after, "idemflow_request_duration_seconds_count{route=\"/v1/workflows\"}"),
+	    WORKERS + 2);
+	expect_delta(before, after, "idemflow_requests_total{route=\"/metrics\",status=\"200\"}",
+	             1);
 	expect_delta(before, after, "idemflow_worker_restarts_total", WORKERS);
 	cr_assert_eq(sample(after, "idemflow_workers"), WORKERS);
 
@@ -460,7 +480,8 @@ Test(metrics, totals_survive_every_worker_killed_with_sigkill, .fini = own_stop)
 	http_response_free(post(&t, key, BODY_A, 201));
 	free(after);
 	after = scrape();
-	cr_assert_eq(counter(after, "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}"), 2);
+	cr_assert_eq(counter(after, "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}"),
+	             2);
 	free(before);
 	free(after);
 }
@@ -470,29 +491,31 @@ Test(metrics, totals_survive_every_worker_killed_with_sigkill, .fini = own_stop)
 Test(metrics, refused_outside_the_allowlist_without_the_metrics_token, .fini = own_stop)
 {
 	char token[40], bearer[64], hex[17];
-	const char *opts[] = {"--workers", "1", "--metrics-allow", "10.0.0.0/8, fd00::/8",
-			      "--metrics-token", token, NULL};
+	const char *opts[] = {
+		"--workers", "1", "--metrics-allow", "10.0.0.0/8, fd00::/8", "--metrics-token",
+		token,       NULL
+	};
 	struct tstack_tenant t;
 	struct http_response *r;
-	const char *none[] = {NULL};
-	const char *wrong[] = {"Authorization: Bearer idf_metrics_wrong", NULL};
-	const char *with_token[] = {bearer, NULL};
+	const char *none[] = { NULL };
+	const char *wrong[] = { "Authorization: Bearer idf_metrics_wrong", NULL };
+	const char *with_token[] = { bearer, NULL };
 
 	tstack_random_hex(hex, 8);
 	snprintf(token, sizeof(token), "m_%s", hex);
 	snprintf(bearer, sizeof(bearer), "Authorization: Bearer %s", token);
 	own_start(opts, 1);
 	tstack_tenant_create(&t, "scraper");
-	const char *tenant[] = {t.auth, NULL};
+	const char *tenant[] = { t.auth, NULL };
 
 	/* 127.0.0.1 is not in the list: no token, a tenant's token, a wrong
 	 * token are all refused. */
-	const char *const *refused[] = {none, tenant, wrong};
+	const char *const *refused[] = { none, tenant, wrong };
 	for (size_t i = 0; i < 3; i++) {
 		r = fcgi("GET", "/metrics", refused[i], NULL);
 		tstack_expect_problem(r, 403, "/problems/forbidden", "/metrics");
 		cr_assert_null(strstr(r->body, "idemflow_"), "a refusal leaked metrics: %s",
-			       r->body);
+		               r->body);
 		http_response_free(r);
 	}
 	/* Not even the method is revealed to a stranger. */
@@ -510,18 +533,19 @@ Test(metrics, refused_outside_the_allowlist_without_the_metrics_token, .fini = o
 	tstack_expect_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
 	cr_assert_eq(sample(r->body, "idemflow_workers"), 1);
 	cr_assert_eq(counter(r->body, "idemflow_requests_total{route=\"/metrics\",status=\"403\"}"),
-		     4);
+	             4);
 	cr_assert_eq(counter(r->body, "idemflow_requests_total{route=\"/metrics\",status=\"405\"}"),
-		     1);
+	             1);
 	http_response_free(r);
 }
 
 Test(metrics, a_bad_allowlist_stops_the_server_at_start_with_exit_78)
 {
 	char log[512];
-	const char *argv[] = {tstack_env("IDEMFLOW_FCGI"), "--config", tstack_env("IDEMFLOW_CONF"),
-			      "--listen", "/nonexistent/never.sock", "--metrics-allow",
-			      "127.0.0.1,localhost", NULL};
+	const char *argv[] = { tstack_env("IDEMFLOW_FCGI"), "--config",
+		               tstack_env("IDEMFLOW_CONF"), "--listen",
+		               "/nonexistent/never.sock",   "--metrics-allow",
+		               "127.0.0.1,localhost",       NULL };
 	int status;
 	FILE *f;
 	char text[4096] = "";
@@ -531,14 +555,15 @@ Test(metrics, a_bad_allowlist_stops_the_server_at_start_with_exit_78)
 	pid_t pid = tstack_spawn(argv, log);
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 78, "status 0x%x, want exit 78",
-		  status);
+	          status);
 	f = fopen(log, "r");
 	cr_assert_not_null(f);
 	n = fread(text, 1, sizeof(text) - 1, f);
 	text[n] = '\0';
 	fclose(f);
-	cr_assert_not_null(strstr(text, "metrics_allow: \\\"localhost\\\" is not an IPv4 or IPv6 address"),
-			   "the error must name the key and the entry: %s", text);
+	cr_assert_not_null(
+	    strstr(text, "metrics_allow: \\\"localhost\\\" is not an IPv4 or IPv6 address"),
+	    "the error must name the key and the entry: %s", text);
 }
 
 /* On nginx's metrics listener (the site itself passes no client address:
@@ -611,25 +636,26 @@ static struct json_object *json_line(const char *text, const char *request_id)
 	return found;
 }
 
-static void expect_json(struct json_object *o, const char *name, json_type type,
-			const char *text)
+static void expect_json(struct json_object *o, const char *name, json_type type, const char *text)
 {
 	struct json_object *v;
 
 	cr_assert(json_object_object_get_ex(o, name, &v), "no \"%s\" in %s", name,
-		  json_object_to_json_string(o));
+	          json_object_to_json_string(o));
 	cr_assert_eq(json_object_get_type(v), type, "\"%s\" has the wrong type in %s", name,
-		     json_object_to_json_string(o));
+	             json_object_to_json_string(o));
 	if (text)
 		cr_assert_str_eq(json_object_get_string(v), text, "\"%s\" in %s", name,
-				 json_object_to_json_string(o));
+		                 json_object_to_json_string(o));
 }
 
 Test(logs, json_request_line_has_route_outcome_and_key_fingerprint_never_key_or_token,
      .fini = own_stop)
 {
 	char logfile[512], key[128], fp[13], tenant[24];
-	const char *opts[] = {"--workers", "1", "--log-format", "json", "--log-file", logfile, NULL};
+	const char *opts[] = {
+		"--workers", "1", "--log-format", "json", "--log-file", logfile, NULL
+	};
 	struct tstack_tenant t;
 	struct http_response *r;
 	struct json_object *o;
@@ -684,7 +710,7 @@ static size_t reopened_pids(const char *text, long *pids, size_t max)
 Test(logs, sigusr1_reopens_the_log_in_the_supervisor_and_every_worker, .fini = own_stop)
 {
 	char logfile[512], rotated[600], key[128], fp[13], want[64];
-	const char *opts[] = {"--workers", "4", "--log-file", logfile, NULL};
+	const char *opts[] = { "--workers", "4", "--log-file", logfile, NULL };
 	pid_t workers[MAX_WORKERS];
 	long pids[16];
 	struct tstack_tenant t;
@@ -707,8 +733,8 @@ Test(logs, sigusr1_reopens_the_log_in_the_supervisor_and_every_worker, .fini = o
 	deadline = tstack_now() + 5;
 	while (n < 1 + WORKERS) {
 		cr_assert(tstack_now() < deadline,
-			  "%zu of %d processes reopened the log within 5s: %s", n, 1 + WORKERS,
-			  text ? text : "(no new file)");
+		          "%zu of %d processes reopened the log within 5s: %s", n, 1 + WORKERS,
+		          text ? text : "(no new file)");
 		tstack_sleep_ms(50);
 		free(text);
 		text = access(logfile, F_OK) == 0 ? file_read(logfile) : NULL;
@@ -733,7 +759,7 @@ Test(logs, sigusr1_reopens_the_log_in_the_supervisor_and_every_worker, .fini = o
 	key_fp(fp, key);
 	snprintf(want, sizeof(want), "key_fp=%s", fp);
 	cr_assert_not_null(strstr(text, http_header(r, "X-Request-Id")),
-			   "the request's line is not in the new file: %s", text);
+	                   "the request's line is not in the new file: %s", text);
 	cr_assert_not_null(strstr(text, want), "no %s in the new file: %s", want, text);
 	cr_assert_not_null(strstr(text, " route=/v1/workflows "), "no route in: %s", text);
 	free(text);
@@ -761,13 +787,13 @@ static void expect_same_answer(const struct http_response *r, const struct http_
 		cr_assert_str_eq(r->headers[i].name, want->headers[i].name);
 		if (strcasecmp(r->headers[i].name, "X-Request-Id") != 0)
 			cr_assert_str_eq(r->headers[i].value, want->headers[i].value, "%s",
-					 r->headers[i].name);
+			                 r->headers[i].name);
 	}
 	cr_assert_eq(r->body_len, want->body_len);
 	cr_assert_eq(memcmp(r->body, want->body, r->body_len), 0, "%s vs %s", r->body, want->body);
 }
 
-#define HITS "idemflow_replay_cache_hits_total"
+#define HITS    "idemflow_replay_cache_hits_total"
 #define REPLAYS "idemflow_idempotency_replays_total{route=\"/v1/workflows\"}"
 
 /*
@@ -780,8 +806,8 @@ static void expect_same_answer(const struct http_response *r, const struct http_
 Test(replay_cache, retries_with_the_same_token_are_answered_from_memory, .fini = own_stop)
 {
 	char logfile[512], key[128], *before, *after, *text;
-	const char *opts[] = {"--workers", "1", "--replay-cache-ttl", "60s", "--log-file", logfile,
-			      NULL};
+	const char *opts[] = { "--workers", "1", "--replay-cache-ttl", "60s", "--log-file",
+		               logfile,     NULL };
 	struct tstack_tenant t;
 	struct http_response *first, *replay, *r;
 
@@ -815,7 +841,7 @@ Test(replay_cache, retries_with_the_same_token_are_answered_from_memory, .fini =
 	after = scrape();
 	expect_delta(before, after, HITS, 1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1", t.id_text),
-		     1);
+	             1);
 
 	text = file_read(logfile);
 	cr_assert_eq(occurrences(text, " cache=hit"), 6, "request lines with cache=hit:\n%s", text);
@@ -829,7 +855,7 @@ Test(replay_cache, retries_with_the_same_token_are_answered_from_memory, .fini =
 /* replay_cache_ttl = 0: every replay asks the database. */
 Test(replay_cache, a_ttl_of_zero_turns_it_off, .fini = own_stop)
 {
-	const char *opts[] = {"--workers", "1", "--replay-cache-ttl", "0", NULL};
+	const char *opts[] = { "--workers", "1", "--replay-cache-ttl", "0", NULL };
 	struct tstack_tenant t;
 	char key[128], *before, *after;
 
@@ -854,7 +880,7 @@ Test(replay_cache, a_ttl_of_zero_turns_it_off, .fini = own_stop)
  */
 Test(replay_cache, an_entry_ends_when_its_key_expires, .fini = own_stop)
 {
-	const char *opts[] = {"--workers", "1", "--replay-cache-ttl", "60s", NULL};
+	const char *opts[] = { "--workers", "1", "--replay-cache-ttl", "60s", NULL };
 	struct tstack_tenant t;
 	struct http_response *first, *r;
 	char key[128], out[256], *before, *after;
@@ -882,7 +908,7 @@ Test(replay_cache, an_entry_ends_when_its_key_expires, .fini = own_stop)
 	cr_assert_null(http_header(r, "Idempotent-Replayed"), "the expired key was replayed");
 	cr_assert_str_neq(r->body, first->body, "the expired key kept its first workflow");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1", t.id_text),
-		     2);
+	             2);
 	http_response_free(r);
 	http_response_free(first);
 	free(before);
@@ -895,9 +921,19 @@ Test(replay_cache, an_entry_ends_when_its_key_expires, .fini = own_stop)
 static int dispatch(const char *textfile, const char *db, const char *exec, const char *attempts)
 {
 	char log[512];
-	const char *argv[] = {tstack_env("IDEMFLOW_DISPATCH"), "--db", db, "--once", "--sink",
-			      "exec", "--exec", exec, "--max-attempts", attempts, "--textfile",
-			      textfile, NULL};
+	const char *argv[] = { tstack_env("IDEMFLOW_DISPATCH"),
+		               "--db",
+		               db,
+		               "--once",
+		               "--sink",
+		               "exec",
+		               "--exec",
+		               exec,
+		               "--max-attempts",
+		               attempts,
+		               "--textfile",
+		               textfile,
+		               NULL };
 	int status;
 	pid_t pid;
 
@@ -925,7 +961,7 @@ Test(textfile, each_run_writes_its_counters_for_the_node_exporter, .fini = own_s
 	double now = (double)time(NULL);
 
 	own_database();
-	own_start((const char *const[]){"--workers", "1", NULL}, 1);
+	own_start((const char *const[]){ "--workers", "1", NULL }, 1);
 	tstack_tenant_create(&t, "textfile");
 	stack_path(textfile, sizeof(textfile), "dispatch.prom");
 
@@ -942,7 +978,7 @@ Test(textfile, each_run_writes_its_counters_for_the_node_exporter, .fini = own_s
 	cr_assert_eq(sample(text, "idemflow_dispatch_outbox_oldest_pending_age_seconds"), 0);
 	double ts = sample(text, "idemflow_dispatch_last_run_timestamp_seconds");
 	cr_assert(ts >= now - 1 && ts <= (double)time(NULL) + 1, "timestamp %f, started %f", ts,
-		  now);
+	          now);
 	cr_assert(sample(text, "idemflow_dispatch_last_run_duration_seconds") >= 0);
 	cr_assert_not_null(strstr(text, "# TYPE idemflow_dispatch_last_run_published gauge\n"));
 	free(text);
@@ -966,9 +1002,8 @@ Test(textfile, each_run_writes_its_counters_for_the_node_exporter, .fini = own_s
 
 	/* A run that cannot reach the database says so, and claims nothing
 	 * about the outbox. */
-	cr_assert_eq(dispatch(textfile, "host=/nonexistent dbname=x connect_timeout=1", "exit 0",
-			      "8"),
-		     75);
+	cr_assert_eq(
+	    dispatch(textfile, "host=/nonexistent dbname=x connect_timeout=1", "exit 0", "8"), 75);
 	text = file_read(textfile);
 	cr_assert_eq(sample(text, "idemflow_dispatch_last_run_success"), 0);
 	cr_assert_null(strstr(text, "idemflow_dispatch_outbox_pending"), "%s", text);
@@ -978,6 +1013,6 @@ Test(textfile, each_run_writes_its_counters_for_the_node_exporter, .fini = own_s
 	snprintf(stray, sizeof(stray), "%s.*.tmp", textfile);
 	glob_t g;
 	cr_assert_eq(glob(stray, 0, NULL, &g), GLOB_NOMATCH, "a temporary textfile was left: %s",
-		     g.gl_pathc ? g.gl_pathv[0] : "?");
+	             g.gl_pathc ? g.gl_pathv[0] : "?");
 	globfree(&g);
 }

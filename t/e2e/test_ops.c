@@ -39,17 +39,16 @@ TestSuite(readyz, .timeout = 120);
 
 /* POST /v1/workflows with key and body; on any thread (no assertions). */
 static struct http_response *post_raw(const struct tstack_tenant *t, const char *key,
-				      const char *body)
+                                      const char *body)
 {
 	char kh[300];
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-	const char *headers[] = {t->auth, JSON_CT, kh, NULL};
+	const char *headers[] = { t->auth, JSON_CT, kh, NULL };
 	return http_request("POST", "/v1/workflows", headers, body, strlen(body));
 }
 
-static struct http_response *post(const struct tstack_tenant *t, const char *key,
-				  const char *body)
+static struct http_response *post(const struct tstack_tenant *t, const char *key, const char *body)
 {
 	struct http_response *r = post_raw(t, key, body);
 
@@ -97,11 +96,11 @@ static struct prune_report prune_run(const char *flag, const char *value)
 	else
 		cli_ok(out, "prune");
 	n = sscanf(out, "prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%lf",
-		   &p.keys, &p.key_stats, &p.events, &p.statements, &secs);
+	           &p.keys, &p.key_stats, &p.events, &p.statements, &secs);
 	cr_assert_eq(n, 5, "unexpected prune report: \"%s\"", out);
 	batch = flag != NULL && strcmp(flag, "--prune-batch") == 0
-		    ? atoi(value)
-		    : (int)tstack_conf_long("prune_batch", 1000);
+	            ? atoi(value)
+	            : (int)tstack_conf_long("prune_batch", 1000);
 	cr_assert_eq(p.statements, prune_statements(&p, batch), "batches of %d: %s", batch, out);
 	return p;
 }
@@ -120,7 +119,7 @@ static void forget_keys(const struct tstack_tenant *t)
 {
 	tstack_exec(tstack_db(), "DELETE FROM idempotency_keys WHERE tenant_id = $1", t->id_text);
 	tstack_exec(tstack_db(), "DELETE FROM idempotency_key_stats WHERE tenant_id = $1",
-		    t->id_text);
+	            t->id_text);
 }
 
 /* --- Prune ------------------------------------------------------------- */
@@ -159,8 +158,8 @@ static void *traffic_run(void *arg)
 				tr->created++;
 		} else {
 			if (tr->other++ == 0)
-				snprintf(tr->other_what, sizeof(tr->other_what), "%s %d: %.80s", key,
-					 r ? r->status : -1, r ? r->body : http_error());
+				snprintf(tr->other_what, sizeof(tr->other_what), "%s %d: %.80s",
+				         key, r ? r->status : -1, r ? r->body : http_error());
 		}
 		http_response_free(r);
 	}
@@ -168,7 +167,7 @@ static void *traffic_run(void *arg)
 }
 
 #define TRAFFIC_THREADS 4
-#define EXPIRED_KEYS 5000
+#define EXPIRED_KEYS    5000
 
 static long traffic_answered(struct traffic *tr)
 {
@@ -208,40 +207,43 @@ Test(prune, removes_exactly_the_expired_keys_while_keyed_traffic_continues)
 
 	/* Many more expired keys than one batch, some with counts, and three
 	 * keys of the same tenant that are not expired yet. */
+	tstack_exec(
+	    tstack_db(),
+	    "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
+	    "       status, headers, body, created_at, expires_at)"
+	    " SELECT $1, 'old-' || i, 'POST', '/v1/workflows', decode('00', 'hex'), 201, '',"
+	    "        '{}', now() - interval '2 hours', now() - interval '1 hour'"
+	    "   FROM generate_series(1, 5000) i",
+	    brief.id_text);
 	tstack_exec(tstack_db(),
-		    "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
-		    "       status, headers, body, created_at, expires_at)"
-		    " SELECT $1, 'old-' || i, 'POST', '/v1/workflows', decode('00', 'hex'), 201, '',"
-		    "        '{}', now() - interval '2 hours', now() - interval '1 hour'"
-		    "   FROM generate_series(1, 5000) i",
-		    brief.id_text);
+	            "INSERT INTO idempotency_key_stats (tenant_id, key, replays, conflicts,"
+	            "       in_flight, last_seen)"
+	            " SELECT $1, 'old-' || i, 2, 1, 0, now() - interval '1 hour'"
+	            "   FROM generate_series(1, 10) i",
+	            brief.id_text);
 	tstack_exec(tstack_db(),
-		    "INSERT INTO idempotency_key_stats (tenant_id, key, replays, conflicts,"
-		    "       in_flight, last_seen)"
-		    " SELECT $1, 'old-' || i, 2, 1, 0, now() - interval '1 hour'"
-		    "   FROM generate_series(1, 10) i",
-		    brief.id_text);
-	tstack_exec(tstack_db(),
-		    "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
-		    "       status, headers, body, created_at, expires_at)"
-		    " SELECT $1, 'young-' || i, 'POST', '/v1/workflows', decode('00', 'hex'), 201,"
-		    "        '', '{}', now(), now() + interval '1 hour'"
-		    "   FROM generate_series(1, 3) i",
-		    brief.id_text);
+	            "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
+	            "       status, headers, body, created_at, expires_at)"
+	            " SELECT $1, 'young-' || i, 'POST', '/v1/workflows', decode('00', 'hex'), 201,"
+	            "        '', '{}', now(), now() + interval '1 hour'"
+	            "   FROM generate_series(1, 3) i",
+	            brief.id_text);
 
 	/* Past the 1 s TTL, and past the worker's flush of the replay. */
 	tstack_sleep_ms(1500);
 	cr_assert_eq(tstack_count("SELECT replays FROM idempotency_key_stats"
-				  " WHERE tenant_id = $1 AND key = $2",
-				  brief.id_text, key),
-		     1, "the replay was counted");
+	                          " WHERE tenant_id = $1 AND key = $2",
+	                          brief.id_text, key),
+	             1, "the replay was counted");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
-				  "   AND expires_at <= now()",
-				  brief.id_text),
-		     EXPIRED_KEYS + 1);
+	                          "   AND expires_at <= now()",
+	                          brief.id_text),
+	             EXPIRED_KEYS + 1);
 
 	for (int i = 0; i < TRAFFIC_THREADS; i++) {
-		tr[i] = (struct traffic){.t = &lasting, .replay_key = live_key, .stop = &stop, .id = i};
+		tr[i] = (struct traffic){
+			.t = &lasting, .replay_key = live_key, .stop = &stop, .id = i
+		};
 		cr_assert_eq(pthread_create(&th[i], NULL, traffic_run, &tr[i]), 0);
 	}
 	tstack_sleep_ms(200); /* the traffic is under way */
@@ -252,8 +254,9 @@ Test(prune, removes_exactly_the_expired_keys_while_keyed_traffic_continues)
 	atomic_store(&stop, 1);
 	for (int i = 0; i < TRAFFIC_THREADS; i++) {
 		pthread_join(th[i], NULL);
-		cr_assert_eq(tr[i].other, 0, "traffic thread %d got %ld unexpected answers, first %s",
-			     i, tr[i].other, tr[i].other_what);
+		cr_assert_eq(tr[i].other, 0,
+		             "traffic thread %d got %ld unexpected answers, first %s", i,
+		             tr[i].other, tr[i].other_what);
 		cr_assert(tr[i].created > 0 && tr[i].replayed > 0, "thread %d: no traffic", i);
 		traffic_created += tr[i].created;
 	}
@@ -269,9 +272,9 @@ Test(prune, removes_exactly_the_expired_keys_while_keyed_traffic_continues)
 	 * are not touched. */
 	cr_assert_eq(count_for(&brief, "idempotency_keys"), 3);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
-				  "   AND key LIKE 'young-%'",
-				  brief.id_text),
-		     3);
+	                          "   AND key LIKE 'young-%'",
+	                          brief.id_text),
+	             3);
 	cr_assert_eq(count_for(&brief, "idempotency_key_stats"), 0);
 	cr_assert_eq(count_for(&brief, "workflows"), 1);
 	cr_assert_eq(count_for(&brief, "outbox"), 1);
@@ -335,22 +338,25 @@ Test(prune, deletes_delivered_events_past_the_retention_and_keeps_pending_and_de
 	}
 	/* 0: delivered 8 days ago; 1: 3 hours ago; 2: a minute ago;
 	 * 3: dead for a month; 4: pending, created a month ago. */
+	tstack_exec(
+	    tstack_db(),
+	    "UPDATE outbox SET published_at = now() - interval '8 days' WHERE event_id = $1",
+	    ev[0]);
+	tstack_exec(
+	    tstack_db(),
+	    "UPDATE outbox SET published_at = now() - interval '3 hours' WHERE event_id = $1",
+	    ev[1]);
+	tstack_exec(
+	    tstack_db(),
+	    "UPDATE outbox SET published_at = now() - interval '1 minute' WHERE event_id = $1",
+	    ev[2]);
 	tstack_exec(tstack_db(),
-		    "UPDATE outbox SET published_at = now() - interval '8 days' WHERE event_id = $1",
-		    ev[0]);
+	            "UPDATE outbox SET dead_at = now() - interval '30 days', attempts = 8,"
+	            "       created_at = now() - interval '31 days' WHERE event_id = $1",
+	            ev[3]);
 	tstack_exec(tstack_db(),
-		    "UPDATE outbox SET published_at = now() - interval '3 hours' WHERE event_id = $1",
-		    ev[1]);
-	tstack_exec(tstack_db(),
-		    "UPDATE outbox SET published_at = now() - interval '1 minute' WHERE event_id = $1",
-		    ev[2]);
-	tstack_exec(tstack_db(),
-		    "UPDATE outbox SET dead_at = now() - interval '30 days', attempts = 8,"
-		    "       created_at = now() - interval '31 days' WHERE event_id = $1",
-		    ev[3]);
-	tstack_exec(tstack_db(),
-		    "UPDATE outbox SET created_at = now() - interval '30 days' WHERE event_id = $1",
-		    ev[4]);
+	            "UPDATE outbox SET created_at = now() - interval '30 days' WHERE event_id = $1",
+	            ev[4]);
 
 	/* The default retention is 7 days. */
 	struct prune_report p = prune_run(NULL, NULL);
@@ -377,7 +383,7 @@ Test(prune, refuses_bad_flags_with_a_usage_error)
 
 	cr_assert_eq(tstack_cli(out, sizeof(out), "prune", "--outbox-retention", "soon", NULL), 64);
 	cr_assert(strstr(tstack_cli_stderr(), "outbox_retention") != NULL, "%s",
-		  tstack_cli_stderr());
+	          tstack_cli_stderr());
 	cr_assert_eq(tstack_cli(out, sizeof(out), "prune", "--prune-batch", "0", NULL), 64);
 	cr_assert_eq(tstack_cli(out, sizeof(out), "prune", "--dead", NULL), 64);
 }
@@ -388,8 +394,8 @@ Test(prune, refuses_bad_flags_with_a_usage_error)
 static long ttl_of(const struct tstack_tenant *t, const char *key)
 {
 	return tstack_count("SELECT extract(epoch FROM expires_at - created_at)::bigint"
-			    "  FROM idempotency_keys WHERE tenant_id = $1 AND key = $2",
-			    t->id_text, key);
+	                    "  FROM idempotency_keys WHERE tenant_id = $1 AND key = $2",
+	                    t->id_text, key);
 }
 
 Test(tenant_ttl, applies_to_new_keys_and_default_restores_the_server_ttl)
@@ -408,7 +414,7 @@ Test(tenant_ttl, applies_to_new_keys_and_default_restores_the_server_ttl)
 
 	cli_ok(out, "tenant", "set-ttl", t.name, "90m");
 	snprintf(want, sizeof(want), "tenant %s: idempotency keys kept for 90m (from new keys on)",
-		 t.name);
+	         t.name);
 	cr_assert_str_eq(out, want);
 	tstack_key(k2, sizeof(k2), "during");
 	r = post(&t, k2, BODY);
@@ -437,15 +443,16 @@ Test(tenant_ttl, rejects_bad_durations_and_unknown_tenants)
 
 	tstack_tenant_create(&t, "ttl-bad");
 	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "500ms", NULL), 64,
-		     "shorter than a second");
-	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "forever", NULL), 64);
+	             "shorter than a second");
+	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "forever", NULL),
+	             64);
 	cr_assert(strstr(tstack_cli_stderr(), "\"forever\"") != NULL, "%s", tstack_cli_stderr());
-	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", "no-such-tenant", "1h", NULL),
-		     65);
+	cr_assert_eq(
+	    tstack_cli(out, sizeof(out), "tenant", "set-ttl", "no-such-tenant", "1h", NULL), 65);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM tenants WHERE name = $1"
-				  "   AND idempotency_ttl IS NULL",
-				  t.name),
-		     1, "nothing was changed");
+	                          "   AND idempotency_ttl IS NULL",
+	                          t.name),
+	             1, "nothing was changed");
 }
 
 /* --- Debugging ---------------------------------------------------------- */
@@ -455,7 +462,7 @@ static struct json_object *member(struct json_object *o, const char *name)
 	struct json_object *v = NULL;
 
 	cr_assert(json_object_object_get_ex(o, name, &v), "no \"%s\" in %s", name,
-		  json_object_to_json_string(o));
+	          json_object_to_json_string(o));
 	return v;
 }
 
@@ -471,7 +478,7 @@ static const char *str(struct json_object *o, const char *name)
 
 /* debug idempotency-check --json for the tenant, parsed. */
 static struct json_object *check_json(const struct tstack_tenant *t, const char *hours,
-				      const char *limit)
+                                      const char *limit)
 {
 	static char out[64 * 1024];
 	struct json_object *doc;
@@ -484,7 +491,7 @@ static struct json_object *check_json(const struct tstack_tenant *t, const char 
 }
 
 static void expect_key(struct json_object *keys, size_t i, const char *key, long replays,
-		       long conflicts, long in_flight)
+                       long conflicts, long in_flight)
 {
 	struct json_object *k = json_object_array_get_idx(keys, i);
 
@@ -493,14 +500,14 @@ static void expect_key(struct json_object *keys, size_t i, const char *key, long
 	cr_assert_str_eq(str(k, "route"), "/v1/workflows");
 	cr_assert_str_eq(str(k, "method"), "POST");
 	tstack_expect_match(str(k, "first_seen"), "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z$",
-			    "first_seen");
+	                    "first_seen");
 	cr_assert_eq(num(k, "replays"), replays, "%s replays", key);
 	cr_assert_eq(num(k, "conflicts"), conflicts, "%s conflicts", key);
 	cr_assert_eq(num(k, "in_flight"), in_flight, "%s in flight", key);
 }
 
 static void post_expect(const struct tstack_tenant *t, const char *key, const char *body,
-			int status)
+                        int status)
 {
 	struct http_response *r = post(t, key, body);
 
@@ -509,7 +516,7 @@ static void post_expect(const struct tstack_tenant *t, const char *key, const ch
 }
 
 static void post_conflict(const struct tstack_tenant *t, const char *key, const char *body,
-			  const char *type)
+                          const char *type)
 {
 	struct http_response *r = post(t, key, body);
 
@@ -538,7 +545,7 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 	/* B: created, then reused twice for other requests. */
 	post_expect(&t, b, BODY, 201);
 	post_conflict(&t, b, "{\"type\":\"ops\",\"input\":{\"n\":2}}",
-		      "/problems/idempotency-key-reused");
+	              "/problems/idempotency-key-reused");
 	post_conflict(&t, b, "{\"type\":\"other\"}", "/problems/idempotency-key-reused");
 	/* C: created once. */
 	post_expect(&t, c, BODY, 201);
@@ -552,9 +559,9 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 	post_expect(&t, d, BODY, 201);
 	post_expect(&t, d, BODY, 201);
 	tstack_exec(tstack_db(),
-		    "UPDATE idempotency_keys SET created_at = created_at - interval '2 days'"
-		    " WHERE tenant_id = $1 AND key = $2",
-		    t.id_text, d);
+	            "UPDATE idempotency_keys SET created_at = created_at - interval '2 days'"
+	            " WHERE tenant_id = $1 AND key = $2",
+	            t.id_text, d);
 	/* The same key names in another tenant count there only. */
 	for (int i = 0; i < 6; i++)
 		post_expect(&other, a, BODY, 201);
@@ -562,8 +569,8 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 	/* Workers flush at most once a second, and when idle after one. */
 	double deadline = tstack_now() + 3;
 	while (tstack_count("SELECT coalesce(sum(replays + conflicts + in_flight), 0)"
-			    "  FROM idempotency_key_stats WHERE tenant_id = $1",
-			    t.id_text) < 3 + 2 + 1 + 1 &&
+	                    "  FROM idempotency_key_stats WHERE tenant_id = $1",
+	                    t.id_text) < 3 + 2 + 1 + 1 &&
 	       tstack_now() < deadline)
 		tstack_sleep_ms(100);
 
@@ -577,8 +584,8 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 	expect_key(keys, 2, e, 0, 0, 1);
 	expect_key(keys, 3, c, 0, 0, 0);
 	cr_assert(json_object_is_type(member(json_object_array_get_idx(keys, 3), "last_seen"),
-				      json_type_null),
-		  "a key never replayed has no last_seen");
+	                              json_type_null),
+	          "a key never replayed has no last_seen");
 	summary = member(doc, "summary");
 	cr_assert_eq(num(summary, "keys"), 4);
 	cr_assert_eq(num(summary, "listed"), 4);
@@ -611,26 +618,25 @@ Test(debug, idempotency_check_shows_the_replays_and_conflicts_a_client_caused)
 	cr_assert(strncmp(line2, prefix, strlen(prefix)) == 0, "%s", line2);
 	tstack_expect_match(line2, "\t3\t0\t0\n", "A's counts");
 	tstack_expect_match(line2,
-			    "\nsummary: keys=4 listed=2 replays=3 conflicts=2 in_flight=1 "
-			    "replay_ratio=0\\.750 since=[0-9T:Z-]+$",
-			    "summary");
+	                    "\nsummary: keys=4 listed=2 replays=3 conflicts=2 in_flight=1 "
+	                    "replay_ratio=0\\.750 since=[0-9T:Z-]+$",
+	                    "summary");
 
 	cr_assert_eq(tstack_cli(out, sizeof(out), "debug", "idempotency-check", "--tenant",
-				"no-such-tenant", NULL),
-		     65);
+	                        "no-such-tenant", NULL),
+	             65);
 	cr_assert_eq(tstack_cli(out, sizeof(out), "debug", "idempotency-check", NULL), 64);
 	cr_assert_eq(tstack_cli(out, sizeof(out), "debug", "idempotency-check", "--tenant", t.name,
-				"--hours", "-1", NULL),
-		     64);
+	                        "--hours", "-1", NULL),
+	             64);
 	PQfinish(holder);
 }
 
 /* --- Readiness ---------------------------------------------------------- */
 
-
 /* Bursts twice as wide as the pool (3 workers), until the request log
  * shows that every worker answered. */
-#define BURST 6
+#define BURST      6
 #define MAX_BURSTS 50
 
 static struct http_response *send_readyz(int i, void *arg)
@@ -683,7 +689,7 @@ static void check_not_ready(const struct http_response *r, int i, void *arg)
 static void expect_ready_everywhere(int version)
 {
 	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
-			    MAX_BURSTS, send_readyz, check_ready, &version);
+	                    MAX_BURSTS, send_readyz, check_ready, &version);
 }
 
 /* Poll /readyz until it answers 200 (workers reconnect at their own pace),
@@ -726,7 +732,7 @@ Test(readyz, turns_503_while_postgresql_is_down_and_200_when_it_returns)
 
 	tstack_pg_ctl("stop");
 	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
-			    MAX_BURSTS, send_readyz, check_not_ready, "database unreachable");
+	                    MAX_BURSTS, send_readyz, check_not_ready, "database unreachable");
 	/* /healthz is liveness: the processes are fine. */
 	r = get("/healthz");
 	cr_assert_eq(r->status, 204);
@@ -751,12 +757,12 @@ static void restore_latest_migration(void)
 	snprintf(v, sizeof(v), "%d", migrate_latest());
 	c = tstack_db_connect();
 	tstack_exec(c,
-		    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)"
-		    " ON CONFLICT (version) DO NOTHING",
-		    v, latest_name);
+	            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)"
+	            " ON CONFLICT (version) DO NOTHING",
+	            v, latest_name);
 	tstack_exec(c, "DELETE FROM schema_migrations WHERE version > $1", v);
 	if (tstack_count("SELECT count(*) FROM information_schema.columns"
-			 " WHERE table_name = 'tenants' AND column_name = 'ttl_hidden'") == 1)
+	                 " WHERE table_name = 'tenants' AND column_name = 'ttl_hidden'") == 1)
 		tstack_exec(c, "ALTER TABLE tenants RENAME COLUMN ttl_hidden TO idempotency_ttl");
 	PQfinish(c);
 }
@@ -773,9 +779,7 @@ static void note_latest_migration(void)
 	free(name);
 }
 
-
-Test(readyz, turns_503_while_the_schema_is_behind_the_build,
-     .fini = restore_latest_migration)
+Test(readyz, turns_503_while_the_schema_is_behind_the_build, .fini = restore_latest_migration)
 {
 	char v[16], newer[16], detail[128];
 	PGconn *c = tstack_db_connect();
@@ -787,9 +791,9 @@ Test(readyz, turns_503_while_the_schema_is_behind_the_build,
 	/* As if the newest migration had not been applied yet. */
 	tstack_exec(c, "DELETE FROM schema_migrations WHERE version = $1", v);
 	snprintf(detail, sizeof(detail),
-		 "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
+	         "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
 	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
-			    MAX_BURSTS, send_readyz, check_not_ready, detail);
+	                    MAX_BURSTS, send_readyz, check_not_ready, detail);
 	restore_latest_migration();
 	expect_ready_everywhere(latest);
 
@@ -797,7 +801,7 @@ Test(readyz, turns_503_while_the_schema_is_behind_the_build,
 	 * replaced, during an upgrade) keeps the old workers in service. */
 	snprintf(newer, sizeof(newer), "%d", latest + 1);
 	tstack_exec(c, "INSERT INTO schema_migrations (version, name) VALUES ($1, 'next.sql')",
-		    newer);
+	            newer);
 	expect_ready_everywhere(latest + 1);
 	tstack_exec(c, "DELETE FROM schema_migrations WHERE version = $1", newer);
 	expect_ready_everywhere(latest);
@@ -818,13 +822,12 @@ Test(readyz, names_the_schema_version_when_the_build_is_newer_than_its_schema,
 	 * prepare their statements once they reconnect. */
 	tstack_exec(c, "DELETE FROM schema_migrations WHERE version = $1", v);
 	tstack_exec(c, "ALTER TABLE tenants RENAME COLUMN idempotency_ttl TO ttl_hidden");
-	tstack_exec(c,
-		    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-		    " WHERE application_name LIKE '%-worker-%'");
+	tstack_exec(c, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+	               " WHERE application_name LIKE '%-worker-%'");
 	snprintf(detail, sizeof(detail),
-		 "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
+	         "schema at version %d, expected %d: run \"idemflow migrate\"", latest - 1, latest);
 	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), BURST,
-			    MAX_BURSTS, send_readyz, check_not_ready, detail);
+	                    MAX_BURSTS, send_readyz, check_not_ready, detail);
 	restore_latest_migration();
 	expect_ready_again(latest);
 	PQfinish(c);

@@ -25,14 +25,13 @@
 
 static const char BODY[] = "{\"type\":\"outage\",\"input\":{\"n\":1}}";
 
-
 static struct http_response *post(const struct tstack_tenant *t, const char *key)
 {
 	char kh[300];
 	struct http_response *r;
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-	const char *headers[] = {t->auth, "Content-Type: application/json", kh, NULL};
+	const char *headers[] = { t->auth, "Content-Type: application/json", kh, NULL };
 	r = http_request("POST", "/v1/workflows", headers, BODY, strlen(BODY));
 	cr_assert_not_null(r, "POST: %s", http_error());
 	return r;
@@ -64,7 +63,7 @@ static long rows(const struct tstack_tenant *t, const char *table)
 {
 	char sql[128];
 	PGconn *c = tstack_db_connect();
-	const char *p[1] = {t->id_text};
+	const char *p[1] = { t->id_text };
 	PGresult *res;
 	long n;
 
@@ -86,9 +85,9 @@ static void expect_rows(const struct tstack_tenant *t, long n)
 
 /* Bursts twice as wide as the pool (3 workers), until the request log
  * shows that every worker answered. */
-#define BURST 6
+#define BURST      6
 #define MAX_BURSTS 50
-#define SHOTS_MAX (BURST * MAX_BURSTS)
+#define SHOTS_MAX  (BURST * MAX_BURSTS)
 
 struct shots {
 	const struct tstack_tenant *t;
@@ -104,7 +103,7 @@ static struct http_response *send_post(int i, void *arg)
 	char kh[300];
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", s->key ? s->key : s->keys[i]);
-	const char *headers[] = {s->t->auth, "Content-Type: application/json", kh, NULL};
+	const char *headers[] = { s->t->auth, "Content-Type: application/json", kh, NULL };
 	return http_request("POST", "/v1/workflows", headers, BODY, strlen(BODY));
 }
 
@@ -120,7 +119,7 @@ static void check_created(const struct http_response *r, int i, void *arg)
 	struct shots *s = arg;
 
 	cr_assert_eq(r->status, 201, "request %d after an idle restart got %d: %s", i, r->status,
-		     r->body);
+	             r->body);
 	s->created++;
 }
 
@@ -147,7 +146,7 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 	 * names each) answers 503 with Retry-After; nothing hangs. */
 	tstack_pg_ctl("stop");
 	tstack_key(key, sizeof(key), "during");
-	shots = (struct shots){.t = &t, .key = key};
+	shots = (struct shots){ .t = &t, .key = key };
 	n = tstack_every_worker(sup, log, BURST, MAX_BURSTS, send_post, check_unavailable, &shots);
 
 	/* /metrics still answers: the counters (those 503s among them), and
@@ -155,12 +154,13 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 	r = http_fcgi_request(tstack_env("IDEMFLOW_FCGI_SOCKET"), "GET", "/metrics", NULL, NULL, 0);
 	cr_assert_not_null(r, "%s", http_error());
 	cr_assert_eq(r->status, 200, "GET /metrics with the database down: %d %.300s", r->status,
-		     r->body);
+	             r->body);
 	cr_assert_not_null(strstr(r->body, "\nidemflow_db_up 0\n"), "%s", r->body);
 	cr_assert_null(strstr(r->body, "\nidemflow_outbox_pending "), "a gauge without its data");
 	{
-		const char *at = strstr(r->body, "\nidemflow_requests_total{route=\"/v1/workflows\","
-						 "status=\"503\"} ");
+		const char *at =
+		    strstr(r->body, "\nidemflow_requests_total{route=\"/v1/workflows\","
+		                    "status=\"503\"} ");
 		cr_assert_not_null(at, "no 503 counter: %s", r->body);
 		cr_assert_geq(atol(strchr(at, '}') + 2), n, "503s counted");
 	}
@@ -186,7 +186,7 @@ Test(outage, database_down_gives_503_then_workers_reconnect_on_their_own)
 	 * its closed connection before its next statement and reconnects:
 	 * not one request fails. */
 	tstack_pg_ctl("restart");
-	shots = (struct shots){.t = &t};
+	shots = (struct shots){ .t = &t };
 	for (int i = 0; i < SHOTS_MAX; i++)
 		tstack_key(shots.keys[i], sizeof(shots.keys[i]), "after-restart");
 	n = tstack_every_worker(sup, log, BURST, MAX_BURSTS, send_post, check_created, &shots);

@@ -156,7 +156,7 @@ static struct http_response *create(const struct tstack_tenant *t, const char *k
                                     const char *body)
 {
 	char kh[512];
-	const char *h[] = {t->auth, JSON_CT, kh, NULL};
+	const char *h[] = { t->auth, JSON_CT, kh, NULL };
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
 	return http_fcgi_request(own.sock, "POST", COLLECTION, h, body, strlen(body));
@@ -242,7 +242,7 @@ Test(recycle, one_worker_is_replaced_after_max_requests_without_a_failed_request
 	log_free(&l);
 
 	/* Planned exits are not restarts. */
-	const char *h[] = {NULL};
+	const char *h[] = { NULL };
 	r = http_fcgi_request(own.sock, "GET", "/metrics", h, NULL, 0);
 	cr_assert_not_null(r, "%s", http_error());
 	cr_assert_eq(r->status, 200, "GET /metrics: %d %.200s", r->status, r->body);
@@ -306,7 +306,7 @@ Test(recycle, concurrent_clients_see_no_failure_while_workers_retire, .fini = ow
 	tstack_tenant_create(&t, "recycle-load");
 	own_start(2, MAX);
 	for (int i = 0; i < CLIENTS; i++) {
-		c[i] = (struct client){.t = &t, .id = i, .n = EACH, .rids = rids[i]};
+		c[i] = (struct client){ .t = &t, .id = i, .n = EACH, .rids = rids[i] };
 		cr_assert_eq(pthread_create(&th[i], NULL, client_run, &c[i]), 0);
 	}
 	for (int i = 0; i < CLIENTS; i++) {

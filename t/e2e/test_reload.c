@@ -24,7 +24,7 @@
 #include "tstack.h"
 #include "twait.h"
 
-#define COLLECTION "/v1/workflows"
+#define COLLECTION  "/v1/workflows"
 #define MAX_WORKERS 16
 
 static struct tstack_pool own;
@@ -42,8 +42,8 @@ static void conf_write(const char *extra)
 	FILE *in = fopen(tstack_env("IDEMFLOW_CONF"), "r"), *out;
 	char line[1024];
 
-	snprintf(conf_path, sizeof(conf_path), "%s/reload%ld.conf", tstack_env("IDEMFLOW_STACK_DIR"),
-		 (long)getpid());
+	snprintf(conf_path, sizeof(conf_path), "%s/reload%ld.conf",
+	         tstack_env("IDEMFLOW_STACK_DIR"), (long)getpid());
 	out = fopen(conf_path, "w");
 	cr_assert(in != NULL && out != NULL, "%s", strerror(errno));
 	while (fgets(line, sizeof(line), in)) {
@@ -78,7 +78,7 @@ static void own_start(const char *extra, size_t workers)
 	argv[argc] = NULL;
 	tstack_pool_run(&own, argv, 10000);
 	cr_assert(tstack_wait_workers(own.pid, workers, 10000),
-		  "idemflow-fcgi does not have %zu workers; see %s", workers, own.log);
+	          "idemflow-fcgi does not have %zu workers; see %s", workers, own.log);
 }
 
 static void wait_log(const char *needle, double secs)
@@ -87,7 +87,7 @@ static void wait_log(const char *needle, double secs)
 
 	while (!tstack_file_contains(own.log, needle)) {
 		cr_assert(tstack_now() < deadline, "no \"%s\" in %s within %.0f s", needle, own.log,
-			  secs);
+		          secs);
 		tstack_sleep_ms(20);
 	}
 }
@@ -111,8 +111,10 @@ static void expect_healthy(void)
 
 TestSuite(reload, .timeout = 120);
 
-Test(reload, sighup_with_a_bad_value_keeps_the_old_configuration_then_a_good_one_replaces_workers_one_by_one,
-     .fini = own_stop)
+Test(
+    reload,
+    sighup_with_a_bad_value_keeps_the_old_configuration_then_a_good_one_replaces_workers_one_by_one,
+    .fini = own_stop)
 {
 	pid_t old[MAX_WORKERS], cur[MAX_WORKERS];
 	size_t nold, ncur, least = MAX_WORKERS, old_left;
@@ -130,7 +132,7 @@ Test(reload, sighup_with_a_bad_value_keeps_the_old_configuration_then_a_good_one
 	cr_assert_eq(ncur, 2, "%zu workers after a refused reload", ncur);
 	for (size_t i = 0; i < ncur; i++)
 		cr_assert(pid_in(cur[i], old, nold), "worker %ld replaced by a refused reload",
-			  (long)cur[i]);
+		          (long)cur[i]);
 	cr_assert(!tstack_file_contains(own.log, "msg=\"configuration reloaded"));
 	expect_healthy();
 
@@ -147,7 +149,7 @@ Test(reload, sighup_with_a_bad_value_keeps_the_old_configuration_then_a_good_one
 		for (size_t i = 0; i < ncur; i++)
 			old_left += pid_in(cur[i], old, nold);
 		cr_assert(tstack_now() < deadline, "not replaced within 20 s: %zu workers, %zu old",
-			  ncur, old_left);
+		          ncur, old_left);
 	} while (old_left > 0 || ncur != 3);
 	cr_assert_geq(least, 2, "the pool fell to %zu workers during the reload", least);
 	wait_log("msg=\"configuration reloaded; replacing workers\" gen=1 workers=3", 1);
@@ -173,7 +175,7 @@ Test(reload, workers_that_keep_dying_young_are_respawned_after_a_back_off, .fini
 			cr_assert(tstack_wait_workers(own.pid, 1, 10000));
 			back = tstack_now();
 			cr_assert_lt(back - died, 0.9, "death %d: respawned after %.2f s", death,
-				     back - died);
+			             back - died);
 		}
 	}
 	wait_log("msg=\"workers keep crashing; delaying respawn\" delay_s=1 crashes_in_a_row=3", 5);
@@ -200,7 +202,7 @@ static void *parked_run(void *arg)
 	char kh[200];
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", p->key);
-	const char *h[] = {p->t->auth, "Content-Type: application/json", kh, NULL};
+	const char *h[] = { p->t->auth, "Content-Type: application/json", kh, NULL };
 	p->resp = http_fcgi_request(own.sock, "POST", COLLECTION, h, "{\"type\":\"x\"}", 12);
 	return NULL;
 }
@@ -208,7 +210,7 @@ static void *parked_run(void *arg)
 Test(reload, sigterm_kills_a_worker_still_busy_after_shutdown_timeout, .fini = own_stop)
 {
 	struct tstack_tenant t;
-	struct parked p = {0};
+	struct parked p = { 0 };
 	char key[128];
 	pthread_t th;
 	PGconn *hold;
@@ -222,7 +224,7 @@ Test(reload, sigterm_kills_a_worker_still_busy_after_shutdown_timeout, .fini = o
 	tstack_key(key, sizeof(key), "busy");
 	hold = tstack_db_connect();
 	tstack_key_hold(hold, &t, key);
-	p = (struct parked){.t = &t, .key = key};
+	p = (struct parked){ .t = &t, .key = key };
 	cr_assert_eq(pthread_create(&th, NULL, parked_run, &p), 0);
 	busy = tstack_blocked_worker(hold, 10000);
 	cr_assert(busy > 0, "no worker blocked on the held key");
@@ -243,6 +245,6 @@ Test(reload, sigterm_kills_a_worker_still_busy_after_shutdown_timeout, .fini = o
 	/* It never answered. (Its statement, still waiting in PostgreSQL,
 	 * may yet commit: a retry with the key then replays it.) */
 	cr_assert(p.resp == NULL || p.resp->status != 201, "answered %d",
-		  p.resp ? p.resp->status : 0);
+	          p.resp ? p.resp->status : 0);
 	http_response_free(p.resp);
 }

@@ -24,7 +24,6 @@
 #include "tstack.h"
 #include "twait.h"
 
-
 TestSuite(steps, .timeout = 90);
 TestSuite(lease, .timeout = 60);
 TestSuite(retries, .timeout = 60);
@@ -40,19 +39,19 @@ TestSuite(keyed_commands, .timeout = 60);
 
 /* POST /v1/jobs/activate for one job of type; returns the response. */
 static struct http_response *activate(const struct tstack_tenant *t, const char *type,
-				      const char *worker, int max, int lease)
+                                      const char *worker, int max, int lease)
 {
 	char body[256];
 
 	snprintf(body, sizeof(body),
-		 "{\"job_type\":\"%s\",\"worker\":\"%s\",\"max_jobs\":%d,\"lease_seconds\":%d}",
-		 type, worker, max, lease);
+	         "{\"job_type\":\"%s\",\"worker\":\"%s\",\"max_jobs\":%d,\"lease_seconds\":%d}",
+	         type, worker, max, lease);
 	return tstack_post(t, "/v1/jobs/activate", NULL, body);
 }
 
 /* Activate and expect exactly one job, of workflow wf (when not NULL). */
 static void activate_one(const struct tstack_tenant *t, const char *type, const char *worker,
-			 int lease, const char *wf)
+                         int lease, const char *wf)
 {
 	struct http_response *r = activate(t, type, worker, 1, lease);
 	char *n, *got;
@@ -70,7 +69,7 @@ static void activate_one(const struct tstack_tenant *t, const char *type, const 
 }
 
 static struct http_response *finish(const struct tstack_tenant *t, const char *wf, int step,
-				    const char *verb, const char *key, const char *body)
+                                    const char *verb, const char *key, const char *body)
 {
 	char path[160];
 
@@ -79,20 +78,20 @@ static struct http_response *finish(const struct tstack_tenant *t, const char *w
 }
 
 static struct http_response *complete(const struct tstack_tenant *t, const char *wf, int step,
-				      const char *worker)
+                                      const char *worker)
 {
 	char body[160];
 
 	snprintf(body, sizeof(body), "{\"worker\":\"%s\",\"output\":{\"by\":\"%s\"}}", worker,
-		 worker);
+	         worker);
 	return finish(t, wf, step, "complete", NULL, body);
 }
 
 static long events(const struct tstack_tenant *t, const char *wf, const char *type)
 {
 	return tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1 AND workflow_id = $2"
-			    " AND type = $3",
-			    t->id_text, wf, type);
+	                    " AND type = $3",
+	                    t->id_text, wf, type);
 }
 
 static char *wf_state(const char *wf)
@@ -128,7 +127,7 @@ static char *tenant_snapshot(const struct tstack_tenant *t)
 /* --- Steps ------------------------------------------------------------- */
 
 #define STEP_WORKFLOWS 4
-#define STEP_TYPES 3
+#define STEP_TYPES     3
 
 /*
  * A worker process: activates jobs of the three types in turn, logs
@@ -137,7 +136,7 @@ static char *tenant_snapshot(const struct tstack_tenant *t)
  */
 static void worker_loop(const struct tstack_tenant *t, const char *name, int fd)
 {
-	static const char *const types[STEP_TYPES] = {"reserve", "charge", "ship"};
+	static const char *const types[STEP_TYPES] = { "reserve", "charge", "ship" };
 
 	for (;;) {
 		for (int i = 0; i < STEP_TYPES; i++) {
@@ -146,8 +145,8 @@ static void worker_loop(const struct tstack_tenant *t, const char *name, int fd)
 			const char *k;
 
 			snprintf(body, sizeof(body),
-				 "{\"job_type\":\"%s\",\"worker\":\"%s\",\"lease_seconds\":30}",
-				 types[i], name);
+			         "{\"job_type\":\"%s\",\"worker\":\"%s\",\"lease_seconds\":30}",
+			         types[i], name);
 			r = tstack_post_raw(t, "/v1/jobs/activate", NULL, body);
 			k = r != NULL ? strstr(r->body, "\"key\":\"") : NULL;
 			if (k == NULL) {
@@ -178,10 +177,11 @@ Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
 
 	tstack_tenant_create(&t, "steps");
 	for (int i = 0; i < STEP_WORKFLOWS; i++)
-		ids[i] = tstack_create(&t, "{\"type\":\"order\",\"input\":{\"n\":1},\"steps\":["
-				    "{\"name\":\"reserve-stock\",\"job_type\":\"reserve\"},"
-				    "{\"name\":\"charge-card\",\"job_type\":\"charge\",\"retries\":3},"
-				    "{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
+		ids[i] = tstack_create(
+		    &t, "{\"type\":\"order\",\"input\":{\"n\":1},\"steps\":["
+		        "{\"name\":\"reserve-stock\",\"job_type\":\"reserve\"},"
+		        "{\"name\":\"charge-card\",\"job_type\":\"charge\",\"retries\":3},"
+		        "{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
 	cr_assert_eq(pipe(fds), 0);
 	for (int w = 0; w < 2; w++) {
 		kids[w] = fork();
@@ -195,8 +195,8 @@ Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
 	close(fds[1]);
 	deadline = tstack_now() + 60;
 	while (tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1"
-			    " AND state = 'completed'",
-			    t.id_text) < STEP_WORKFLOWS &&
+	                    " AND state = 'completed'",
+	                    t.id_text) < STEP_WORKFLOWS &&
 	       tstack_now() < deadline)
 		tstack_sleep_ms(100);
 	for (int w = 0; w < 2; w++) {
@@ -213,7 +213,7 @@ Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
 	log[len] = '\0';
 	close(fds[0]);
 	/* Competing, not taking turns at being idle: each executed jobs. */
-	int by[2] = {0, 0};
+	int by[2] = { 0, 0 };
 	for (const char *p = log; *p; p = strchr(p, '\n') + 1) {
 		by[0] += strncmp(p, "w-1 ", 4) == 0;
 		by[1] += strncmp(p, "w-2 ", 4) == 0;
@@ -222,7 +222,7 @@ Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
 	}
 	cr_log_info("jobs executed: w-1 %d, w-2 %d", by[0], by[1]);
 	cr_assert(by[0] > 0 && by[1] > 0, "one worker executed every job: w-1 %d, w-2 %d", by[0],
-		  by[1]);
+	          by[1]);
 	cr_assert_eq(by[0] + by[1], STEP_WORKFLOWS * STEP_TYPES);
 	for (int i = 0; i < STEP_WORKFLOWS; i++) {
 		expect_state(ids[i], "completed");
@@ -233,19 +233,19 @@ Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
 			for (const char *p = log; (p = strstr(p, key)) != NULL; p += strlen(key))
 				seen++;
 			cr_assert_eq(seen, 1, "job %.*s executed %d times", (int)strlen(key) - 1,
-				     key, seen);
+			             key, seen);
 		}
 		cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
-					  " AND state = 'completed' AND activations = 1",
-					  ids[i]),
-			     STEP_TYPES);
+		                          " AND state = 'completed' AND activations = 1",
+		                          ids[i]),
+		             STEP_TYPES);
 		cr_assert_eq(events(&t, ids[i], "workflow.created"), 1);
 		cr_assert_eq(events(&t, ids[i], "workflow.started"), 1);
 		cr_assert_eq(events(&t, ids[i], "job.completed"), STEP_TYPES);
 		cr_assert_eq(events(&t, ids[i], "workflow.completed"), 1);
-		cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE workflow_id = $1",
-					  ids[i]),
-			     STEP_TYPES + 3);
+		cr_assert_eq(
+		    tstack_count("SELECT count(*) FROM outbox WHERE workflow_id = $1", ids[i]),
+		    STEP_TYPES + 3);
 		free(ids[i]);
 	}
 }
@@ -260,7 +260,7 @@ Test(lease, a_completion_after_the_lease_ran_out_is_refused_and_another_workers_
 
 	tstack_tenant_create(&t, "lease");
 	wf = tstack_create(&t, "{\"type\":\"l\",\"steps\":[{\"name\":\"a\",\"job_type\":\"slow\"},"
-			"{\"name\":\"b\",\"job_type\":\"next\"}]}");
+	                       "{\"name\":\"b\",\"job_type\":\"next\"}]}");
 	activate_one(&t, "slow", "sleepy", 1, wf);
 	tstack_sleep_ms(1300); /* past the 1 s lease */
 
@@ -293,9 +293,9 @@ Test(lease, a_completion_after_the_lease_ran_out_is_refused_and_another_workers_
 	/* The second step is activatable once, the first completed once. */
 	cr_assert_eq(events(&t, wf, "job.completed"), 1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 2"
-				  " AND state = 'activatable'",
-				  wf),
-		     1);
+	                          " AND state = 'activatable'",
+	                          wf),
+	             1);
 	free(before);
 	free(wf);
 }
@@ -308,7 +308,7 @@ Test(lease, a_repeated_completion_by_the_same_worker_replays_and_a_different_out
 
 	tstack_tenant_create(&t, "repeat");
 	wf = tstack_create(&t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"x\"},"
-			"{\"name\":\"b\",\"job_type\":\"y\"}]}");
+	                       "{\"name\":\"b\",\"job_type\":\"y\"}]}");
 	activate_one(&t, "x", "w", 30, wf);
 	a = finish(&t, wf, 1, "complete", NULL, "{\"worker\":\"w\",\"output\":{\"v\":1}}");
 	b = finish(&t, wf, 1, "complete", NULL, "{\"output\":{\"v\":1},\"worker\":\"w\"}");
@@ -336,12 +336,13 @@ Test(retries, exhausted_retries_fail_the_workflow)
 	char *wf, *v;
 
 	tstack_tenant_create(&t, "retries");
-	wf = tstack_create(&t, "{\"type\":\"p\",\"steps\":[{\"name\":\"charge\",\"job_type\":\"pay\","
-			"\"retries\":1},{\"name\":\"after\",\"job_type\":\"never\"}]}");
+	wf = tstack_create(&t,
+	                   "{\"type\":\"p\",\"steps\":[{\"name\":\"charge\",\"job_type\":\"pay\","
+	                   "\"retries\":1},{\"name\":\"after\",\"job_type\":\"never\"}]}");
 
 	activate_one(&t, "pay", "w", 30, wf);
 	r = finish(&t, wf, 1, "fail", NULL,
-		   "{\"worker\":\"w\",\"error\":\"card declined\",\"retry_after_seconds\":2}");
+	           "{\"worker\":\"w\",\"error\":\"card declined\",\"retry_after_seconds\":2}");
 	tstack_expect_status(r, 200);
 	v = tstack_json(r->body, "{state}");
 	cr_assert_str_eq(v, "activatable");
@@ -371,7 +372,7 @@ Test(retries, exhausted_retries_fail_the_workflow)
 	cr_assert_eq(events(&t, wf, "workflow.failed"), 1);
 	cr_assert_eq(events(&t, wf, "job.completed"), 0);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1", wf), 1,
-		     "a step after the failed one began");
+	             "a step after the failed one began");
 	free(wf);
 }
 
@@ -408,12 +409,13 @@ Test(messages, a_message_delivered_five_times_three_concurrently_completes_the_s
 	int fresh = 0, dups = 0;
 
 	tstack_tenant_create(&t, "msg");
-	wf = tstack_create(&t, "{\"type\":\"m\",\"steps\":[{\"name\":\"await-payment\","
-			"\"wait_for\":\"payment.succeeded\"},{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
+	wf = tstack_create(
+	    &t, "{\"type\":\"m\",\"steps\":[{\"name\":\"await-payment\","
+	        "\"wait_for\":\"payment.succeeded\"},{\"name\":\"ship\",\"job_type\":\"ship\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
 	cr_assert_eq(pthread_barrier_init(&start, NULL, 3), 0);
 	for (int i = 0; i < 5; i++)
-		s[i] = (struct sender){&t, path, NULL, body, i < 3 ? &start : NULL, NULL};
+		s[i] = (struct sender){ &t, path, NULL, body, i < 3 ? &start : NULL, NULL };
 	for (int i = 0; i < 3; i++)
 		cr_assert_eq(pthread_create(&th[i], NULL, sender_run, &s[i]), 0);
 	for (int i = 0; i < 3; i++)
@@ -437,11 +439,11 @@ Test(messages, a_message_delivered_five_times_three_concurrently_completes_the_s
 	cr_assert_eq(dups, 4);
 	cr_assert_eq(events(&t, wf, "job.completed"), 1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1", t.id_text),
-		     1);
+	             1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 2"
-				  " AND state = 'activatable'",
-				  wf),
-		     1);
+	                          " AND state = 'activatable'",
+	                          wf),
+	             1);
 	free(wf);
 }
 
@@ -453,12 +455,12 @@ Test(messages, a_message_no_step_waits_for_is_recorded_with_202_and_taken_by_a_l
 
 	tstack_tenant_create(&t, "early");
 	wf = tstack_create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"work\",\"job_type\":\"w\"},"
-			"{\"name\":\"await\",\"wait_for\":\"done\"}]}");
+	                       "{\"name\":\"await\",\"wait_for\":\"done\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
 	r = tstack_post(&t, path, NULL, "{\"message_id\":\"early-1\",\"name\":\"done\"}");
 	tstack_expect_status(r, 202);
 	cr_assert_str_eq(r->body,
-			 "{\"message_id\":\"early-1\",\"duplicate\":false,\"correlated\":false}");
+	                 "{\"message_id\":\"early-1\",\"duplicate\":false,\"correlated\":false}");
 	http_response_free(r);
 	expect_state(wf, "pending");
 
@@ -480,13 +482,15 @@ Test(messages, a_message_id_reused_for_a_different_message_is_a_conflict)
 
 	tstack_tenant_create(&t, "msgreuse");
 	wf = tstack_create(&t, "{\"type\":\"e\",\"steps\":[{\"name\":\"await\",\"wait_for\":\"a\"},"
-			"{\"name\":\"w\",\"job_type\":\"w\"}]}");
+	                       "{\"name\":\"w\",\"job_type\":\"w\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
-	r = tstack_post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":1}}");
+	r = tstack_post(&t, path, NULL,
+	                "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":1}}");
 	tstack_expect_status(r, 200);
 	http_response_free(r);
 	before = tenant_snapshot(&t);
-	r = tstack_post(&t, path, NULL, "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":2}}");
+	r = tstack_post(&t, path, NULL,
+	                "{\"message_id\":\"m\",\"name\":\"a\",\"payload\":{\"v\":2}}");
 	tstack_expect_problem(r, 409, "/problems/message-id-reused", path);
 	http_response_free(r);
 	after = tenant_snapshot(&t);
@@ -509,13 +513,13 @@ Test(business_key, twenty_concurrent_creates_with_one_business_key_make_one_acti
 	char keys[BK_RACERS][96], *first = NULL;
 	int created = 0, existing = 0;
 	const char *body = "{\"type\":\"order\",\"business_key\":\"O-123\",\"steps\":["
-			   "{\"name\":\"a\",\"job_type\":\"bk\"}]}";
+	                   "{\"name\":\"a\",\"job_type\":\"bk\"}]}";
 
 	tstack_tenant_create(&t, "bk");
 	cr_assert_eq(pthread_barrier_init(&start, NULL, BK_RACERS), 0);
 	for (int i = 0; i < BK_RACERS; i++) {
 		tstack_key(keys[i], sizeof(keys[i]), "bk");
-		s[i] = (struct sender){&t, "/v1/workflows", keys[i], body, &start, NULL};
+		s[i] = (struct sender){ &t, "/v1/workflows", keys[i], body, &start, NULL };
 	}
 	for (int i = 0; i < BK_RACERS; i++)
 		cr_assert_eq(pthread_create(&th[i], NULL, sender_run, &s[i]), 0);
@@ -527,7 +531,7 @@ Test(business_key, twenty_concurrent_creates_with_one_business_key_make_one_acti
 		char *id, *ex;
 		cr_assert_not_null(r, "request %d: %s", i, http_error());
 		cr_assert(r->status == 201 || r->status == 200, "status %d: %.400s", r->status,
-			  r->body);
+		          r->body);
 		id = tstack_json(r->body, "{id}");
 		ex = tstack_json(r->body, "{existing}");
 		if (r->status == 201) {
@@ -547,23 +551,24 @@ Test(business_key, twenty_concurrent_creates_with_one_business_key_make_one_acti
 	cr_assert_eq(created, 1);
 	cr_assert_eq(existing, BK_RACERS - 1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1", t.id_text),
-		     1);
-	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1",
-				  t.id_text),
-		     BK_RACERS);
+	             1);
+	cr_assert_eq(
+	    tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1", t.id_text),
+	    BK_RACERS);
 
 	/* Once it has ended, the business key may start a new workflow. */
 	char path[128];
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", first);
-	struct http_response *r = tstack_post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
+	struct http_response *r =
+	    tstack_post(&t, path, NULL, "{\"to\":\"cancelled\",\"from\":\"pending\"}");
 	tstack_expect_status(r, 200);
 	http_response_free(r);
 	char *again = tstack_create(&t, body);
 	cr_assert_str_neq(again, first);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1"
-				  " AND state IN ('pending', 'running')",
-				  t.id_text),
-		     1);
+	                          " AND state IN ('pending', 'running')",
+	                          t.id_text),
+	             1);
 	free(again);
 	free(first);
 }
@@ -577,7 +582,8 @@ Test(transitions, cancel_is_a_compare_and_set_and_repeating_it_is_a_no_op)
 	char path[128], *wf, *before, *after;
 
 	tstack_tenant_create(&t, "cas");
-	wf = tstack_create(&t, "{\"type\":\"c\",\"steps\":[{\"name\":\"a\",\"job_type\":\"cas\"}]}");
+	wf =
+	    tstack_create(&t, "{\"type\":\"c\",\"steps\":[{\"name\":\"a\",\"job_type\":\"cas\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
 
 	before = tenant_snapshot(&t);
@@ -599,9 +605,9 @@ Test(transitions, cancel_is_a_compare_and_set_and_repeating_it_is_a_no_op)
 	expect_state(wf, "cancelled");
 	cr_assert_eq(events(&t, wf, "workflow.cancelled"), 1);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
-				  " AND state = 'cancelled'",
-				  wf),
-		     1);
+	                          " AND state = 'cancelled'",
+	                          wf),
+	             1);
 	http_response_free(r);
 	http_response_free(again);
 
@@ -642,12 +648,12 @@ static long waiting_behind(PGconn *holder)
 
 	snprintf(backend, sizeof(backend), "%d", PQbackendPID(holder));
 	return tstack_count("SELECT count(*) FROM pg_stat_activity a"
-			    " WHERE a.application_name LIKE '%-worker-%'"
-			    "   AND ($1::int = ANY (pg_blocking_pids(a.pid)) OR EXISTS ("
-			    "        SELECT 1 FROM pg_stat_activity b"
-			    "         WHERE $1::int = ANY (pg_blocking_pids(b.pid))"
-			    "           AND b.pid = ANY (pg_blocking_pids(a.pid))))",
-			    backend);
+	                    " WHERE a.application_name LIKE '%-worker-%'"
+	                    "   AND ($1::int = ANY (pg_blocking_pids(a.pid)) OR EXISTS ("
+	                    "        SELECT 1 FROM pg_stat_activity b"
+	                    "         WHERE $1::int = ANY (pg_blocking_pids(b.pid))"
+	                    "           AND b.pid = ANY (pg_blocking_pids(a.pid))))",
+	                    backend);
 }
 
 static void wait_behind(PGconn *holder, long n)
@@ -672,11 +678,12 @@ Test(transitions, cancel_racing_a_completion_leaves_a_consistent_state_and_its_e
 
 	tstack_tenant_create(&t, "race");
 	for (int i = 0; i < CANCEL_ROUNDS; i++) {
-		char *wf = tstack_create(&t, "{\"type\":\"cr\",\"steps\":[{\"name\":\"a\",\"job_type\":"
-				      "\"cr\"},{\"name\":\"b\",\"job_type\":\"cr2\"}]}");
-		struct racer2 c = {&t, "", "{\"worker\":\"w\",\"output\":{}}", NULL, NULL};
-		struct racer2 x = {&t, "", "{\"to\":\"cancelled\",\"from\":\"running\"}", NULL,
-				   NULL};
+		char *wf =
+		    tstack_create(&t, "{\"type\":\"cr\",\"steps\":[{\"name\":\"a\",\"job_type\":"
+		                      "\"cr\"},{\"name\":\"b\",\"job_type\":\"cr2\"}]}");
+		struct racer2 c = { &t, "", "{\"worker\":\"w\",\"output\":{}}", NULL, NULL };
+		struct racer2 x = { &t, "", "{\"to\":\"cancelled\",\"from\":\"running\"}", NULL,
+			            NULL };
 		int complete_first = i % 2 == 0;
 		struct racer2 *first = complete_first ? &c : &x, *second = complete_first ? &x : &c;
 		pthread_barrier_t start1, start2;
@@ -718,22 +725,22 @@ Test(transitions, cancel_racing_a_completion_leaves_a_consistent_state_and_its_e
 			tstack_expect_status(c.resp, 200);
 			cr_assert_eq(events(&t, wf, "job.completed"), 1);
 			cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
-						  " AND step = 2 AND state = 'cancelled'",
-						  wf),
-				     1);
-			cr_assert_eq(tstack_count("SELECT max(seq) FROM outbox WHERE workflow_id = $1",
-						  wf),
-				     4);
+			                          " AND step = 2 AND state = 'cancelled'",
+			                          wf),
+			             1);
+			cr_assert_eq(
+			    tstack_count("SELECT max(seq) FROM outbox WHERE workflow_id = $1", wf),
+			    4);
 		} else {
 			cancelled_first++;
 			tstack_expect_problem(c.resp, 409, "/problems/job-not-active", c.path);
 			cr_assert_eq(events(&t, wf, "job.completed"), 0);
-			cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1",
-						  wf),
-				     1);
-			cr_assert_eq(tstack_count("SELECT max(seq) FROM outbox WHERE workflow_id = $1",
-						  wf),
-				     3);
+			cr_assert_eq(
+			    tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1", wf),
+			    1);
+			cr_assert_eq(
+			    tstack_count("SELECT max(seq) FROM outbox WHERE workflow_id = $1", wf),
+			    3);
 		}
 		http_response_free(c.resp);
 		http_response_free(x.resp);
@@ -751,16 +758,17 @@ Test(reap, idemflow_reap_makes_expired_jobs_activatable_again)
 	char out[256], *wf;
 
 	tstack_tenant_create(&t, "reap");
-	wf = tstack_create(&t, "{\"type\":\"rp\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rp\"}]}");
+	wf =
+	    tstack_create(&t, "{\"type\":\"rp\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rp\"}]}");
 	activate_one(&t, "rp", "gone", 1, wf);
 	tstack_sleep_ms(1300);
 	cr_assert_eq(tstack_cli(out, sizeof(out), "reap", NULL), 0, "reap: %s",
-		     tstack_cli_stderr());
+	             tstack_cli_stderr());
 	tstack_expect_match(out, "^reap: jobs=[1-9][0-9]*$", "reap output");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
-				  " AND state = 'activatable'",
-				  wf),
-		     1);
+	                          " AND state = 'activatable'",
+	                          wf),
+	             1);
 	/* The dead worker's completion is refused; a new one gets it. */
 	char path[160];
 	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", wf);
@@ -794,8 +802,8 @@ Test(history, events_come_in_order_with_cursor_pages)
 	r = tstack_get(&t, path);
 	tstack_expect_status(r, 200);
 	v = tstack_text("SELECT string_agg(e ->> 'type', ',') FROM"
-			" jsonb_array_elements($1::jsonb -> 'events') e",
-			r->body);
+	                " jsonb_array_elements($1::jsonb -> 'events') e",
+	                r->body);
 	cr_assert_str_eq(v, "workflow.created,workflow.started");
 	free(v);
 	cursor = tstack_json(r->body, "{next_cursor}");
@@ -804,8 +812,8 @@ Test(history, events_come_in_order_with_cursor_pages)
 	snprintf(path, sizeof(path), "/v1/workflows/%s/events?limit=2&after=%s", wf, cursor);
 	r = tstack_get(&t, path);
 	v = tstack_text("SELECT string_agg((e ->> 'seq') || (e ->> 'id'), ',') FROM"
-			" jsonb_array_elements($1::jsonb -> 'events') e",
-			r->body);
+	                " jsonb_array_elements($1::jsonb -> 'events') e",
+	                r->body);
 	char want[200];
 	snprintf(want, sizeof(want), "3%s.3,4%s.4", wf, wf);
 	cr_assert_str_eq(v, want);
@@ -834,7 +842,7 @@ Test(history, workflows_are_listed_by_keyset_pages_with_filters)
 	tstack_tenant_create(&t, "list");
 	for (; made < BEFORE; made++)
 		ids[made] = tstack_create(&t, "{\"type\":\"listed\",\"steps\":[{\"name\":\"a\","
-				       "\"job_type\":\"l\"}]}");
+		                              "\"job_type\":\"l\"}]}");
 	free(tstack_create(&t, "{\"type\":\"other\"}"));
 	do {
 		struct http_response *r;
@@ -842,16 +850,18 @@ Test(history, workflows_are_listed_by_keyset_pages_with_filters)
 			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=%d", LIMIT);
 		else
 			snprintf(path, sizeof(path), "/v1/workflows?type=listed&limit=%d&after=%s",
-				 LIMIT, cursor);
+			         LIMIT, cursor);
 		r = tstack_get(&t, path);
 		tstack_expect_status(r, 200);
-		long n = tstack_count("SELECT jsonb_array_length($1::jsonb -> 'workflows')", r->body);
+		long n =
+		    tstack_count("SELECT jsonb_array_length($1::jsonb -> 'workflows')", r->body);
 		cr_assert_eq(n, seen + LIMIT <= TOTAL ? LIMIT : TOTAL - seen, "page %d", pages);
 		for (int k = 0; k < n; k++) {
 			char p2[64];
 			snprintf(p2, sizeof(p2), "{workflows,%d,id}", k);
 			char *id = tstack_json(r->body, p2);
-			cr_assert_str_eq(id, ids[seen], "page %d item %d: creation order", pages, k);
+			cr_assert_str_eq(id, ids[seen], "page %d item %d: creation order", pages,
+			                 k);
 			seen++;
 			free(id);
 		}
@@ -886,39 +896,41 @@ Test(bad_input, every_malformed_command_gets_a_precise_problem_and_changes_nothi
 		int status;
 		const char *type;
 	} cases[] = {
-	    {"/v1/jobs/%s.s9/complete", "{\"worker\":\"w\"}", 404, "/problems/not-found"},
-	    {"/v1/jobs/nonsense/complete", "{\"worker\":\"w\"}", 404, "/problems/not-found"},
-	    {"/v1/jobs/%s.s1/complete", "{\"worker\":\"intruder\"}", 409,
-	     "/problems/not-lease-holder"},
-	    {"/v1/jobs/%s.s1/complete", "{\"output\":{}}", 422, "/problems/invalid-request"},
-	    {"/v1/jobs/%s.s1/complete", "{\"worker\":\"w\",\"output\":[1]}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/jobs/%s.s1/fail", "{\"worker\":\"w\",\"retry_after_seconds\":-1}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"lease_seconds\":-5}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/jobs/activate",
-	     "{\"job_type\":\"b\",\"worker\":\"w\",\"lease_seconds\":99999999999999}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"max_jobs\":0}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/jobs/activate", "{\"worker\":\"w\"}", 422, "/problems/invalid-request"},
-	    {"/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"extra\":1}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/jobs/activate", "{\"job_type\":", 400, "/problems/invalid-json"},
-	    {"/v1/workflows/%s/transitions", "{\"to\":\"sleeping\"}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/workflows/%s/transitions", "{\"to\":\"cancelled\",\"from\":\"nowhere\"}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/workflows/%s/transitions", "{\"to\":\"running\",\"from\":\"running\"}", 200,
-	     NULL},
-	    {"/v1/workflows/%s/messages", "{\"name\":\"x\"}", 422, "/problems/invalid-request"},
-	    {"/v1/workflows/%s/messages", "{\"message_id\":\"m\",\"name\":\"x\",\"payload\":3}",
-	     422, "/problems/invalid-request"},
-	    {"/v1/workflows/%s/messages", "{\"message_id\":\"\",\"name\":\"x\"}", 422,
-	     "/problems/invalid-request"},
-	    {"/v1/workflows/01a00000-0000-7000-8000-000000000000/messages",
-	     "{\"message_id\":\"m\",\"name\":\"x\"}", 404, "/problems/not-found"},
+		{ "/v1/jobs/%s.s9/complete", "{\"worker\":\"w\"}", 404, "/problems/not-found" },
+		{ "/v1/jobs/nonsense/complete", "{\"worker\":\"w\"}", 404, "/problems/not-found" },
+		{ "/v1/jobs/%s.s1/complete", "{\"worker\":\"intruder\"}", 409,
+		  "/problems/not-lease-holder" },
+		{ "/v1/jobs/%s.s1/complete", "{\"output\":{}}", 422, "/problems/invalid-request" },
+		{ "/v1/jobs/%s.s1/complete", "{\"worker\":\"w\",\"output\":[1]}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/jobs/%s.s1/fail", "{\"worker\":\"w\",\"retry_after_seconds\":-1}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"lease_seconds\":-5}",
+		  422, "/problems/invalid-request" },
+		{ "/v1/jobs/activate",
+		  "{\"job_type\":\"b\",\"worker\":\"w\",\"lease_seconds\":99999999999999}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"max_jobs\":0}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/jobs/activate", "{\"worker\":\"w\"}", 422, "/problems/invalid-request" },
+		{ "/v1/jobs/activate", "{\"job_type\":\"b\",\"worker\":\"w\",\"extra\":1}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/jobs/activate", "{\"job_type\":", 400, "/problems/invalid-json" },
+		{ "/v1/workflows/%s/transitions", "{\"to\":\"sleeping\"}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/workflows/%s/transitions", "{\"to\":\"cancelled\",\"from\":\"nowhere\"}",
+		  422, "/problems/invalid-request" },
+		{ "/v1/workflows/%s/transitions", "{\"to\":\"running\",\"from\":\"running\"}", 200,
+		  NULL },
+		{ "/v1/workflows/%s/messages", "{\"name\":\"x\"}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/workflows/%s/messages",
+		  "{\"message_id\":\"m\",\"name\":\"x\",\"payload\":3}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/workflows/%s/messages", "{\"message_id\":\"\",\"name\":\"x\"}", 422,
+		  "/problems/invalid-request" },
+		{ "/v1/workflows/01a00000-0000-7000-8000-000000000000/messages",
+		  "{\"message_id\":\"m\",\"name\":\"x\"}", 404, "/problems/not-found" },
 	};
 	struct tstack_tenant t;
 	char *wf, *before, *after, steps[4096];
@@ -934,7 +946,7 @@ Test(bad_input, every_malformed_command_gets_a_precise_problem_and_changes_nothi
 		const char *pct = strstr(cases[i].path, "%s");
 		if (pct != NULL)
 			snprintf(path, sizeof(path), "%.*s%s%s", (int)(pct - cases[i].path),
-				 cases[i].path, wf, pct + 2);
+			         cases[i].path, wf, pct + 2);
 		else
 			snprintf(path, sizeof(path), "%s", cases[i].path);
 		r = tstack_post(&t, path, NULL, cases[i].body);
@@ -950,18 +962,19 @@ Test(bad_input, every_malformed_command_gets_a_precise_problem_and_changes_nothi
 	off = (size_t)snprintf(steps, sizeof(steps), "{\"type\":\"b\",\"steps\":[");
 	for (int i = 0; i < 33; i++)
 		off += (size_t)snprintf(steps + off, sizeof(steps) - off,
-					"%s{\"name\":\"s%d\",\"job_type\":\"b\"}", i ? "," : "", i);
+		                        "%s{\"name\":\"s%d\",\"job_type\":\"b\"}", i ? "," : "", i);
 	snprintf(steps + off, sizeof(steps) - off, "]}");
 	const char *bad_workflows[] = {
-	    steps,
-	    "{\"type\":\"b\",\"steps\":[]}",
-	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\",\"wait_for\":\"m\"}]}",
-	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\"},"
-	    "{\"name\":\"a\",\"job_type\":\"c\"}]}",
-	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"wait_for\":\"m\",\"retries\":2}]}",
-	    "{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\",\"retries\":-1}]}",
-	    "{\"type\":\"b\",\"business_key\":\"\"}",
-	    "{\"type\":\"b\",\"business_key\":7}",
+		steps,
+		"{\"type\":\"b\",\"steps\":[]}",
+		"{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\",\"wait_for\":\"m\"}]"
+		"}",
+		"{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\"},"
+		"{\"name\":\"a\",\"job_type\":\"c\"}]}",
+		"{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"wait_for\":\"m\",\"retries\":2}]}",
+		"{\"type\":\"b\",\"steps\":[{\"name\":\"a\",\"job_type\":\"b\",\"retries\":-1}]}",
+		"{\"type\":\"b\",\"business_key\":\"\"}",
+		"{\"type\":\"b\",\"business_key\":7}",
 	};
 	for (size_t i = 0; i < sizeof(bad_workflows) / sizeof(bad_workflows[0]); i++) {
 		char key[96];
@@ -1000,9 +1013,9 @@ Test(keyed_commands, a_keyed_activation_replays_the_same_jobs_and_a_changed_body
 	tstack_expect_problem(c, 409, "/problems/idempotency-key-reused", "/v1/jobs/activate");
 	/* One activation in all: the second workflow's job is still free. */
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1"
-				  " AND state = 'active'",
-				  t.id_text),
-		     1);
+	                          " AND state = 'active'",
+	                          t.id_text),
+	             1);
 	http_response_free(a);
 	http_response_free(b);
 	http_response_free(c);
@@ -1040,16 +1053,18 @@ Test(keyed_commands, a_retry_with_the_same_bytes_replays_without_the_canonical_c
 	char key[96];
 
 	tstack_tenant_create(&t, "samebytes");
-	free(tstack_create(&t, "{\"type\":\"sb\",\"steps\":[{\"name\":\"a\",\"job_type\":\"sb\"}]}"));
+	free(tstack_create(&t,
+	                   "{\"type\":\"sb\",\"steps\":[{\"name\":\"a\",\"job_type\":\"sb\"}]}"));
 	tstack_key(key, sizeof(key), "sb");
 	a = tstack_post(&t, "/v1/jobs/activate", key, body);
 	tstack_expect_status(a, 200);
-	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
-				  " AND request_bytes_fp IS NOT NULL AND request_bytes_fp <> fingerprint",
-				  key),
-		     1, "the command's key keeps the fingerprint of its bytes");
+	cr_assert_eq(
+	    tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
+	                 " AND request_bytes_fp IS NOT NULL AND request_bytes_fp <> fingerprint",
+	                 key),
+	    1, "the command's key keeps the fingerprint of its bytes");
 	tstack_exec(tstack_db(), "UPDATE idempotency_keys SET fingerprint = '\\x00' WHERE key = $1",
-		    key);
+	            key);
 	b = tstack_post(&t, "/v1/jobs/activate", key, body);
 	c = tstack_post(&t, "/v1/jobs/activate", key, "{\"worker\":\"w\",\"job_type\":\"sb\"}");
 	tstack_expect_status(b, 200);
@@ -1070,8 +1085,9 @@ Test(isolation, no_route_of_a_running_workflow_reaches_another_tenants_rows)
 	struct tstack_tenant a, b;
 	struct http_response *r;
 	char path[200], *wf, *before, *after, *n;
-	const char *body = "{\"type\":\"iso\",\"business_key\":\"B-1\",\"steps\":["
-			   "{\"name\":\"w\",\"job_type\":\"iso\"},{\"name\":\"m\",\"wait_for\":\"go\"}]}";
+	const char *body =
+	    "{\"type\":\"iso\",\"business_key\":\"B-1\",\"steps\":["
+	    "{\"name\":\"w\",\"job_type\":\"iso\"},{\"name\":\"m\",\"wait_for\":\"go\"}]}";
 
 	tstack_tenant_create(&a, "iso-a");
 	tstack_tenant_create(&b, "iso-b");
@@ -1142,12 +1158,13 @@ Test(lease, concurrent_activations_never_hand_out_one_job_twice)
 
 	tstack_tenant_create(&t, "activators");
 	for (int i = 0; i < 20; i++)
-		free(tstack_create(&t, "{\"type\":\"ca\",\"steps\":[{\"name\":\"a\",\"job_type\":\"ca\"}]}"));
+		free(tstack_create(
+		    &t, "{\"type\":\"ca\",\"steps\":[{\"name\":\"a\",\"job_type\":\"ca\"}]}"));
 	cr_assert_eq(pthread_barrier_init(&start, NULL, ACTIVATORS), 0);
 	for (int i = 0; i < ACTIVATORS; i++) {
 		snprintf(bodies[i], sizeof(bodies[i]),
-			 "{\"job_type\":\"ca\",\"worker\":\"a%d\",\"max_jobs\":3}", i);
-		s[i] = (struct sender){&t, "/v1/jobs/activate", NULL, bodies[i], &start, NULL};
+		         "{\"job_type\":\"ca\",\"worker\":\"a%d\",\"max_jobs\":3}", i);
+		s[i] = (struct sender){ &t, "/v1/jobs/activate", NULL, bodies[i], &start, NULL };
 		cr_assert_eq(pthread_create(&th[i], NULL, sender_run, &s[i]), 0);
 	}
 	for (int i = 0; i < ACTIVATORS; i++)
@@ -1159,28 +1176,28 @@ Test(lease, concurrent_activations_never_hand_out_one_job_twice)
 	for (int i = 0; i < ACTIVATORS; i++) {
 		cr_assert_not_null(s[i].resp);
 		tstack_expect_status(s[i].resp, 200);
-		const char *p[2] = {s[i].resp->body, NULL};
-		PGresult *res = PQexecParams(
-		    db,
-		    "SELECT j ->> 'key', j ->> 'worker' FROM jsonb_array_elements($1::jsonb -> 'jobs') j",
-		    1, NULL, p, NULL, NULL, 0);
+		const char *p[2] = { s[i].resp->body, NULL };
+		PGresult *res = PQexecParams(db,
+		                             "SELECT j ->> 'key', j ->> 'worker' FROM "
+		                             "jsonb_array_elements($1::jsonb -> 'jobs') j",
+		                             1, NULL, p, NULL, NULL, 0);
 		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK);
 		for (int k = 0; k < PQntuples(res); k++) {
 			char wf[37];
 			snprintf(wf, sizeof(wf), "%.36s", PQgetvalue(res, k, 0));
 			cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1"
-						  " AND worker = $2 AND activations = 1",
-						  wf, PQgetvalue(res, k, 1)),
-				     1, "job %s is not %s's alone", PQgetvalue(res, k, 0),
-				     PQgetvalue(res, k, 1));
+			                          " AND worker = $2 AND activations = 1",
+			                          wf, PQgetvalue(res, k, 1)),
+			             1, "job %s is not %s's alone", PQgetvalue(res, k, 0),
+			             PQgetvalue(res, k, 1));
 			handed++;
 		}
 		PQclear(res);
 		http_response_free(s[i].resp);
 	}
 	cr_assert_eq(handed, tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1"
-					  " AND state = 'active'",
-					  t.id_text));
+	                                  " AND state = 'active'",
+	                                  t.id_text));
 	cr_assert_eq(handed, 20, "SKIP LOCKED left jobs behind while %ld were asked for",
-		     (long)ACTIVATORS * 3);
+	             (long)ACTIVATORS * 3);
 }

@@ -51,7 +51,7 @@ static struct http_response *post_as(const char *auth, const char *body)
 
 	tstack_key(key, sizeof(key), "sec");
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-	const char *h[] = {auth, JSON_CT, kh, NULL};
+	const char *h[] = { auth, JSON_CT, kh, NULL };
 	r = http_request("POST", COLLECTION, h, body, strlen(body));
 	cr_assert_not_null(r, "POST: %s", http_error());
 	return r;
@@ -108,41 +108,41 @@ static long worker_of(const char *request_id)
 static void expect_no_internals(const struct http_response *r, const char *const *secrets)
 {
 	static const char *internal[] = {
-	    "SELECT",
-	    "INSERT",
-	    "UPDATE",
-	    "DELETE",
-	    " FROM ",
-	    "WHERE",
-	    "idempotency_keys",
-	    "api_tokens",
-	    "outbox",
-	    "relation",
-	    "violates",
-	    "syntax",
-	    "constraint",
-	    "SQLSTATE",
-	    "sqlstate",
-	    "ERROR:",
-	    "FATAL",
-	    "PANIC",
-	    "postgres",
-	    "PostgreSQL",
-	    "libpq",
-	    "host=",
-	    "port=",
-	    "user=",
-	    "dbname",
-	    "password",
-	    ".s.PGSQL",
-	    "/tmp/",
-	    "/work/",
-	    "/var/",
-	    "/usr/",
-	    ".c:",
-	    "errno",
-	    "Connection refused",
-	    "No such file",
+		"SELECT",
+		"INSERT",
+		"UPDATE",
+		"DELETE",
+		" FROM ",
+		"WHERE",
+		"idempotency_keys",
+		"api_tokens",
+		"outbox",
+		"relation",
+		"violates",
+		"syntax",
+		"constraint",
+		"SQLSTATE",
+		"sqlstate",
+		"ERROR:",
+		"FATAL",
+		"PANIC",
+		"postgres",
+		"PostgreSQL",
+		"libpq",
+		"host=",
+		"port=",
+		"user=",
+		"dbname",
+		"password",
+		".s.PGSQL",
+		"/tmp/",
+		"/work/",
+		"/var/",
+		"/usr/",
+		".c:",
+		"errno",
+		"Connection refused",
+		"No such file",
 	};
 
 	for (size_t i = 0; i < sizeof(internal) / sizeof(internal[0]); i++)
@@ -189,7 +189,7 @@ Test(tokens, are_stored_only_as_their_blake2b_hash_and_never_logged)
 	struct http_response *r;
 	uint8_t h[FP_LEN];
 	char hex[2 * FP_LEN + 1], *stored, *tables;
-	const char *logs[] = {"IDEMFLOW_FCGI_LOG", "IDEMFLOW_PG_LOG"};
+	const char *logs[] = { "IDEMFLOW_FCGI_LOG", "IDEMFLOW_PG_LOG" };
 	char nginx_log[1024];
 
 	tstack_tenant_create(&t, "hashed");
@@ -225,7 +225,7 @@ Test(tokens, are_stored_only_as_their_blake2b_hash_and_never_logged)
 
 	snprintf(nginx_log, sizeof(nginx_log), "%s/nginx/access.log",
 	         tstack_env("IDEMFLOW_STACK_DIR"));
-	const char *paths[] = {tstack_env(logs[0]), tstack_env(logs[1]), nginx_log};
+	const char *paths[] = { tstack_env(logs[0]), tstack_env(logs[1]), nginx_log };
 	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
 		char *text = file_slurp(paths[i]);
 		cr_assert_null(strstr(text, t.token), "%s holds the token", paths[i]);
@@ -257,7 +257,7 @@ Test(tokens, near_misses_of_a_valid_token_are_401)
 	for (size_t i = 0; i < 6; i++) {
 		struct http_response *r = post_as(variants[i], BODY);
 		tstack_expect_problem(r, 401, "/problems/unauthorized", COLLECTION);
-		const char *secret[] = {t.token, NULL};
+		const char *secret[] = { t.token, NULL };
 		expect_no_internals(r, secret);
 		http_response_free(r);
 	}
@@ -280,7 +280,7 @@ static void *shot_run(void *arg)
 
 	tstack_key(key, sizeof(key), "revoked");
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
-	const char *h[] = {s->auth, JSON_CT, kh, NULL};
+	const char *h[] = { s->auth, JSON_CT, kh, NULL };
 	pthread_barrier_wait(s->go);
 	s->r = http_request("POST", COLLECTION, h, BODY, strlen(BODY));
 	return NULL;
@@ -296,7 +296,7 @@ Test(tokens, a_revoked_token_is_refused_by_every_worker_from_the_next_request)
 {
 	long nworkers = tstack_conf_long("workers", 8);
 	pid_t sup = tstack_supervisor_pid(), pids[MAX_WORKERS];
-	long seen[MAX_WORKERS] = {0};
+	long seen[MAX_WORKERS] = { 0 };
 	struct tstack_tenant t;
 	char other[128], other_auth[160];
 	size_t nseen = 0, npids;
@@ -321,7 +321,7 @@ Test(tokens, a_revoked_token_is_refused_by_every_worker_from_the_next_request)
 		          npids);
 		pthread_barrier_init(&go, NULL, (unsigned)npids);
 		for (size_t i = 0; i < npids; i++) {
-			shots[i] = (struct shot){.go = &go, .auth = t.auth};
+			shots[i] = (struct shot){ .go = &go, .auth = t.auth };
 			pthread_create(&th[i], NULL, shot_run, &shots[i]);
 		}
 		for (size_t i = 0; i < npids; i++)
@@ -425,7 +425,7 @@ Test(errors, with_postgresql_down_503_bodies_name_nothing_of_the_connection, .fi
 	struct tstack_tenant t;
 	struct http_response *r;
 	char path[80], uuid[37];
-	const char *secrets[] = {NULL, NULL, NULL, NULL};
+	const char *secrets[] = { NULL, NULL, NULL, NULL };
 
 	tstack_tenant_create(&t, "down");
 	secrets[0] = t.token;
@@ -436,7 +436,7 @@ Test(errors, with_postgresql_down_503_bodies_name_nothing_of_the_connection, .fi
 
 	tstack_pg_ctl("stop");
 	pg_stopped = 1;
-	const char *get_h[] = {t.auth, NULL};
+	const char *get_h[] = { t.auth, NULL };
 	for (int i = 0; i < 3; i++) {
 		r = post_as(t.auth, BODY);
 		expect_problem_offline(r, 503, "/problems/unavailable", COLLECTION);
@@ -478,28 +478,28 @@ Test(errors, with_postgresql_down_503_bodies_name_nothing_of_the_connection, .fi
 Test(operator, admin_looking_paths_are_404_for_tenant_tokens)
 {
 	static const char *paths[] = {
-	    "/admin",
-	    "/admin/tenants",
-	    "/v1/admin",
-	    "/v1/tenants",
-	    "/v1/tenants/1",
-	    "/v1/tenants/1/tokens",
-	    "/v1/tokens",
-	    "/v1/api_tokens",
-	    "/v1/token/revoke",
-	    "/v1/outbox",
-	    "/v1/outbox/1/requeue",
-	    "/v1/prune",
-	    "/v1/migrate",
-	    "/migrate",
-	    "/debug",
-	    "/v1/debug/idempotency-check",
-	    "/v1/workflows/../../admin",
-	    "/metrics/admin",
-	    "/server-status",
-	    "/.env",
+		"/admin",
+		"/admin/tenants",
+		"/v1/admin",
+		"/v1/tenants",
+		"/v1/tenants/1",
+		"/v1/tenants/1/tokens",
+		"/v1/tokens",
+		"/v1/api_tokens",
+		"/v1/token/revoke",
+		"/v1/outbox",
+		"/v1/outbox/1/requeue",
+		"/v1/prune",
+		"/v1/migrate",
+		"/migrate",
+		"/debug",
+		"/v1/debug/idempotency-check",
+		"/v1/workflows/../../admin",
+		"/metrics/admin",
+		"/server-status",
+		"/.env",
 	};
-	static const char *methods[] = {"GET", "POST", "PUT", "DELETE", "PATCH"};
+	static const char *methods[] = { "GET", "POST", "PUT", "DELETE", "PATCH" };
 	struct tstack_tenant t;
 	long tenants, tokens, events;
 
@@ -509,7 +509,7 @@ Test(operator, admin_looking_paths_are_404_for_tenant_tokens)
 	events = tstack_count("SELECT count(*) FROM outbox");
 	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
 		for (size_t m = 0; m < sizeof(methods) / sizeof(methods[0]); m++) {
-			const char *h[] = {t.auth, JSON_CT, "Idempotency-Key: admin-try", NULL};
+			const char *h[] = { t.auth, JSON_CT, "Idempotency-Key: admin-try", NULL };
 			const char *body = strcmp(methods[m], "GET") ? "{\"name\":\"evil\"}" : NULL;
 			struct http_response *r =
 			    http_request(methods[m], paths[i], h, body, body ? strlen(body) : 0);
@@ -548,23 +548,23 @@ Test(operator, metrics_refuse_tenant_tokens_outside_the_allowlist, .fini = own_s
 	struct http_response *r;
 
 	tstack_pool_paths(&own, "sec");
-	const char *argv[] = {tstack_env("IDEMFLOW_FCGI"),
-	                      "--config",
-	                      tstack_env("IDEMFLOW_CONF"),
-	                      "--listen",
-	                      own.sock,
-	                      "--pid-file",
-	                      own.pidfile,
-	                      "--workers",
-	                      "1",
-	                      "--metrics-allow",
-	                      "10.0.0.0/8",
-	                      NULL};
+	const char *argv[] = { tstack_env("IDEMFLOW_FCGI"),
+		               "--config",
+		               tstack_env("IDEMFLOW_CONF"),
+		               "--listen",
+		               own.sock,
+		               "--pid-file",
+		               own.pidfile,
+		               "--workers",
+		               "1",
+		               "--metrics-allow",
+		               "10.0.0.0/8",
+		               NULL };
 	tstack_pool_run(&own, argv, 10000);
 	tstack_tenant_create(&t, "scrape");
-	const char *with_tenant[] = {t.auth, NULL};
-	const char *none[] = {NULL};
-	const char *const *who[] = {with_tenant, none};
+	const char *with_tenant[] = { t.auth, NULL };
+	const char *none[] = { NULL };
+	const char *const *who[] = { with_tenant, none };
 	for (size_t i = 0; i < 2; i++) {
 		r = http_fcgi_request(own.sock, "GET", "/metrics", who[i], NULL, 0);
 		cr_assert_not_null(r, "%s", http_error());
@@ -610,7 +610,8 @@ static void rl_stop(void)
 
 static int free_port(void)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in sa = { .sin_family = AF_INET,
+		                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t len = sizeof(sa);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
@@ -714,7 +715,7 @@ Test(rate_limit, the_per_token_example_refuses_with_429_per_token, .fini = rl_st
 	rl_start();
 	tstack_uuid(uuid);
 	snprintf(path, sizeof(path), COLLECTION "/%s", uuid);
-	const char *ha[] = {a.auth, NULL}, *hb[] = {b.auth, NULL};
+	const char *ha[] = { a.auth, NULL }, *hb[] = { b.auth, NULL };
 	for (int i = 0; i < 10; i++) {
 		struct http_response *r = http_request("GET", path, ha, NULL, 0);
 		cr_assert_not_null(r, "%s", http_error());
@@ -765,7 +766,7 @@ Test(rate_limit, variants_of_the_bearer_scheme_share_the_token_budget, .fini = r
 	tstack_uuid(uuid);
 	snprintf(path, sizeof(path), COLLECTION "/%s", uuid);
 	for (int i = 0; i < 12; i++) {
-		const char *h[] = {variants[i % 4], NULL};
+		const char *h[] = { variants[i % 4], NULL };
 		struct http_response *r = http_request("GET", path, h, NULL, 0);
 
 		cr_assert_not_null(r, "%s", http_error());
@@ -841,7 +842,7 @@ static void *inflight_create(void *arg)
 	static const char body[] = "{\"type\":\"inflight\"}";
 	struct inflight *f = arg;
 	char kh[200];
-	const char *h[] = {f->auth, "Content-Type: application/json", kh, NULL};
+	const char *h[] = { f->auth, "Content-Type: application/json", kh, NULL };
 
 	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", f->key);
 	f->r = http_request("POST", COLLECTION, h, body, sizeof(body) - 1);
@@ -870,7 +871,7 @@ Test(tokens, a_revoke_does_not_stop_a_request_already_past_its_token_check)
 	tok = t.auth + strlen("Authorization: Bearer ");
 	tstack_key(key, sizeof(key), "inflight");
 	tstack_key_hold(hold, &t, key);
-	f = (struct inflight){.auth = t.auth, .key = key};
+	f = (struct inflight){ .auth = t.auth, .key = key };
 	cr_assert_eq(pthread_create(&th, NULL, inflight_create, &f), 0);
 	cr_assert_neq(tstack_blocked_worker(hold, 900), 0, "the create never reached its write");
 	/* No replay cache wait: the revoke returns as soon as it committed. */
@@ -890,7 +891,7 @@ Test(tokens, a_revoke_does_not_stop_a_request_already_past_its_token_check)
 
 	tstack_uuid(uuid);
 	snprintf(path, sizeof(path), COLLECTION "/%s", uuid);
-	const char *h[] = {t.auth, NULL};
+	const char *h[] = { t.auth, NULL };
 	r = http_request("GET", path, h, NULL, 0);
 	cr_assert_not_null(r, "%s", http_error());
 	cr_assert_eq(r->status, 401, "after the revoke: %d %s", r->status, r->body);

@@ -31,8 +31,8 @@
 #include "tstack.h"
 #include "twait.h"
 
-#define COLLECTION "/v1/workflows"
-#define JSON_CT "Content-Type: application/json"
+#define COLLECTION  "/v1/workflows"
+#define JSON_CT     "Content-Type: application/json"
 #define MAX_WORKERS 64
 
 TestSuite(signals, .timeout = 60);
@@ -42,8 +42,8 @@ static const char MIN_BODY[] = "{\"type\":\"x\",\"input\":{}}";
 /* --- Helpers ----------------------------------------------------------- */
 
 /* Headers of a keyed JSON POST as t; kh holds the key line. */
-static void post_headers(const char *h[4], char *kh, size_t khsize,
-			 const struct tstack_tenant *t, const char *key)
+static void post_headers(const char *h[4], char *kh, size_t khsize, const struct tstack_tenant *t,
+                         const char *key)
 {
 	h[0] = t->auth;
 	h[1] = JSON_CT;
@@ -55,8 +55,7 @@ static void post_headers(const char *h[4], char *kh, size_t khsize,
 	}
 }
 
-static struct http_response *post(const struct tstack_tenant *t,
-				  const char *key, const char *body)
+static struct http_response *post(const struct tstack_tenant *t, const char *key, const char *body)
 {
 	const char *h[4];
 	char kh[512];
@@ -77,8 +76,7 @@ static int pid_in(pid_t pid, const pid_t *pids, size_t n)
 }
 
 /* Live workers number n and none of them is in old[]. */
-static int workers_replaced(pid_t sup, size_t n, const pid_t *old,
-			    size_t nold)
+static int workers_replaced(pid_t sup, size_t n, const pid_t *old, size_t nold)
 {
 	pid_t cur[MAX_WORKERS];
 	size_t ncur = tstack_workers(sup, cur, MAX_WORKERS);
@@ -114,8 +112,7 @@ static void *pending_post_run(void *arg)
 {
 	struct pending_post *p = arg;
 
-	p->resp = http_request("POST", COLLECTION, p->headers, p->body,
-			       strlen(p->body));
+	p->resp = http_request("POST", COLLECTION, p->headers, p->body, strlen(p->body));
 	if (!p->resp)
 		snprintf(p->err, sizeof(p->err), "%s", http_error());
 	return NULL;
@@ -133,23 +130,20 @@ static void sighup_replaces_every_worker(pid_t sup, size_t workers)
 	double deadline;
 	char key[128], *id;
 
-	cr_assert_eq(nold, workers, "%zu workers before SIGHUP, want %zu",
-		     nold, workers);
+	cr_assert_eq(nold, workers, "%zu workers before SIGHUP, want %zu", nold, workers);
 	tstack_tenant_create(&t, "sighup");
 
 	cr_assert_eq(kill(sup, SIGHUP), 0, "SIGHUP: %s", strerror(errno));
 	deadline = tstack_now() + 10;
 	while (!workers_replaced(sup, workers, old, nold)) {
-		cr_assert(tstack_now() < deadline,
-			  "workers not all replaced within 10s of SIGHUP");
+		cr_assert(tstack_now() < deadline, "workers not all replaced within 10s of SIGHUP");
 		tstack_sleep_ms(50);
 	}
 	cr_assert(!tstack_pid_gone(sup), "SIGHUP ended the supervisor");
 
 	tstack_key(key, sizeof(key), "sighup");
 	r = post(&t, key, MIN_BODY);
-	cr_assert_eq(r->status, 201, "POST after SIGHUP answered %d: %.300s",
-		     r->status, r->body);
+	cr_assert_eq(r->status, 201, "POST after SIGHUP answered %d: %.300s", r->status, r->body);
 	id = tstack_expect_created(r, "x", "{}");
 	tstack_expect_counts(&t, 1, 1, 1);
 	free(id);
@@ -183,15 +177,14 @@ static void sigterm_drains_in_flight_request(pid_t sup, long wait_ms)
 	tstack_key_hold(hold, &t, key);
 	pending.headers = h;
 	pending.body = "{\"type\":\"drain\",\"input\":{\"d\":1}}";
-	cr_assert_eq(pthread_create(&thread, NULL, pending_post_run, &pending),
-		     0);
+	cr_assert_eq(pthread_create(&thread, NULL, pending_post_run, &pending), 0);
 	/* Everything below must happen well inside idempotency_wait, or the
 	 * parked request would give up with 409 instead of completing. */
 	blocked = tstack_blocked_worker(hold, wait_ms / 2);
 	cr_assert(blocked > 0, "no worker blocked on the held key");
 	n = tstack_workers(sup, workers, MAX_WORKERS);
-	cr_assert(pid_in(blocked, workers, n), "pid %ld is not a worker of %ld",
-		  (long)blocked, (long)sup);
+	cr_assert(pid_in(blocked, workers, n), "pid %ld is not a worker of %ld", (long)blocked,
+	          (long)sup);
 
 	cr_assert_eq(kill(sup, SIGTERM), 0, "SIGTERM: %s", strerror(errno));
 	/* The drain has begun before the parked request may go on: the
@@ -203,11 +196,11 @@ static void sigterm_drains_in_flight_request(pid_t sup, long wait_ms)
 		for (size_t i = 0; i < n; i++)
 			left += workers[i] != blocked && !tstack_pid_gone(workers[i]);
 		if (left == 0 && tstack_file_contains(tstack_env("IDEMFLOW_FCGI_LOG"),
-						      "msg=\"stopping: letting in-flight requests"
-						      " finish\""))
+		                                      "msg=\"stopping: letting in-flight requests"
+		                                      " finish\""))
 			break;
 		cr_assert(tstack_now() < deadline, "%zu idle workers still running after SIGTERM",
-			  left);
+		          left);
 		tstack_sleep_ms(20);
 	}
 	cr_assert(!tstack_pid_gone(blocked), "the worker with a request in flight left at SIGTERM");
@@ -216,19 +209,17 @@ static void sigterm_drains_in_flight_request(pid_t sup, long wait_ms)
 	pthread_join(thread, NULL);
 
 	cr_assert_not_null(pending.resp, "in-flight request: %s", pending.err);
-	cr_assert_eq(pending.resp->status, 201,
-		     "request in flight at SIGTERM answered %d: %.300s",
-		     pending.resp->status, pending.resp->body);
+	cr_assert_eq(pending.resp->status, 201, "request in flight at SIGTERM answered %d: %.300s",
+	             pending.resp->status, pending.resp->body);
 	id = tstack_expect_created(pending.resp, "drain", "{\"d\":1}");
 
 	/* Not our child, so its exit status is not ours to read; the
 	 * optional-mode test checks that status on a supervisor it owns. */
-	cr_assert(wait_gone(sup, 10000),
-		  "supervisor %ld still running 10s after SIGTERM", (long)sup);
+	cr_assert(wait_gone(sup, 10000), "supervisor %ld still running 10s after SIGTERM",
+	          (long)sup);
 	for (size_t i = 0; i < n; i++)
-		cr_assert(wait_gone(workers[i], 1000),
-			  "worker %ld outlived its supervisor",
-			  (long)workers[i]);
+		cr_assert(wait_gone(workers[i], 1000), "worker %ld outlived its supervisor",
+		          (long)workers[i]);
 
 	tstack_key(key, sizeof(key), "after");
 	r = post(&t, key, MIN_BODY);
@@ -238,8 +229,7 @@ static void sigterm_drains_in_flight_request(pid_t sup, long wait_ms)
 	http_response_free(r);
 
 	tstack_expect_counts(&t, 1, 1, 1);
-	row = tstack_text("SELECT id::text FROM workflows WHERE tenant_id = $1",
-			  t.id_text);
+	row = tstack_text("SELECT id::text FROM workflows WHERE tenant_id = $1", t.id_text);
 	cr_assert_str_eq(row, id);
 	free(row);
 	free(id);
@@ -254,8 +244,7 @@ Test(signals, sighup_replaces_workers_then_sigterm_drains_in_flight_and_exits)
 
 	cr_assert(workers > 0 && workers <= MAX_WORKERS);
 	cr_assert(tstack_wait_workers(sup, (size_t)workers, 5000),
-		  "supervisor %ld does not have %ld workers", (long)sup,
-		  workers);
+	          "supervisor %ld does not have %ld workers", (long)sup, workers);
 	sighup_replaces_every_worker(sup, (size_t)workers);
 	sigterm_drains_in_flight_request(sup, wait_ms);
 }
@@ -286,14 +275,11 @@ static void own_start(const char *const *overrides)
 	double deadline;
 	int n;
 
-	n = snprintf(own_sock, sizeof(own_sock), "%s/own-%ld.sock", dir,
-		     (long)getpid());
+	n = snprintf(own_sock, sizeof(own_sock), "%s/own-%ld.sock", dir, (long)getpid());
 	cr_assert(n > 0 && (size_t)n < sizeof(own_sock),
-		  "IDEMFLOW_STACK_DIR too long for a socket path: %s", dir);
-	snprintf(own_pidfile, sizeof(own_pidfile), "%s/own-%ld.pid", dir,
-		 (long)getpid());
-	snprintf(own_log, sizeof(own_log), "%s/own-%ld.log", dir,
-		 (long)getpid());
+	          "IDEMFLOW_STACK_DIR too long for a socket path: %s", dir);
+	snprintf(own_pidfile, sizeof(own_pidfile), "%s/own-%ld.pid", dir, (long)getpid());
+	snprintf(own_log, sizeof(own_log), "%s/own-%ld.log", dir, (long)getpid());
 
 	argv[argc++] = fcgi;
 	argv[argc++] = "--config";
@@ -317,11 +303,11 @@ static void own_start(const char *const *overrides)
 		int status;
 
 		cr_assert(waitpid(own_pid, &status, WNOHANG) == 0,
-			  "%s exited during startup, status 0x%x; see %s", fcgi,
-			  status, own_log);
+		          "%s exited during startup, status 0x%x; see %s", fcgi, status, own_log);
 		cr_assert(tstack_now() < deadline,
-			  "%s not listening on %s with pid file %s within 10s;"
-			  " see %s", fcgi, own_sock, own_pidfile, own_log);
+		          "%s not listening on %s with pid file %s within 10s;"
+		          " see %s",
+		          fcgi, own_sock, own_pidfile, own_log);
 		tstack_sleep_ms(20);
 	}
 }
@@ -336,36 +322,32 @@ static void own_terminate(void)
 	cr_assert_eq(kill(own_pid, SIGTERM), 0);
 	while ((rc = waitpid(own_pid, &status, WNOHANG)) == 0) {
 		cr_assert(tstack_now() < deadline,
-			  "supervisor still running 10s after SIGTERM; see %s",
-			  own_log);
+		          "supervisor still running 10s after SIGTERM; see %s", own_log);
 		tstack_sleep_ms(20);
 	}
 	cr_assert_eq(rc, own_pid, "waitpid: %s", strerror(errno));
 	own_pid = 0;
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-		  "supervisor ended with status 0x%x after SIGTERM; see %s",
-		  status, own_log);
+	          "supervisor ended with status 0x%x after SIGTERM; see %s", status, own_log);
 }
 
-static struct http_response *own_post(const struct tstack_tenant *t,
-				      const char *key, const char *body)
+static struct http_response *own_post(const struct tstack_tenant *t, const char *key,
+                                      const char *body)
 {
 	const char *h[4];
 	char kh[512];
 	struct http_response *r;
 
 	post_headers(h, kh, sizeof(kh), t, key);
-	r = http_fcgi_request(own_sock, "POST", COLLECTION, h, body,
-			      strlen(body));
+	r = http_fcgi_request(own_sock, "POST", COLLECTION, h, body, strlen(body));
 	cr_assert_not_null(r, "FastCGI POST: %s", http_error());
 	return r;
 }
 
-Test(signals, optional_mode_creates_anew_without_a_key_and_replays_with_one,
-     .fini = own_stop)
+Test(signals, optional_mode_creates_anew_without_a_key_and_replays_with_one, .fini = own_stop)
 {
-	static const char *const overrides[] = { "--idempotency-key", "optional",
-						 "--workers", "1", NULL };
+	static const char *const overrides[] = { "--idempotency-key", "optional", "--workers", "1",
+		                                 NULL };
 	struct tstack_tenant t;
 	struct http_response *a, *b, *keyed, *again, *bad;
 	char key[128], *ida, *idb, *idk;
@@ -373,8 +355,8 @@ Test(signals, optional_mode_creates_anew_without_a_key_and_replays_with_one,
 
 	own_start(overrides);
 	written = tstack_pidfile_read(own_pidfile);
-	cr_assert_eq(written, (long)own_pid, "pid file says %ld, pid is %ld",
-		     written, (long)own_pid);
+	cr_assert_eq(written, (long)own_pid, "pid file says %ld, pid is %ld", written,
+	             (long)own_pid);
 
 	tstack_tenant_create(&t, "optional");
 
@@ -396,8 +378,7 @@ Test(signals, optional_mode_creates_anew_without_a_key_and_replays_with_one,
 
 	/* Optional does not mean any syntax goes. */
 	bad = own_post(&t, "has space", MIN_BODY);
-	tstack_expect_problem(bad, 400, "/problems/invalid-idempotency-key",
-			      COLLECTION);
+	tstack_expect_problem(bad, 400, "/problems/invalid-idempotency-key", COLLECTION);
 	tstack_expect_counts(&t, 3, 3, 1);
 
 	own_terminate();

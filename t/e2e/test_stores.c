@@ -19,23 +19,21 @@
 #include "tstack.h"
 #include "twait.h"
 
-
 TestSuite(keys, .timeout = 90);
 TestSuite(memory, .timeout = 180);
 
 static void activate_one(const struct tstack_tenant *t, const char *type, const char *worker,
-			 int lease)
+                         int lease)
 {
 	char body[256];
 	struct http_response *r;
 
-	snprintf(body, sizeof(body),
-		 "{\"job_type\":\"%s\",\"worker\":\"%s\",\"lease_seconds\":%d}", type, worker,
-		 lease);
+	snprintf(body, sizeof(body), "{\"job_type\":\"%s\",\"worker\":\"%s\",\"lease_seconds\":%d}",
+	         type, worker, lease);
 	r = tstack_post(t, "/v1/jobs/activate", NULL, body);
 	tstack_expect_status(r, 200);
 	cr_assert_eq(tstack_count("SELECT jsonb_array_length($1::jsonb -> 'jobs')", r->body), 1,
-		     "activation: %s", r->body);
+	             "activation: %s", r->body);
 	http_response_free(r);
 }
 
@@ -46,9 +44,9 @@ static void expect_replay(const struct http_response *r, const struct http_respo
 	tstack_expect_header(r, "Idempotent-Replayed", "true");
 	tstack_expect_header(r, "Content-Type", http_header(first, "Content-Type"));
 	cr_assert_eq(r->body_len, first->body_len, "replayed %.500s, first %.500s", r->body,
-		     first->body);
+	             first->body);
 	cr_assert(memcmp(r->body, first->body, r->body_len) == 0, "replayed %.500s, first %.500s",
-		  r->body, first->body);
+	          r->body, first->body);
 }
 
 static long key_rows(const char *key)
@@ -73,7 +71,7 @@ Test(keys, a_missing_job_is_not_stored_and_the_same_key_works_once_it_exists)
 
 	tstack_tenant_create(&t, "missing");
 	wf = tstack_create(&t, "{\"type\":\"m\",\"steps\":[{\"name\":\"a\",\"job_type\":\"m1\"},"
-			"{\"name\":\"b\",\"job_type\":\"m2\"}]}");
+	                       "{\"name\":\"b\",\"job_type\":\"m2\"}]}");
 	snprintf(path, sizeof(path), "/v1/jobs/%s.s2/complete", wf);
 	tstack_key(key, sizeof(key), "early");
 	a = tstack_post(&t, path, key, body);
@@ -113,8 +111,8 @@ Test(keys, a_missing_workflow_is_not_stored_and_a_corrected_request_may_reuse_th
 		const char *body;
 		int status;
 	} cases[] = {
-	    {"transitions", "{\"to\":\"cancelled\"}", 200},
-	    {"messages", "{\"message_id\":\"m-1\",\"name\":\"go\"}", 202},
+		{ "transitions", "{\"to\":\"cancelled\"}", 200 },
+		{ "messages", "{\"message_id\":\"m-1\",\"name\":\"go\"}", 202 },
 	};
 	struct tstack_tenant t;
 	char key[96], path[200], missing[37];
@@ -129,8 +127,7 @@ Test(keys, a_missing_workflow_is_not_stored_and_a_corrected_request_may_reuse_th
 		snprintf(path, sizeof(path), "/v1/workflows/%s/%s", missing, cases[i].verb);
 		a = tstack_post(&t, path, key, cases[i].body);
 		tstack_expect_problem(a, 404, "/problems/not-found", path);
-		cr_assert_eq(key_rows(key), 0, "%s: a 404 does not consume the key",
-			     cases[i].verb);
+		cr_assert_eq(key_rows(key), 0, "%s: a 404 does not consume the key", cases[i].verb);
 		snprintf(path, sizeof(path), "/v1/workflows/%s/%s", wf, cases[i].verb);
 		b = tstack_post(&t, path, key, cases[i].body);
 		tstack_expect_status(b, cases[i].status);
@@ -156,13 +153,14 @@ Test(keys, a_validation_error_is_not_stored)
 		int bad_status, good_status;
 		const char *type;
 	} cases[] = {
-	    {"/transitions", "{\"to\":\"sleeping\"}", "{\"to\":\"cancelled\"}",
-	     422, 200, "/problems/invalid-request"},
-	    {"/v1/jobs/activate", "{\"job_type\":\"v\",\"worker\":\"w\",\"max_jobs\":0}",
-	     "{\"job_type\":\"v\",\"worker\":\"w\"}", 422, 200, "/problems/invalid-request"},
-	    {"/v1/workflows", "{\"type\":\"\"}", "{\"type\":\"v\"}", 422, 201,
-	     "/problems/invalid-workflow"},
-	    {"/v1/workflows", "{\"type\":", "{\"type\":\"v\"}", 400, 201, "/problems/invalid-json"},
+		{ "/transitions", "{\"to\":\"sleeping\"}", "{\"to\":\"cancelled\"}", 422, 200,
+		  "/problems/invalid-request" },
+		{ "/v1/jobs/activate", "{\"job_type\":\"v\",\"worker\":\"w\",\"max_jobs\":0}",
+		  "{\"job_type\":\"v\",\"worker\":\"w\"}", 422, 200, "/problems/invalid-request" },
+		{ "/v1/workflows", "{\"type\":\"\"}", "{\"type\":\"v\"}", 422, 201,
+		  "/problems/invalid-workflow" },
+		{ "/v1/workflows", "{\"type\":", "{\"type\":\"v\"}", 400, 201,
+		  "/problems/invalid-json" },
 	};
 
 	tstack_tenant_create(&t, "valid");
@@ -188,8 +186,8 @@ Test(keys, a_validation_error_is_not_stored)
 
 /* Send body to path twice under one fresh key: the first answer is the
  * refusal (status, type), stored; the second is its replay, byte for byte. */
-static void expect_stored_refusal(const struct tstack_tenant *t, const char *path,
-				  const char *body, int status, const char *type)
+static void expect_stored_refusal(const struct tstack_tenant *t, const char *path, const char *body,
+                                  int status, const char *type)
 {
 	struct http_response *a, *b;
 	char key[96];
@@ -199,9 +197,9 @@ static void expect_stored_refusal(const struct tstack_tenant *t, const char *pat
 	tstack_expect_problem(a, status, type, path);
 	cr_assert_null(http_header(a, "Idempotent-Replayed"));
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1"
-				  " AND status = $2::int",
-				  key, status == 409 ? "409" : "422"),
-		     1, "%s is stored under its key", type);
+	                          " AND status = $2::int",
+	                          key, status == 409 ? "409" : "422"),
+	             1, "%s is stored under its key", type);
 	b = tstack_post(t, path, key, body);
 	expect_replay(b, a);
 	http_response_free(a);
@@ -230,25 +228,25 @@ Test(keys, every_refusal_of_a_command_is_stored_and_replayed_byte_for_byte)
 	activate_one(&t, "rh", "w", 60);
 	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", wf);
 	expect_stored_refusal(&t, path, "{\"worker\":\"intruder\"}", 409,
-			      "/problems/not-lease-holder");
+	                      "/problems/not-lease-holder");
 	http_response_free(tstack_post(&t, path, NULL, "{\"worker\":\"w\",\"output\":{\"v\":1}}"));
 	expect_stored_refusal(&t, path, "{\"worker\":\"w\",\"output\":{\"v\":2}}", 409,
-			      "/problems/job-not-active");
+	                      "/problems/job-not-active");
 	free(wf);
 
 	/* state-conflict and invalid-transition. */
 	wf = tstack_create(&t, "{\"type\":\"r\"}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
 	expect_stored_refusal(&t, path, "{\"to\":\"cancelled\",\"from\":\"running\"}", 409,
-			      "/problems/state-conflict");
+	                      "/problems/state-conflict");
 	expect_stored_refusal(&t, path, "{\"to\":\"completed\"}", 422,
-			      "/problems/invalid-transition");
+	                      "/problems/invalid-transition");
 
 	/* message-id-reused. */
 	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", wf);
 	http_response_free(tstack_post(&t, path, NULL, "{\"message_id\":\"x\",\"name\":\"go\"}"));
 	expect_stored_refusal(&t, path, "{\"message_id\":\"x\",\"name\":\"stop\"}", 409,
-			      "/problems/message-id-reused");
+	                      "/problems/message-id-reused");
 	free(wf);
 }
 
@@ -270,7 +268,7 @@ struct walk {
 static void *walk_pages(void *arg)
 {
 	struct walk *w = arg;
-	const char *h[] = {w->t->auth, NULL};
+	const char *h[] = { w->t->auth, NULL };
 
 	for (int round = 0; round < WALKS && !w->failed; round++) {
 		char path[200], cursor[37] = "";
@@ -281,11 +279,11 @@ static void *walk_pages(void *arg)
 			int n = 0;
 
 			snprintf(path, sizeof(path), "/v1/workflows?type=big&limit=1000%s%s",
-				 cursor[0] ? "&after=" : "", cursor);
+			         cursor[0] ? "&after=" : "", cursor);
 			r = http_request("GET", path, h, NULL, 0);
 			if (r == NULL || r->status != 200) {
 				snprintf(w->why, sizeof(w->why), "GET %s: %d", path,
-					 r ? r->status : -1);
+				         r ? r->status : -1);
 				w->failed = 1;
 				http_response_free(r);
 				break;
@@ -352,21 +350,21 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 	cap = (size_t)tstack_conf_long("max_answer", 4L * 1024 * 1024);
 	snprintf(n, sizeof(n), "%d", BIG_INPUT);
 	tstack_exec(tstack_db(),
-		    "INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
-		    " SELECT $1::bigint, gen_random_uuid(), 'big',"
-		    "        jsonb_build_object('n', g, 'blob', repeat(chr(97 + g % 26), $2::int)),"
-		    "        now(), now()"
-		    "   FROM generate_series(1, 40) g",
-		    t.id_text, n);
+	            "INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+	            " SELECT $1::bigint, gen_random_uuid(), 'big',"
+	            "        jsonb_build_object('n', g, 'blob', repeat(chr(97 + g % 26), $2::int)),"
+	            "        now(), now()"
+	            "   FROM generate_series(1, 40) g",
+	            t.id_text, n);
 
 	/* Every worker warmed by small pages first: the baseline is a worker
 	 * that has served lists, not one fresh from its fork. */
 	nw = tstack_workers(tstack_supervisor_pid(), pids, 64);
 	cr_assert_gt(nw, 0);
 	for (int i = 0; i < 30; i++) {
-		const char *h[] = {t.auth, NULL};
-		struct http_response *r = http_request("GET", "/v1/workflows?type=none&limit=1", h,
-						       NULL, 0);
+		const char *h[] = { t.auth, NULL };
+		struct http_response *r =
+		    http_request("GET", "/v1/workflows?type=none&limit=1", h, NULL, 0);
 		cr_assert_not_null(r);
 		http_response_free(r);
 	}
@@ -374,7 +372,7 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 		before[i] = rss_kib(pids[i]);
 
 	for (int i = 0; i < CLIENTS; i++) {
-		w[i] = (struct walk){.t = &t, .cap = cap};
+		w[i] = (struct walk){ .t = &t, .cap = cap };
 		cr_assert_eq(pthread_create(&th[i], NULL, walk_pages, &w[i]), 0);
 	}
 	for (int i = 0; i < CLIENTS; i++)
@@ -382,9 +380,9 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 	for (int i = 0; i < CLIENTS; i++) {
 		cr_assert_not(w[i].failed, "client %d: %s", i, w[i].why);
 		cr_assert_eq(w[i].items, WALKS * BIG_WORKFLOWS, "client %d saw %d items", i,
-			     w[i].items);
+		             w[i].items);
 		cr_assert_leq(w[i].largest, cap, "client %d got a page of %zu bytes, cap %zu", i,
-			      w[i].largest, cap);
+		              w[i].largest, cap);
 		cr_assert_gt(w[i].pages, WALKS * 2, "the cap cut the pages short");
 		cr_log_info("client %d: %d pages, largest %zu bytes", i, w[i].pages, w[i].largest);
 	}
@@ -403,7 +401,7 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 	}
 	for (size_t i = 0; i < nw; i++) {
 		cr_log_info("worker %ld: VmRSS %ld kB before, %ld kB after", (long)pids[i],
-			    before[i], after[i]);
+		            before[i], after[i]);
 #if defined(__SANITIZE_ADDRESS__)
 		/* AddressSanitizer keeps freed memory in its quarantine (256 MB)
 		 * and never hands it back: a worker's RSS says nothing there.
@@ -411,7 +409,7 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 		continue;
 #endif
 		cr_assert_leq(after[i], before[i] + slack_kib,
-			      "worker %ld kept %ld kB more than before (%ld -> %ld kB)",
-			      (long)pids[i], after[i] - before[i], before[i], after[i]);
+		              "worker %ld kept %ld kB more than before (%ld -> %ld kB)",
+		              (long)pids[i], after[i] - before[i], before[i], after[i]);
 	}
 }

@@ -126,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct buf canon = BUF_INIT, again = BUF_INIT;
 	struct json_object *v, *w = NULL;
 	uint8_t fp1[FP_LEN], fp2[FP_LEN];
-	struct err e = {0};
+	struct err e = { 0 };
 
 	v = canon_parse(body, size, DEPTH, &e);
 	if (v == NULL) {

@@ -21,7 +21,7 @@
 
 static void check_loaded(const struct conf *c)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 	int m;
 
 	FUZZ_CHECK(c->db && c->listen && c->pid_file && c->application_name && c->log_file &&
@@ -55,7 +55,7 @@ static void fuzz_file(const uint8_t *data, size_t size)
 	static int fd = -1;
 	static char path[64];
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 
 	FUZZ_CHECK(c != NULL, "out of memory");
 	if (fd < 0) {
@@ -82,7 +82,7 @@ static void fuzz_args(const uint8_t *data, size_t size)
 	int argc = 0, next = -1;
 	size_t start = 0;
 	struct conf *c;
-	struct err e = {0};
+	struct err e = { 0 };
 
 	argv[argc++] = strdup("idemflow-fcgi");
 	for (size_t i = 0; i <= size && argc < MAX_ARGS; i++) {

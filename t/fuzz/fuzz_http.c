@@ -76,7 +76,7 @@ static void check_problem(const struct http_req *r)
 {
 	struct buf b = BUF_INIT;
 	struct json_object *v, *inst;
-	struct err e = {0};
+	struct err e = { 0 };
 	char want[512];
 	size_t n;
 
@@ -132,7 +132,7 @@ static void check_log_line(const struct http_req *r, int status)
 	char line[LINE_MAX_], num[48];
 	size_t n = 0, jn;
 	struct json_object *v, *m;
-	struct err e = {0};
+	struct err e = { 0 };
 
 	log_kv(line, sizeof(line), &n, "request_id", r->request_id);
 	log_kv(line, sizeof(line), &n, "method", r->method);
@@ -246,14 +246,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/* The query of GET /v1/workflows and .../events: a decoded value
 	 * fits its buffer, holds no NUL, and is never longer than the text. */
-	static const char *const qnames[] = {"state", "type", "after", "limit"};
+	static const char *const qnames[] = { "state", "type", "after", "limit" };
 	for (size_t i = 0; i < sizeof(qnames) / sizeof(qnames[0]); i++) {
 		char qv[64];
 		int qr = http_query_param(r.query, qnames[i], qv, sizeof(qv));
 		FUZZ_CHECK(qr >= -1 && qr <= 1, "http_query_param returned %d", qr);
 		if (qr == 1)
-			FUZZ_CHECK(strlen(qv) <= strlen(r.query), "decoded %s longer than the query",
-			           qnames[i]);
+			FUZZ_CHECK(strlen(qv) <= strlen(r.query),
+			           "decoded %s longer than the query", qnames[i]);
 	}
 
 	check_problem(&r);

@@ -61,7 +61,7 @@ static int check(amqp_connection_state_t conn, const char *what, char *err, size
 static amqp_connection_state_t connect_url(const char *url, char *err, size_t errsz)
 {
 	struct amqp_connection_info ci;
-	struct timeval tv = {.tv_sec = 5};
+	struct timeval tv = { .tv_sec = 5 };
 	amqp_connection_state_t conn = NULL;
 	amqp_socket_t *sock;
 	amqp_rpc_reply_t r;
@@ -117,7 +117,7 @@ static int declare_topic(amqp_connection_state_t conn, const char *exchange, cha
                          size_t errsz)
 {
 	amqp_rpc_reply_t r;
-	amqp_channel_close_ok_t ok = {0};
+	amqp_channel_close_ok_t ok = { 0 };
 
 	amqp_exchange_declare(conn, CHANNEL, amqp_cstring_bytes(exchange),
 	                      amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
@@ -140,13 +140,13 @@ static int open_queue(struct amqpc *c, const char *url, const char *exchange,
 	amqp_connection_state_t conn;
 	amqp_queue_declare_ok_t *q;
 	amqp_table_entry_t args[2] = {
-	    {.key = amqp_cstring_bytes("x-max-length"),
-	     .value = {.kind = AMQP_FIELD_KIND_I64, .value = {.i64 = max_length}}},
-	    {.key = amqp_cstring_bytes("x-overflow"),
-	     .value = {.kind = AMQP_FIELD_KIND_UTF8,
-	               .value = {.bytes = amqp_cstring_bytes("reject-publish")}}},
+		{ .key = amqp_cstring_bytes("x-max-length"),
+		  .value = { .kind = AMQP_FIELD_KIND_I64, .value = { .i64 = max_length } } },
+		{ .key = amqp_cstring_bytes("x-overflow"),
+		  .value = { .kind = AMQP_FIELD_KIND_UTF8,
+		             .value = { .bytes = amqp_cstring_bytes("reject-publish") } } },
 	};
-	amqp_table_t qargs = {.num_entries = max_length < 0 ? 0 : 2, .entries = args};
+	amqp_table_t qargs = { .num_entries = max_length < 0 ? 0 : 2, .entries = args };
 
 	memset(c, 0, sizeof(*c));
 	conn = connect_url(url, c->error, sizeof(c->error));
@@ -221,7 +221,7 @@ int amqpc_next(struct amqpc *c, long timeout_ms, struct amqpc_msg *m)
 	amqp_connection_state_t conn = c->conn;
 	amqp_envelope_t env;
 	amqp_rpc_reply_t r;
-	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000 };
 	const amqp_basic_properties_t *p;
 	char why[256];
 

@@ -52,8 +52,7 @@ struct buf {
 
 static _Thread_local char http_errbuf[512];
 
-static void http_set_error(const char *fmt, ...)
-	__attribute__((format(printf, 1, 2)));
+static void http_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static void http_set_error(const char *fmt, ...)
 {
@@ -92,8 +91,7 @@ static int buf_append(struct buf *b, const void *data, size_t n)
 	return 0;
 }
 
-static int buf_printf(struct buf *b, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+static int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static int buf_printf(struct buf *b, const char *fmt, ...)
 {
@@ -134,8 +132,7 @@ static void http_target(const char **host, const char **port)
 
 static int http_connect(void)
 {
-	struct addrinfo hints = { .ai_family = AF_UNSPEC,
-				  .ai_socktype = SOCK_STREAM };
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
 	struct addrinfo *res = NULL, *ai;
 	const char *host, *port;
 	int fd = -1, rc, err = 0;
@@ -143,13 +140,11 @@ static int http_connect(void)
 	http_target(&host, &port);
 	rc = getaddrinfo(host, port, &hints, &res);
 	if (rc != 0) {
-		http_set_error("resolve %s:%s: %s", host, port,
-			       gai_strerror(rc));
+		http_set_error("resolve %s:%s: %s", host, port, gai_strerror(rc));
 		return -1;
 	}
 	for (ai = res; ai; ai = ai->ai_next) {
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
-			    ai->ai_protocol);
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
 		if (fd < 0) {
 			err = errno;
 			continue;
@@ -183,8 +178,7 @@ static int send_all(int fd, const char *data, size_t len)
 			if (errno == EPIPE || errno == ECONNRESET)
 				return 1;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				http_set_error("send timed out after %ds",
-					       HTTP_TIMEOUT_S);
+				http_set_error("send timed out after %ds", HTTP_TIMEOUT_S);
 			else
 				http_set_error("send: %s", strerror(errno));
 			return -1;
@@ -219,16 +213,16 @@ static int recv_all(int fd, struct buf *out)
 			return 0;
 		if (errno == EAGAIN || errno == EWOULDBLOCK)
 			http_set_error("no complete response within %ds "
-				       "(%zu bytes received)",
-				       HTTP_TIMEOUT_S, out->len);
+			               "(%zu bytes received)",
+			               HTTP_TIMEOUT_S, out->len);
 		else
 			http_set_error("recv: %s", strerror(errno));
 		return -1;
 	}
 }
 
-static int header_add(struct http_response *r, const char *name,
-		      size_t name_len, const char *value, size_t value_len)
+static int header_add(struct http_response *r, const char *name, size_t name_len, const char *value,
+                      size_t value_len)
 {
 	struct http_field *h;
 
@@ -251,8 +245,7 @@ static int header_add(struct http_response *r, const char *name,
 }
 
 /* Parse one "Name: value" line (no line terminator) into r. */
-static int header_parse_line(struct http_response *r, const char *line,
-			     size_t len)
+static int header_parse_line(struct http_response *r, const char *line, size_t len)
 {
 	const char *colon = memchr(line, ':', len);
 	const char *v, *end = line + len;
@@ -266,8 +259,7 @@ static int header_parse_line(struct http_response *r, const char *line,
 		v++;
 	while (end > v && (end[-1] == ' ' || end[-1] == '\t'))
 		end--;
-	return header_add(r, line, (size_t)(colon - line), v,
-			  (size_t)(end - v));
+	return header_add(r, line, (size_t)(colon - line), v, (size_t)(end - v));
 }
 
 static void headers_clear(struct http_response *r)
@@ -295,8 +287,7 @@ static int body_set(struct http_response *r, const char *data, size_t len)
 	return 0;
 }
 
-static int body_dechunk(struct http_response *r, const char *p,
-			const char *end)
+static int body_dechunk(struct http_response *r, const char *p, const char *end)
 {
 	struct buf out = { 0 };
 
@@ -311,17 +302,14 @@ static int body_dechunk(struct http_response *r, const char *p,
 		}
 		errno = 0;
 		size = strtoull(p, &stop, 16);
-		if (stop == p || errno ||
-		    (stop != eol && *stop != ';' && *stop != ' ')) {
-			http_set_error("bad chunk size line: %.*s",
-				       (int)(eol - p), p);
+		if (stop == p || errno || (stop != eol && *stop != ';' && *stop != ' ')) {
+			http_set_error("bad chunk size line: %.*s", (int)(eol - p), p);
 			goto fail;
 		}
 		p = eol + 2;
 		if (size == 0)
 			break; /* trailers, if any, are of no interest */
-		if ((unsigned long long)(end - p) < size + 2 ||
-		    memcmp(p + size, "\r\n", 2) != 0) {
+		if ((unsigned long long)(end - p) < size + 2 || memcmp(p + size, "\r\n", 2) != 0) {
 			http_set_error("truncated chunk of %llu bytes", size);
 			goto fail;
 		}
@@ -351,14 +339,13 @@ static int http_parse(const char *raw, size_t len, struct http_response *r)
 
 		hend = memmem(p, (size_t)(end - p), "\r\n\r\n", 4);
 		if (!hend) {
-			http_set_error("no end of headers in %zu bytes: %.*s",
-				       len, (int)(len > 200 ? 200 : len), raw);
+			http_set_error("no end of headers in %zu bytes: %.*s", len,
+			               (int)(len > 200 ? 200 : len), raw);
 			return -1;
 		}
 		if (sscanf(p, "HTTP/1.%d %3d", &minor, &r->status) != 2) {
 			http_set_error("bad status line: %.*s",
-				       (int)(hend - p > 200 ? 200 : hend - p),
-				       p);
+			               (int)(hend - p > 200 ? 200 : hend - p), p);
 			return -1;
 		}
 		eol = memmem(p, (size_t)(hend + 2 - p), "\r\n", 2);
@@ -389,8 +376,7 @@ static int http_parse(const char *raw, size_t len, struct http_response *r)
 			return -1;
 		}
 		if ((unsigned long long)(end - p) < n) {
-			http_set_error("truncated body: %zu of %llu bytes",
-				       (size_t)(end - p), n);
+			http_set_error("truncated body: %zu of %llu bytes", (size_t)(end - p), n);
 			return -1;
 		}
 		return body_set(r, p, (size_t)n);
@@ -399,8 +385,7 @@ static int http_parse(const char *raw, size_t len, struct http_response *r)
 }
 
 /* Send bytes on a fresh connection fd, read to EOF, and parse. */
-static struct http_response *http_exchange(int fd, const char *req,
-					   size_t req_len)
+static struct http_response *http_exchange(int fd, const char *req, size_t req_len)
 {
 	struct http_response *r = NULL;
 	struct buf in = { 0 };
@@ -436,18 +421,18 @@ struct http_response *http_send_raw(const void *bytes, size_t len)
 	return r;
 }
 
-struct http_response *http_request(const char *method, const char *path,
-				   const char *const *headers,
-				   const void *body, size_t body_len)
+struct http_response *http_request(const char *method, const char *path, const char *const *headers,
+                                   const void *body, size_t body_len)
 {
 	struct http_response *r = NULL;
 	struct buf req = { 0 };
 	const char *host, *port;
 
 	http_target(&host, &port);
-	if (buf_printf(&req, "%s %s HTTP/1.1\r\nHost: %s:%s\r\n"
-			     "Connection: close\r\n",
-		       method, path, host, port) < 0)
+	if (buf_printf(&req,
+	               "%s %s HTTP/1.1\r\nHost: %s:%s\r\n"
+	               "Connection: close\r\n",
+	               method, path, host, port) < 0)
 		goto out;
 	for (size_t i = 0; headers && headers[i]; i++)
 		if (buf_printf(&req, "%s\r\n", headers[i]) < 0)
@@ -466,28 +451,29 @@ out:
 
 /* --- FastCGI ----------------------------------------------------------- */
 
-static int fcgi_record(struct buf *b, unsigned type, const void *content,
-		       size_t len)
+static int fcgi_record(struct buf *b, unsigned type, const void *content, size_t len)
 {
 	static const char zeros[8];
 	size_t pad = (8 - len % 8) % 8;
 	unsigned char h[8] = {
-		FCGI_VERSION_1, (unsigned char)type,
-		0, FCGI_REQUEST_ID,
-		(unsigned char)(len >> 8), (unsigned char)(len & 0xff),
-		(unsigned char)pad, 0,
+		FCGI_VERSION_1,
+		(unsigned char)type,
+		0,
+		FCGI_REQUEST_ID,
+		(unsigned char)(len >> 8),
+		(unsigned char)(len & 0xff),
+		(unsigned char)pad,
+		0,
 	};
 
-	if (buf_append(b, h, sizeof(h)) < 0 ||
-	    buf_append(b, content, len) < 0 ||
+	if (buf_append(b, h, sizeof(h)) < 0 || buf_append(b, content, len) < 0 ||
 	    buf_append(b, zeros, pad) < 0)
 		return -1;
 	return 0;
 }
 
 /* Records of one stream (PARAMS or STDIN), ending with the empty record. */
-static int fcgi_stream(struct buf *b, unsigned type, const char *data,
-		       size_t len)
+static int fcgi_stream(struct buf *b, unsigned type, const char *data, size_t len)
 {
 	while (len > 0) {
 		size_t n = len > FCGI_MAX_CONTENT ? FCGI_MAX_CONTENT : len;
@@ -515,14 +501,12 @@ static int fcgi_length(struct buf *b, size_t n)
 	return buf_append(b, l, 4);
 }
 
-static int fcgi_param(struct buf *b, const char *name, const char *value,
-		      size_t value_len)
+static int fcgi_param(struct buf *b, const char *name, const char *value, size_t value_len)
 {
 	size_t name_len = strlen(name);
 
 	if (fcgi_length(b, name_len) < 0 || fcgi_length(b, value_len) < 0 ||
-	    buf_append(b, name, name_len) < 0 ||
-	    buf_append(b, value, value_len) < 0)
+	    buf_append(b, name, name_len) < 0 || buf_append(b, value, value_len) < 0)
 		return -1;
 	return 0;
 }
@@ -547,11 +531,9 @@ static int fcgi_header_param(struct buf *b, const char *line)
 	v = colon + 1;
 	while (*v == ' ' || *v == '\t')
 		v++;
-	if ((size_t)(colon - line) == 12 &&
-	    strncasecmp(line, "Content-Type", 12) == 0)
+	if ((size_t)(colon - line) == 12 && strncasecmp(line, "Content-Type", 12) == 0)
 		return fcgi_param_str(b, "CONTENT_TYPE", v);
-	if ((size_t)(colon - line) == 14 &&
-	    strncasecmp(line, "Content-Length", 14) == 0)
+	if ((size_t)(colon - line) == 14 && strncasecmp(line, "Content-Length", 14) == 0)
 		return 0; /* derived from the body instead */
 	memcpy(name, "HTTP_", 5);
 	n = 5;
@@ -568,10 +550,9 @@ static int fcgi_header_param(struct buf *b, const char *line)
 	return fcgi_param_str(b, name, v);
 }
 
-static int fcgi_params(struct buf *params, const char *method,
-		       const char *path, const char *const *headers,
-		       const void *body, size_t body_len,
-		       const char *request_id)
+static int fcgi_params(struct buf *params, const char *method, const char *path,
+                       const char *const *headers, const void *body, size_t body_len,
+                       const char *request_id)
 {
 	const char *q = strchr(path, '?');
 	size_t plen = q ? (size_t)(q - path) : strlen(path);
@@ -620,14 +601,14 @@ static int fcgi_unwrap(const struct buf *in, struct buf *out)
 			break;
 		if (p[1] == FCGI_END_REQUEST)
 			return out->data ? 0 : buf_append(out, "", 0);
-		if (p[1] == FCGI_STDOUT &&
-		    buf_append(out, p + 8, clen) < 0)
+		if (p[1] == FCGI_STDOUT && buf_append(out, p + 8, clen) < 0)
 			return -1;
 		p += total;
 		left -= total;
 	}
 	http_set_error("FastCGI connection closed without FCGI_END_REQUEST "
-		       "(%zu bytes received)", in->len);
+	               "(%zu bytes received)",
+	               in->len);
 	return -1;
 }
 
@@ -643,8 +624,7 @@ static int cgi_parse(const struct buf *out, struct http_response *r)
 
 		if (!eol) {
 			http_set_error("no end of CGI headers: %.*s",
-				       (int)(out->len > 200 ? 200 : out->len),
-				       out->data);
+			               (int)(out->len > 200 ? 200 : out->len), out->data);
 			return -1;
 		}
 		len = (size_t)(eol - p);
@@ -665,10 +645,9 @@ static int cgi_parse(const struct buf *out, struct http_response *r)
 	return body_set(r, p, (size_t)(end - p));
 }
 
-struct http_response *http_fcgi_request(const char *socket_path,
-					const char *method, const char *path,
-					const char *const *headers,
-					const void *body, size_t body_len)
+struct http_response *http_fcgi_request(const char *socket_path, const char *method,
+                                        const char *path, const char *const *headers,
+                                        const void *body, size_t body_len)
 {
 	static const unsigned char begin[8] = { 0, FCGI_RESPONDER, 0 };
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -690,12 +669,10 @@ struct http_response *http_fcgi_request(const char *socket_path,
 	for (size_t i = 0; i < sizeof(rnd); i++)
 		snprintf(request_id + 2 * i, 3, "%02x", rnd[i]);
 
-	if (fcgi_params(&params, method, path, headers, body, body_len,
-			request_id) < 0 ||
+	if (fcgi_params(&params, method, path, headers, body, body_len, request_id) < 0 ||
 	    fcgi_record(&req, FCGI_BEGIN_REQUEST, begin, sizeof(begin)) < 0 ||
 	    fcgi_stream(&req, FCGI_PARAMS, params.data, params.len) < 0 ||
-	    fcgi_stream(&req, FCGI_STDIN, body ? body : "",
-			body ? body_len : 0) < 0)
+	    fcgi_stream(&req, FCGI_STDIN, body ? body : "", body ? body_len : 0) < 0)
 		goto out;
 
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -716,8 +693,7 @@ struct http_response *http_fcgi_request(const char *socket_path,
 		http_set_error("out of memory");
 		goto out;
 	}
-	if (cgi_parse(&out, r) < 0 ||
-	    header_add(r, "X-Request-Id", 12, request_id, 32) < 0) {
+	if (cgi_parse(&out, r) < 0 || header_add(r, "X-Request-Id", 12, request_id, 32) < 0) {
 		http_response_free(r);
 		r = NULL;
 	}

@@ -36,9 +36,8 @@ struct http_response {
  * (no CRLF), or NULL.  body may be NULL (no Content-Length is sent) or any
  * bytes, including an empty body (Content-Length: 0).
  */
-struct http_response *http_request(const char *method, const char *path,
-				   const char *const *headers,
-				   const void *body, size_t body_len);
+struct http_response *http_request(const char *method, const char *path, const char *const *headers,
+                                   const void *body, size_t body_len);
 
 /* Send hand-made request bytes verbatim and read the response to EOF. */
 struct http_response *http_send_raw(const void *bytes, size_t len);
@@ -50,10 +49,9 @@ struct http_response *http_send_raw(const void *bytes, size_t len);
  * mirrored into the response as that header so callers can treat both
  * transports alike.
  */
-struct http_response *http_fcgi_request(const char *socket_path,
-					const char *method, const char *path,
-					const char *const *headers,
-					const void *body, size_t body_len);
+struct http_response *http_fcgi_request(const char *socket_path, const char *method,
+                                        const char *path, const char *const *headers,
+                                        const void *body, size_t body_len);
 
 /* First value of a header, case-insensitive name; NULL when absent. */
 const char *http_header(const struct http_response *resp, const char *name);

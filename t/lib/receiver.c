@@ -49,7 +49,7 @@ static double now_ms(void)
 /* The script: $top_srcdir (set by make check), $srcdir, or beside the binary. */
 static int find_script(struct receiver *r, char *out, size_t outsz)
 {
-	static const char *const vars[] = {"top_srcdir", "srcdir"};
+	static const char *const vars[] = { "top_srcdir", "srcdir" };
 	char exe[PATH_MAX];
 	ssize_t n;
 
@@ -84,7 +84,7 @@ static int read_port(struct receiver *r, int fd)
 	double deadline = now_ms() + RECEIVER_START_MS;
 
 	while (len < sizeof(line) - 1) {
-		struct pollfd p = {.fd = fd, .events = POLLIN};
+		struct pollfd p = { .fd = fd, .events = POLLIN };
 		double left = deadline - now_ms();
 		ssize_t got;
 
@@ -117,7 +117,7 @@ int receiver_start(struct receiver *r, const char *const *extra)
 	char script[PATH_MAX];
 	const char *dir;
 	size_t argc = 0;
-	int pfd[2] = {-1, -1}, fd, rc = -1;
+	int pfd[2] = { -1, -1 }, fd, rc = -1;
 	pid_t parent = getpid();
 
 	memset(r, 0, sizeof(*r));
@@ -215,7 +215,7 @@ static size_t keep_text(char *p, size_t size, size_t n, void *arg)
 int receiver_control(struct receiver *r, const char *json)
 {
 	struct curl_slist *hdr = NULL;
-	struct sink_text body = {{0}, 0};
+	struct sink_text body = { { 0 }, 0 };
 	char url[sizeof(r->base) + 16];
 	char cerr[CURL_ERROR_SIZE] = "";
 	long status = 0;

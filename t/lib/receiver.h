@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 struct receiver {
-	pid_t pid;          /* 0 when not running */
+	pid_t pid; /* 0 when not running */
 	int port;
 	char url[64];       /* "http://127.0.0.1:<port>/hook": where deliveries go */
 	char base[48];      /* "http://127.0.0.1:<port>" */
@@ -23,10 +23,10 @@ struct receiver {
 };
 
 struct receiver_delivery {
-	long seq;              /* 1, 2, ... in order of arrival */
-	long conn;             /* TCP connection it came on, numbered from 1 */
-	char *peer;            /* client "address:port" */
-	char *path;            /* e.g. "/hook" */
+	long seq;   /* 1, 2, ... in order of arrival */
+	long conn;  /* TCP connection it came on, numbered from 1 */
+	char *peer; /* client "address:port" */
+	char *path; /* e.g. "/hook" */
 	/* Header values; NULL when the header was absent. */
 	char *event_id;        /* webhook-id */
 	char *timestamp;       /* webhook-timestamp, as sent */
@@ -34,14 +34,14 @@ struct receiver_delivery {
 	char *idempotency_key; /* Idempotency-Key */
 	char *content_type;
 	char *user_agent;
-	char *body;            /* as received (decoded as UTF-8), NUL-terminated */
-	size_t body_len;       /* bytes received */
-	int status;            /* what the receiver answered */
-	long retry_after;      /* Retry-After it sent, or -1 */
-	int duplicate;         /* an earlier delivery of this id was answered 2xx */
-	int signature_valid;   /* receiver.py's own check (started with "--secret", S):
-				  1 valid, 0 not; -1 when it was given no secret */
-	double time;           /* arrival, unix seconds */
+	char *body;          /* as received (decoded as UTF-8), NUL-terminated */
+	size_t body_len;     /* bytes received */
+	int status;          /* what the receiver answered */
+	long retry_after;    /* Retry-After it sent, or -1 */
+	int duplicate;       /* an earlier delivery of this id was answered 2xx */
+	int signature_valid; /* receiver.py's own check (started with "--secret", S):
+	                        1 valid, 0 not; -1 when it was given no secret */
+	double time;         /* arrival, unix seconds */
 };
 
 /*

@@ -80,7 +80,7 @@ struct http_response *tstack_post_raw(const struct tstack_tenant *t, const char 
                                       const char *key, const char *body)
 {
 	char kh[300];
-	const char *h[] = {t->auth, JSON_CT, NULL, NULL};
+	const char *h[] = { t->auth, JSON_CT, NULL, NULL };
 
 	if (key != NULL) {
 		snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
@@ -100,7 +100,7 @@ struct http_response *tstack_post(const struct tstack_tenant *t, const char *pat
 
 struct http_response *tstack_get(const struct tstack_tenant *t, const char *path)
 {
-	const char *h[] = {t->auth, NULL};
+	const char *h[] = { t->auth, NULL };
 	struct http_response *r = http_request("GET", path, h, NULL, 0);
 
 	cr_assert_not_null(r, "GET %s: %s", path, http_error());

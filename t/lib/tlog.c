@@ -97,7 +97,7 @@ int tstack_every_worker(pid_t supervisor, const char *log, int width, int max_bu
                         void (*check)(const struct http_response *r, int i, void *arg), void *arg)
 {
 	pid_t pids[TSTACK_MAX_WIDTH];
-	int seen[TSTACK_MAX_WIDTH] = {0};
+	int seen[TSTACK_MAX_WIDTH] = { 0 };
 	size_t npids = tstack_workers(supervisor, pids, TSTACK_MAX_WIDTH), nseen = 0;
 	int sent = 0, bursts = 0;
 
@@ -114,7 +114,8 @@ int tstack_every_worker(pid_t supervisor, const char *log, int width, int max_bu
 		pthread_barrier_init(&go, NULL, (unsigned)width);
 		for (int k = 0; k < width; k++) {
 			shots[k] = (struct tstack_shot){
-			    .send = send, .arg = arg, .i = sent + k, .go = &go};
+				.send = send, .arg = arg, .i = sent + k, .go = &go
+			};
 			cr_assert_eq(pthread_create(&th[k], NULL, tstack_shot_run, &shots[k]), 0);
 		}
 		for (int k = 0; k < width; k++)

@@ -30,8 +30,8 @@ static void tstack_db_close(void)
 
 PGconn *tstack_db_connect(void)
 {
-	const char *keys[] = {"dbname", "application_name", NULL};
-	const char *vals[] = {tstack_env("DATABASE_URL"), "idemflow-tests", NULL};
+	const char *keys[] = { "dbname", "application_name", NULL };
+	const char *vals[] = { tstack_env("DATABASE_URL"), "idemflow-tests", NULL };
 	PGconn *c = PQconnectdbParams(keys, vals, 1);
 
 	cr_assert_not_null(c, "out of memory");
@@ -144,7 +144,7 @@ void tstack_key_hold(PGconn *conn, const struct tstack_tenant *t, const char *ke
 static char *json_query(const char *sql, const char *json, const char *path)
 {
 	PGresult *res;
-	const char *params[2] = {json, path};
+	const char *params[2] = { json, path };
 	char *v = NULL;
 
 	res = PQexecParams(tstack_db(), sql, 2, NULL, params, NULL, NULL, 0);

@@ -107,8 +107,8 @@ static long conf_scaled(const char *key, const char *v, const char *const *suffi
 
 long tstack_conf_ms(const char *key, long fallback_ms)
 {
-	static const char *const sfx[] = {"", "ms", "s", "m", "h", "d", NULL};
-	static const long mult[] = {1000, 1, 1000, 60000, 3600000, 86400000};
+	static const char *const sfx[] = { "", "ms", "s", "m", "h", "d", NULL };
+	static const long mult[] = { 1000, 1, 1000, 60000, 3600000, 86400000 };
 	char v[128];
 
 	if (!tstack_conf_get(key, v, sizeof(v)))
@@ -118,8 +118,8 @@ long tstack_conf_ms(const char *key, long fallback_ms)
 
 long tstack_conf_long(const char *key, long fallback)
 {
-	static const char *const sfx[] = {"", "k", "K", "m", "M", NULL};
-	static const long mult[] = {1, 1024, 1024, 1048576, 1048576};
+	static const char *const sfx[] = { "", "k", "K", "m", "M", NULL };
+	static const long mult[] = { 1, 1024, 1024, 1048576, 1048576 };
 	char v[128];
 
 	if (!tstack_conf_get(key, v, sizeof(v)))
@@ -290,7 +290,7 @@ void tstack_sequential_hook(void *test_set)
 
 int tstack_socket_accepts(const char *path)
 {
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int ok;
 

@@ -69,7 +69,7 @@ double tstack_now(void)
 
 void tstack_sleep_ms(long ms)
 {
-	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
 
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 		;

@@ -12,7 +12,7 @@
 
 Test(backoff, each_attempt_uses_its_step_and_the_last_step_after_the_list)
 {
-	const long delays[] = {1000, 60000, 3600000};
+	const long delays[] = { 1000, 60000, 3600000 };
 	unsigned seed = 1;
 
 	for (int attempt = 0; attempt <= 6; attempt++) {
@@ -20,16 +20,16 @@ Test(backoff, each_attempt_uses_its_step_and_the_last_step_after_the_list)
 		for (int i = 0; i < 200; i++) {
 			long d = dispatch_backoff_delay(delays, 3, attempt, &seed);
 			cr_assert(d >= base * 8 / 10 && d <= base * 12 / 10,
-				  "attempt %d: %ld ms, step %ld ms", attempt, d, base);
+			          "attempt %d: %ld ms, step %ld ms", attempt, d, base);
 		}
 	}
 }
 
 Test(backoff, the_jitter_stays_within_20_percent_and_covers_the_range)
 {
-	const long delays[] = {10000};
+	const long delays[] = { 10000 };
 	unsigned seed = 12345;
-	long min = -1, max = -1, buckets[4] = {0};
+	long min = -1, max = -1, buckets[4] = { 0 };
 	double sum = 0;
 
 	for (int i = 0; i < DRAWS; i++) {
@@ -47,17 +47,17 @@ Test(backoff, the_jitter_stays_within_20_percent_and_covers_the_range)
 	cr_assert(sum / DRAWS > 9900 && sum / DRAWS < 10100, "mean %.0f ms", sum / DRAWS);
 	for (int b = 0; b < 4; b++)
 		cr_assert(buckets[b] > DRAWS / 4 * 9 / 10 && buckets[b] < DRAWS / 4 * 11 / 10,
-			  "quarter %d of the range drawn %ld times of %d", b, buckets[b], DRAWS);
+		          "quarter %d of the range drawn %ld times of %d", b, buckets[b], DRAWS);
 }
 
 Test(backoff, two_dispatchers_with_different_seeds_do_not_retry_together)
 {
-	const long delays[] = {5000};
+	const long delays[] = { 5000 };
 	unsigned a = 1001, b = 2002;
 	int same = 0;
 
 	for (int i = 0; i < 1000; i++)
 		same += dispatch_backoff_delay(delays, 1, 1, &a) ==
-			dispatch_backoff_delay(delays, 1, 1, &b);
+		        dispatch_backoff_delay(delays, 1, 1, &b);
 	cr_assert_lt(same, 20, "%d of 1000 delays equal", same);
 }

@@ -9,7 +9,7 @@
 static const char *canon_of(const char *text, char *errmsg, size_t errlen)
 {
 	static struct buf out;
-	struct err e = {0};
+	struct err e = { 0 };
 	struct json_object *v = canon_parse(text, strlen(text), 64, &e);
 
 	buf_reset(&out);
@@ -33,35 +33,35 @@ struct pair {
 Test(canon, equivalent_texts_share_one_form)
 {
 	static const struct pair cases[] = {
-		{"{\"b\":2,\"a\":1}", "{\"a\":1,\"b\":2}"},
-		{" { \"a\" : 1 ,\n\t\"b\" : [ 1 , 2 ] } ", "{\"a\":1,\"b\":[1,2]}"},
-		{"{\"z\":{\"y\":1,\"x\":2},\"a\":null}", "{\"a\":null,\"z\":{\"x\":2,\"y\":1}}"},
-		{"[true,false,null]", "[true,false,null]"},
-		{"1.0", "1"},
-		{"-0.0", "0"},
-		{"1e3", "1000"},
-		{"0.1", "0.1"},
-		{"1.5e300", "1.5e+300"},
-		{"-12345678901234", "-12345678901234"},
-		{"18446744073709551615", "18446744073709551615"},
-		{"-9223372036854775808", "-9223372036854775808"},
-		{"[100000000000000000000.0,1e30]", "[100000000000000000000,1e+30]"},
+		{ "{\"b\":2,\"a\":1}", "{\"a\":1,\"b\":2}" },
+		{ " { \"a\" : 1 ,\n\t\"b\" : [ 1 , 2 ] } ", "{\"a\":1,\"b\":[1,2]}" },
+		{ "{\"z\":{\"y\":1,\"x\":2},\"a\":null}", "{\"a\":null,\"z\":{\"x\":2,\"y\":1}}" },
+		{ "[true,false,null]", "[true,false,null]" },
+		{ "1.0", "1" },
+		{ "-0.0", "0" },
+		{ "1e3", "1000" },
+		{ "0.1", "0.1" },
+		{ "1.5e300", "1.5e+300" },
+		{ "-12345678901234", "-12345678901234" },
+		{ "18446744073709551615", "18446744073709551615" },
+		{ "-9223372036854775808", "-9223372036854775808" },
+		{ "[100000000000000000000.0,1e30]", "[100000000000000000000,1e+30]" },
 		/* Beyond 64 bits an integer is the double it reads as (json-c
 		 * alone would clamp it to the nearest 64-bit limit). */
-		{"18446744073709551616", "18446744073709551616"},
-		{"{\"a\":[1,99999999999999999999]}", "{\"a\":[1,100000000000000000000]}"},
-		{"-9223372036854775809", "-9223372036854775808"},
-		{"1844674400000000000008378362954752323327", "1.8446744e+39"},
-		{"[-100000000000000000000000,1.0e22]", "[-1e+23,1e+22]"},
-		{"\"99999999999999999999\"", "\"99999999999999999999\""},
-		{"123456789012345678901.5", "123456789012345683968"},
-		{"[1e-05,1E-01,-0e1]", "[1e-05,0.1,0]"},
-		{"\"\\u00e9\"", "\"\xc3\xa9\""},
-		{"\"a\\/b\"", "\"a/b\""},
-		{"\"\\u001f\\n\\t\"", "\"\\u001f\\n\\t\""},
-		{"\"q\\\"b\\\\\"", "\"q\\\"b\\\\\""},
-		{"{\"a\":1,\"a\":2}", "{\"a\":2}"},
-		{"{\"\xc3\xa9\":1,\"z\":2,\"A\":3}", "{\"A\":3,\"z\":2,\"\xc3\xa9\":1}"},
+		{ "18446744073709551616", "18446744073709551616" },
+		{ "{\"a\":[1,99999999999999999999]}", "{\"a\":[1,100000000000000000000]}" },
+		{ "-9223372036854775809", "-9223372036854775808" },
+		{ "1844674400000000000008378362954752323327", "1.8446744e+39" },
+		{ "[-100000000000000000000000,1.0e22]", "[-1e+23,1e+22]" },
+		{ "\"99999999999999999999\"", "\"99999999999999999999\"" },
+		{ "123456789012345678901.5", "123456789012345683968" },
+		{ "[1e-05,1E-01,-0e1]", "[1e-05,0.1,0]" },
+		{ "\"\\u00e9\"", "\"\xc3\xa9\"" },
+		{ "\"a\\/b\"", "\"a/b\"" },
+		{ "\"\\u001f\\n\\t\"", "\"\\u001f\\n\\t\"" },
+		{ "\"q\\\"b\\\\\"", "\"q\\\"b\\\\\"" },
+		{ "{\"a\":1,\"a\":2}", "{\"a\":2}" },
+		{ "{\"\xc3\xa9\":1,\"z\":2,\"A\":3}", "{\"A\":3,\"z\":2,\"\xc3\xa9\":1}" },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct pair *p = &cases[i];
@@ -76,11 +76,26 @@ Test(canon, equivalent_texts_share_one_form)
 Test(canon, malformed_input_is_rejected)
 {
 	static const char *cases[] = {
-		"",          "{",          "{\"a\":}",      "{\"a\":1,}", "[1,2",
-		"{\"a\":1} x", "{'a':1}",  "\"\xff\"",      "\"\xc3\"",   "nul",
-		"{\"a\":1}{}", "\"\\u0000\"", "01",         "NaN",        "null",
+		"",
+		"{",
+		"{\"a\":}",
+		"{\"a\":1,}",
+		"[1,2",
+		"{\"a\":1} x",
+		"{'a':1}",
+		"\"\xff\"",
+		"\"\xc3\"",
+		"nul",
+		"{\"a\":1}{}",
+		"\"\\u0000\"",
+		"01",
+		"NaN",
+		"null",
 		/* json-c in strict mode refuses "01" but takes these. */
-		"-01", "[1,-007]", "{\"a\":-012.5}", "-000000000000000000000018446744073709551615",
+		"-01",
+		"[1,-007]",
+		"{\"a\":-012.5}",
+		"-000000000000000000000018446744073709551615",
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char msg[256] = "";
@@ -106,13 +121,13 @@ Test(canon, u0000_in_an_object_key_is_rejected_like_in_a_value)
 		cr_assert(strstr(msg, "U+0000") != NULL, "%s: %s", cases[i], msg);
 	}
 	cr_assert_str_eq(canon_of("{\"a\\\\u0000\":1}", NULL, 0), "{\"a\\\\u0000\":1}",
-			 "an escaped backslash before u0000 is no U+0000");
+	                 "an escaped backslash before u0000 is no U+0000");
 }
 
 Test(canon, nesting_beyond_the_limit_is_rejected)
 {
 	char deep[200];
-	struct err e = {0};
+	struct err e = { 0 };
 	struct json_object *v;
 
 	memset(deep, '[', 100);
@@ -128,7 +143,7 @@ Test(canon, nesting_beyond_the_limit_is_rejected)
 Test(canon, a_nul_byte_inside_the_body_is_rejected)
 {
 	const char text[] = "{\"a\":1}\0{}";
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_null(canon_parse(text, sizeof(text) - 1, 64, &e));
 }
@@ -148,17 +163,17 @@ Test(canon, strings_are_escaped_minimally)
 Test(canon, integers_beyond_64_bits_are_doubles_not_saturated)
 {
 	static const struct pair cases[] = {
-	    {"-9223372036854775808", "-9223372036854775808"},
-	    {"18446744073709551615", "18446744073709551615"},
-	    {"-9223372036854775809", "-9223372036854775808"},
-	    {"18446744073709551616", "18446744073709551616"},
-	    {"18446744073709551617", "18446744073709551616"},
-	    {"18446744073709551616.0", "18446744073709551616"},
-	    {"100000000000000000000", "100000000000000000000"},
-	    {"123456789012345678901234567890", "1.2345678901234568e+29"},
-	    {"{\"a\":[1,-99999999999999999999,2]}", "{\"a\":[1,-100000000000000000000,2]}"},
-	    {"[-0,0]", "[0,0]"},
-	    {"1e-400", "0"},
+		{ "-9223372036854775808", "-9223372036854775808" },
+		{ "18446744073709551615", "18446744073709551615" },
+		{ "-9223372036854775809", "-9223372036854775808" },
+		{ "18446744073709551616", "18446744073709551616" },
+		{ "18446744073709551617", "18446744073709551616" },
+		{ "18446744073709551616.0", "18446744073709551616" },
+		{ "100000000000000000000", "100000000000000000000" },
+		{ "123456789012345678901234567890", "1.2345678901234568e+29" },
+		{ "{\"a\":[1,-99999999999999999999,2]}", "{\"a\":[1,-100000000000000000000,2]}" },
+		{ "[-0,0]", "[0,0]" },
+		{ "1e-400", "0" },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char msg[256] = "";
@@ -172,7 +187,7 @@ Test(canon, integers_beyond_64_bits_are_doubles_not_saturated)
 /* The canonical form must read back as itself: GET parses what POST stored. */
 Test(canon, the_canonical_form_of_a_large_number_reads_back_as_itself)
 {
-	static const char *cases[] = {"1e20", "1e300", "18446744073709551616.5", "-1e25"};
+	static const char *cases[] = { "1e20", "1e300", "18446744073709551616.5", "-1e25" };
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char once[128], msg[256] = "";
 		const char *got = canon_of(cases[i], msg, sizeof(msg));
@@ -209,7 +224,7 @@ Test(canon, a_300_digit_integer_is_a_double_and_one_beyond_1e308_is_refused)
 Test(canon, nan_infinity_and_leading_zeros_are_refused)
 {
 	static const char *cases[] = {
-	    "NaN", "[Infinity]", "{\"a\":-Infinity}", "[-01]", "-00", "[1,-0123]",
+		"NaN", "[Infinity]", "{\"a\":-Infinity}", "[-01]", "-00", "[1,-0123]",
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char msg[256] = "";
@@ -224,21 +239,21 @@ Test(canon, nan_infinity_and_leading_zeros_are_refused)
 Test(canon, overlong_forms_surrogates_and_code_points_above_10ffff_are_refused)
 {
 	static const char *bad[] = {
-	    "\"\xc0\xaf\"",         /* overlong '/' */
-	    "\"\xe0\x80\xaf\"",     /* overlong '/', three bytes */
-	    "\"\xf0\x80\x80\xaf\"", /* overlong '/', four bytes */
-	    "\"\xed\xa0\x80\"",     /* U+D800, a surrogate, encoded */
-	    "\"\xed\xbf\xbf\"",     /* U+DFFF */
-	    "\"\xf4\x90\x80\x80\"", /* U+110000 */
-	    "\"\xf5\x80\x80\x80\"", /* no such lead byte */
-	    "{\"\xc1\xbf\":1}",     /* in a key */
-	    "\"a\xe2\x82\"",        /* cut short */
+		"\"\xc0\xaf\"",         /* overlong '/' */
+		"\"\xe0\x80\xaf\"",     /* overlong '/', three bytes */
+		"\"\xf0\x80\x80\xaf\"", /* overlong '/', four bytes */
+		"\"\xed\xa0\x80\"",     /* U+D800, a surrogate, encoded */
+		"\"\xed\xbf\xbf\"",     /* U+DFFF */
+		"\"\xf4\x90\x80\x80\"", /* U+110000 */
+		"\"\xf5\x80\x80\x80\"", /* no such lead byte */
+		"{\"\xc1\xbf\":1}",     /* in a key */
+		"\"a\xe2\x82\"",        /* cut short */
 	};
 	static const struct pair good[] = {
-	    {"\"\xe2\x82\xac\"", "\"\xe2\x82\xac\""},
-	    {"\"\xf0\x9f\x98\x80\"", "\"\xf0\x9f\x98\x80\""},
-	    {"\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\"", "\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\""},
-	    {"\"\xed\x9f\xbf\xee\x80\x80\"", "\"\xed\x9f\xbf\xee\x80\x80\""},
+		{ "\"\xe2\x82\xac\"", "\"\xe2\x82\xac\"" },
+		{ "\"\xf0\x9f\x98\x80\"", "\"\xf0\x9f\x98\x80\"" },
+		{ "\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\"", "\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\"" },
+		{ "\"\xed\x9f\xbf\xee\x80\x80\"", "\"\xed\x9f\xbf\xee\x80\x80\"" },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char msg[256] = "";
@@ -263,22 +278,22 @@ Test(canon, nul_escapes_lone_surrogates_and_raw_controls_are_refused)
 		const char *in;
 		const char *msg;
 	} bad[] = {
-	    {"{\"a\\u0000b\":1}", "U+0000"},
-	    {"{\"a\":{\"\\u0000\":1}}", "U+0000"},
-	    {"[\"x\\u0000\"]", "U+0000"},
-	    {"\"\\ud800\"", "unpaired UTF-16 surrogate \\ud800"},
-	    {"\"\\ud800x\"", "unpaired"},
-	    {"\"\\ud800\\u0041\"", "unpaired"},
-	    {"\"\\udc00\"", "unpaired UTF-16 surrogate \\udc00"},
-	    {"{\"\\udfff\":1}", "unpaired"},
-	    {"\"a\x01\"", "control character U+0001"},
-	    {"\"a\tb\"", "control character U+0009"},
-	    {"{\"k\nk\":1}", "control character U+000A"},
+		{ "{\"a\\u0000b\":1}", "U+0000" },
+		{ "{\"a\":{\"\\u0000\":1}}", "U+0000" },
+		{ "[\"x\\u0000\"]", "U+0000" },
+		{ "\"\\ud800\"", "unpaired UTF-16 surrogate \\ud800" },
+		{ "\"\\ud800x\"", "unpaired" },
+		{ "\"\\ud800\\u0041\"", "unpaired" },
+		{ "\"\\udc00\"", "unpaired UTF-16 surrogate \\udc00" },
+		{ "{\"\\udfff\":1}", "unpaired" },
+		{ "\"a\x01\"", "control character U+0001" },
+		{ "\"a\tb\"", "control character U+0009" },
+		{ "{\"k\nk\":1}", "control character U+000A" },
 	};
 	static const struct pair good[] = {
-	    {"\"\\ud83d\\ude00\"", "\"\xf0\x9f\x98\x80\""},
-	    {"\"\\uD83D\\uDE00\\u0001\"", "\"\xf0\x9f\x98\x80\\u0001\""},
-	    {"{\"\\u0061\":\"\\\\u0000\"}", "{\"a\":\"\\\\u0000\"}"},
+		{ "\"\\ud83d\\ude00\"", "\"\xf0\x9f\x98\x80\"" },
+		{ "\"\\uD83D\\uDE00\\u0001\"", "\"\xf0\x9f\x98\x80\\u0001\"" },
+		{ "{\"\\u0061\":\"\\\\u0000\"}", "{\"a\":\"\\\\u0000\"}" },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char msg[256] = "";
@@ -321,20 +336,21 @@ Test(canon, the_documented_differences_from_rfc_8785_hold)
 {
 	static const struct pair cases[] = {
 		/* JCS: {"\ud83d\ude00":1,"\ufffd":2} */
-		{"{\"\\ufffd\":2,\"\\ud83d\\ude00\":1}", "{\"\xef\xbf\xbd\":2,\"\xf0\x9f\x98\x80\":1}"},
+		{ "{\"\\ufffd\":2,\"\\ud83d\\ude00\":1}",
+		  "{\"\xef\xbf\xbd\":2,\"\xf0\x9f\x98\x80\":1}" },
 		/* JCS: 9007199254740992 */
-		{"9007199254740993", "9007199254740993"},
-		{"18446744073709551615", "18446744073709551615"},
+		{ "9007199254740993", "9007199254740993" },
+		{ "18446744073709551615", "18446744073709551615" },
 		/* JCS: 1e-7 and 0.00001 */
-		{"1e-7", "1e-07"},
-		{"0.00001", "1e-05"},
+		{ "1e-7", "1e-07" },
+		{ "0.00001", "1e-05" },
 		/* Alike: */
-		{"0.0001", "0.0001"},
-		{"1e21", "1e+21"},
-		{"1e20", "100000000000000000000"},
-		{"-0.0", "0"},
-		{"4.5", "4.5"},
-		{"0.1", "0.1"},
+		{ "0.0001", "0.0001" },
+		{ "1e21", "1e+21" },
+		{ "1e20", "100000000000000000000" },
+		{ "-0.0", "0" },
+		{ "4.5", "4.5" },
+		{ "0.1", "0.1" },
 	};
 	char err[256];
 

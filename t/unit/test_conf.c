@@ -52,10 +52,10 @@ Test(conf, defaults_are_the_documented_ones)
 Test(conf, file_values_and_units_are_parsed, .fini = cleanup)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 
 	write_conf("# comment\n\nworkers = 7\nidempotency_ttl = 90m\nidempotency-wait=250ms\n"
-		   "max_body = 64k\nidempotency_key = optional\nlisten = \" /tmp/x.sock \"\n");
+	           "max_body = 64k\nidempotency_key = optional\nlisten = \" /tmp/x.sock \"\n");
 	cr_assert_eq(conf_load_file(c, path, &e), 0, "%s", e.msg);
 	cr_assert_eq(c->workers, 7);
 	cr_assert_eq(c->idempotency_ttl, 90L * 60 * 1000);
@@ -69,7 +69,7 @@ Test(conf, file_values_and_units_are_parsed, .fini = cleanup)
 Test(conf, a_bad_value_names_file_line_key_and_value, .fini = cleanup)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 
 	write_conf("workers = 2\nidempotency_wait = soon\n");
 	cr_assert_eq(conf_load_file(c, path, &e), -1);
@@ -82,7 +82,7 @@ Test(conf, a_bad_value_names_file_line_key_and_value, .fini = cleanup)
 Test(conf, unknown_keys_and_out_of_range_values_are_errors)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(conf_set(c, "wokers", "3", "test", &e), -1);
 	cr_assert(strstr(e.msg, "unknown configuration key \"wokers\"") != NULL, "%s", e.msg);
@@ -99,7 +99,7 @@ Test(conf, unknown_keys_and_out_of_range_values_are_errors)
 Test(conf, replay_cache_ttl_is_zero_to_one_minute)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(conf_set(c, "replay_cache_ttl", "0", "test", &e), 0, "%s", e.msg);
 	cr_assert_eq(c->replay_cache_ttl, 0);
@@ -107,7 +107,7 @@ Test(conf, replay_cache_ttl_is_zero_to_one_minute)
 	cr_assert_eq(c->replay_cache_ttl, 60000);
 	cr_assert_eq(conf_set(c, "replay_cache_ttl", "61s", "test", &e), -1);
 	cr_assert_str_eq(e.msg, "test: invalid value \"61s\" for \"replay_cache_ttl\": expected a "
-			 "duration of at most 60000 ms");
+	                        "duration of at most 60000 ms");
 	cr_assert_eq(c->replay_cache_ttl, 60000, "a rejected value leaves the old one");
 	conf_free(c);
 }
@@ -117,7 +117,7 @@ Test(conf, replay_cache_ttl_is_zero_to_one_minute)
 Test(conf, workers_auto_is_two_per_cpu)
 {
 	struct conf *c = conf_new();
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(conf_set(c, "workers", "3", "test", &e), 0, "%s", e.msg);
 	cr_assert_eq(c->workers, 3);
@@ -126,7 +126,7 @@ Test(conf, workers_auto_is_two_per_cpu)
 	cr_assert_geq(c->workers, 2);
 	cr_assert_eq(conf_set(c, "workers", "257", "test", &e), -1);
 	cr_assert(strstr(e.msg, "expected auto or an integer between 1 and 256") != NULL, "%s",
-		  e.msg);
+	          e.msg);
 	cr_assert_eq(conf_set(c, "workers", "Auto", "test", &e), -1);
 	cr_assert_eq(c->workers, auto_workers());
 	conf_free(c);
@@ -134,13 +134,15 @@ Test(conf, workers_auto_is_two_per_cpu)
 
 Test(conf, flags_override_the_file_and_stop_at_the_command, .fini = cleanup)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 	int next = 0;
 	struct conf *c;
 
 	write_conf("workers = 2\ndb = dbname=fromfile\n");
-	char *argv[] = {"prog", "--workers", "9", "--config", path, "--idempotency-key=optional",
-			"migrate", "--workers", "1", NULL};
+	char *argv[] = { "prog",     "--workers", "9",
+		         "--config", path,        "--idempotency-key=optional",
+		         "migrate",  "--workers", "1",
+		         NULL };
 	unsetenv("DATABASE_URL");
 	unsetenv("IDEMFLOW_CONFIG");
 	c = conf_from_args(9, argv, &next, &e);
@@ -154,18 +156,18 @@ Test(conf, flags_override_the_file_and_stop_at_the_command, .fini = cleanup)
 
 Test(conf, database_url_overrides_the_file_but_not_the_flag, .fini = cleanup)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 	int next = 0;
 	struct conf *c;
 
 	write_conf("db = dbname=fromfile\n");
 	setenv("DATABASE_URL", "postgresql:///fromenv", 1);
-	char *argv1[] = {"prog", "--config", path, NULL};
+	char *argv1[] = { "prog", "--config", path, NULL };
 	c = conf_from_args(3, argv1, &next, &e);
 	cr_assert_not_null(c, "%s", e.msg);
 	cr_assert_str_eq(c->db, "postgresql:///fromenv");
 	conf_free(c);
-	char *argv2[] = {"prog", "--config", path, "--db", "dbname=fromflag", NULL};
+	char *argv2[] = { "prog", "--config", path, "--db", "dbname=fromflag", NULL };
 	c = conf_from_args(5, argv2, &next, &e);
 	cr_assert_str_eq(c->db, "dbname=fromflag");
 	conf_free(c);
@@ -173,9 +175,9 @@ Test(conf, database_url_overrides_the_file_but_not_the_flag, .fini = cleanup)
 
 Test(conf, unknown_flags_are_errors)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 	int next = 0;
-	char *argv[] = {"prog", "--wrokers", "3", NULL};
+	char *argv[] = { "prog", "--wrokers", "3", NULL };
 
 	cr_assert_null(conf_from_args(3, argv, &next, &e));
 	cr_assert(strstr(e.msg, "--wrokers") != NULL, "%s", e.msg);
@@ -186,9 +188,9 @@ Test(conf, unknown_flags_are_errors)
  * size, so a sanitizer build catches a read past one. */
 Test(conf, a_lone_dash_is_an_unknown_option)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 	int next = 0;
-	char *argv[] = {strdup("prog"), strdup("-"), strdup("--workers"), strdup("3"), NULL};
+	char *argv[] = { strdup("prog"), strdup("-"), strdup("--workers"), strdup("3"), NULL };
 
 	cr_assert_null(conf_from_args(4, argv, &next, &e));
 	cr_assert(strstr(e.msg, "unknown option \"-\"") != NULL, "%s", e.msg);
@@ -201,28 +203,30 @@ Test(conf, a_lone_dash_is_an_unknown_option)
  * naming the settings, by every program (conf_from_args). */
 Test(conf, a_key_ttl_shorter_than_the_waits_is_refused)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 	int next = 0;
 	struct conf *c;
 
 	unsetenv("DATABASE_URL");
 	unsetenv("IDEMFLOW_CONFIG");
-	char *short_wait[] = {"prog", "--idempotency_wait", "5s", "--idempotency_ttl", "49s", NULL};
+	char *short_wait[] = {
+		"prog", "--idempotency_wait", "5s", "--idempotency_ttl", "49s", NULL
+	};
 	cr_assert_null(conf_from_args(5, short_wait, &next, &e));
 	cr_assert_eq(e.code, ERR_CONFIG);
 	cr_assert(strstr(e.msg, "\"idempotency_ttl\"") != NULL, "%s", e.msg);
 	cr_assert(strstr(e.msg, "idempotency_wait (5000 ms)") != NULL, "%s", e.msg);
-	char *short_stmt[] = {"prog", "--idempotency_wait", "1s", "--statement_timeout", "30s",
-			      "--idempotency_ttl", "59s", NULL};
+	char *short_stmt[] = { "prog", "--idempotency_wait", "1s",  "--statement_timeout",
+		               "30s",  "--idempotency_ttl",  "59s", NULL };
 	cr_assert_null(conf_from_args(7, short_stmt, &next, &e));
 	cr_assert(strstr(e.msg, "statement_timeout (30000 ms)") != NULL, "%s", e.msg);
-	char *enough[] = {"prog", "--idempotency_wait", "5s", "--idempotency_ttl", "1m", NULL};
+	char *enough[] = { "prog", "--idempotency_wait", "5s", "--idempotency_ttl", "1m", NULL };
 	c = conf_from_args(5, enough, &next, &e);
 	cr_assert_not_null(c, "%s", e.msg);
 	cr_assert_eq(c->idempotency_ttl, 60000);
 	conf_free(c);
 	/* The defaults pass: 24 h against 5 s and 30 s. */
-	char *none[] = {"prog", NULL};
+	char *none[] = { "prog", NULL };
 	c = conf_from_args(1, none, &next, &e);
 	cr_assert_not_null(c, "%s", e.msg);
 	conf_free(c);

@@ -87,8 +87,9 @@ Test(ids, tokens_are_unique_and_url_safe)
 	cr_assert_eq(ids_token(b), 0);
 	cr_assert_eq(strlen(a), IDS_TOKEN_LEN);
 	cr_assert_eq(strncmp(a, "idf_", 4), 0);
-	cr_assert_eq(strspn(a + 4, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
-		     IDS_TOKEN_LEN - 4);
+	cr_assert_eq(
+	    strspn(a + 4, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
+	    IDS_TOKEN_LEN - 4);
 	cr_assert_str_neq(a, b);
 }
 

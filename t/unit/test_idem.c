@@ -97,12 +97,12 @@ Test(ids, uuid7s_made_in_sequence_by_two_processes_sort_in_that_order)
 	}
 	for (int i = 0; i < ROUNDS; i++) {
 		cr_assert_eq(ids_uuid7(prev), 0);
-		cr_assert_gt(strcmp(prev, id), 0, "round %d: %s made after the child's %s", i,
-			     prev, id);
+		cr_assert_gt(strcmp(prev, id), 0, "round %d: %s made after the child's %s", i, prev,
+		             id);
 		cr_assert_eq(write(to_child[1], prev, sizeof(prev)), (ssize_t)sizeof(prev));
 		cr_assert_eq(read(to_parent[0], id, sizeof(id)), (ssize_t)sizeof(id));
 		cr_assert_gt(strcmp(id, prev), 0, "round %d: the child's %s made after %s", i, id,
-			     prev);
+		             prev);
 	}
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);

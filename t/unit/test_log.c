@@ -22,28 +22,28 @@ static char *json(const char *logfmt)
 Test(log_json, same_fields_in_order_numbers_stay_numbers)
 {
 	cr_assert_str_eq(json("ts=2026-11-29T14:00:00.123Z level=info component=worker pid=12 "
-			      "msg=request request_id=0af3 route=/v1/workflows status=201 "
-			      "tenant=7 idem=created key_fp=123456789012 duration_ms=1.250"),
-			 "{\"ts\":\"2026-11-29T14:00:00.123Z\",\"level\":\"info\","
-			 "\"component\":\"worker\",\"pid\":12,\"msg\":\"request\","
-			 "\"request_id\":\"0af3\",\"route\":\"/v1/workflows\",\"status\":201,"
-			 "\"tenant\":7,\"idem\":\"created\",\"key_fp\":\"123456789012\","
-			 "\"duration_ms\":1.250}");
+	                      "msg=request request_id=0af3 route=/v1/workflows status=201 "
+	                      "tenant=7 idem=created key_fp=123456789012 duration_ms=1.250"),
+	                 "{\"ts\":\"2026-11-29T14:00:00.123Z\",\"level\":\"info\","
+	                 "\"component\":\"worker\",\"pid\":12,\"msg\":\"request\","
+	                 "\"request_id\":\"0af3\",\"route\":\"/v1/workflows\",\"status\":201,"
+	                 "\"tenant\":7,\"idem\":\"created\",\"key_fp\":\"123456789012\","
+	                 "\"duration_ms\":1.250}");
 }
 
 Test(log_json, identifiers_and_non_numbers_stay_strings)
 {
 	cr_assert_str_eq(json("sqlstate=40001 request_id=12 event_id=1 a=01 b=1. c=-0 d=1e5 e=- "
-			      "f=0x10 g="),
-			 "{\"sqlstate\":\"40001\",\"request_id\":\"12\",\"event_id\":\"1\","
-			 "\"a\":\"01\",\"b\":\"1.\",\"c\":-0,\"d\":1e5,\"e\":\"-\",\"f\":\"0x10\","
-			 "\"g\":\"\"}");
+	                      "f=0x10 g="),
+	                 "{\"sqlstate\":\"40001\",\"request_id\":\"12\",\"event_id\":\"1\","
+	                 "\"a\":\"01\",\"b\":\"1.\",\"c\":-0,\"d\":1e5,\"e\":\"-\",\"f\":\"0x10\","
+	                 "\"g\":\"\"}");
 }
 
 Test(log_json, quoted_values_are_unescaped_then_escaped_for_json)
 {
 	cr_assert_str_eq(json("msg=\"say \\\"hi\\\"\" error=\"a\\\\b\\nc\" x=\"=\""),
-			 "{\"msg\":\"say \\\"hi\\\"\",\"error\":\"a\\\\b\\nc\",\"x\":\"=\"}");
+	                 "{\"msg\":\"say \\\"hi\\\"\",\"error\":\"a\\\\b\\nc\",\"x\":\"=\"}");
 	/* The value ends at the end of the line when its quote never comes. */
 	cr_assert_str_eq(json("msg=\"cut sh"), "{\"msg\":\"cut sh\"}");
 }
@@ -51,23 +51,23 @@ Test(log_json, quoted_values_are_unescaped_then_escaped_for_json)
 Test(log_json, words_without_a_key_join_the_value_before_them)
 {
 	cr_assert_str_eq(json("signal=11 (Segmentation fault) uptime_s=3"),
-			 "{\"signal\":\"11 (Segmentation fault)\",\"uptime_s\":3}");
+	                 "{\"signal\":\"11 (Segmentation fault)\",\"uptime_s\":3}");
 	cr_assert_str_eq(json("stray words x=1"), "{\"_\":\"stray words\",\"x\":1}");
 }
 
 Test(log_json, bytes_that_are_not_utf8_become_replacement_characters)
 {
 	cr_assert_str_eq(json("path=/\xc3\xa9t\xc3 x=\"\x01\""),
-			 "{\"path\":\"/\xc3\xa9t\\ufffd\",\"x\":\"\\u0001\"}");
+	                 "{\"path\":\"/\xc3\xa9t\\ufffd\",\"x\":\"\\u0001\"}");
 	cr_assert_str_eq(json("p=\xed\xa0\x80"), "{\"p\":\"\\ufffd\\ufffd\\ufffd\"}",
-			 "a UTF-16 surrogate is not UTF-8");
+	                 "a UTF-16 surrogate is not UTF-8");
 }
 
 Test(log_json, a_line_too_long_for_the_buffer_keeps_whole_members_only)
 {
 	char out[40];
-	size_t n = log_json_from_logfmt("level=info msg=\"a long message here\" x=1", out,
-					sizeof(out));
+	size_t n =
+	    log_json_from_logfmt("level=info msg=\"a long message here\" x=1", out, sizeof(out));
 
 	cr_assert_str_eq(out, "{\"level\":\"info\"}");
 	cr_assert_eq(n, strlen(out));
@@ -75,8 +75,8 @@ Test(log_json, a_line_too_long_for_the_buffer_keeps_whole_members_only)
 
 Test(log_json, every_line_parses_as_json)
 {
-	const char *lines[] = {"", "a", "=", "a=", "=b", "\"", "a=\"\\", "a=b=c", "  a=1  b=2 ",
-			       "k\"=v", "a=\"x\" y"};
+	const char *lines[] = { "",       "a",     "=",           "a=",    "=b",       "\"",
+		                "a=\"\\", "a=b=c", "  a=1  b=2 ", "k\"=v", "a=\"x\" y" };
 
 	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
 		struct json_object *o = json_tokener_parse(json(lines[i]));
@@ -91,7 +91,7 @@ Test(log_quote, plain_values_are_only_put_between_quotes)
 	char q[64];
 
 	cr_assert_str_eq(log_quote(q, sizeof(q), "/run/idemflow/fcgi.sock"),
-			 "\"/run/idemflow/fcgi.sock\"");
+	                 "\"/run/idemflow/fcgi.sock\"");
 	cr_assert_str_eq(log_quote(q, sizeof(q), "Connection refused"), "\"Connection refused\"");
 	cr_assert_str_eq(log_quote(q, sizeof(q), ""), "\"\"");
 	cr_assert_str_eq(log_quote(q, sizeof(q), NULL), "\"\"", "NULL is the empty value");
@@ -103,12 +103,14 @@ Test(log_quote, escapes_quotes_backslashes_and_control_characters)
 
 	/* As PostgreSQL words its messages. */
 	cr_assert_str_eq(log_quote(q, sizeof(q), "relation \"outbox\" does not exist"),
-			 "\"relation \\\"outbox\\\" does not exist\"");
+	                 "\"relation \\\"outbox\\\" does not exist\"");
 	cr_assert_str_eq(log_quote(q, sizeof(q), "C:\\tmp\\x"), "\"C:\\\\tmp\\\\x\"");
 	cr_assert_str_eq(log_quote(q, sizeof(q), "ERROR:  x\nDETAIL:  y\r\n\tz"),
-			 "\"ERROR:  x\\nDETAIL:  y\\r\\n\\tz\"");
-	cr_assert_str_eq(log_quote(q, sizeof(q), "a\x01" "b\x1b[0m\x7f"),
-			 "\"a\\u0001b\\u001b[0m\\u007f\"");
+	                 "\"ERROR:  x\\nDETAIL:  y\\r\\n\\tz\"");
+	cr_assert_str_eq(log_quote(q, sizeof(q),
+	                           "a\x01"
+	                           "b\x1b[0m\x7f"),
+	                 "\"a\\u0001b\\u001b[0m\\u007f\"");
 	/* Bytes above ASCII stand as they are (the JSON form checks UTF-8). */
 	cr_assert_str_eq(log_quote(q, sizeof(q), "caf\xc3\xa9"), "\"caf\xc3\xa9\"");
 }
@@ -141,7 +143,7 @@ Test(log_quote, log_kv_quotes_the_same_way_and_only_when_needed)
 	log_kv(line, sizeof(line), &n, "error", "role \"x\"\tgone\x02");
 	log_kv(line, sizeof(line), &n, "empty", NULL);
 	cr_assert_str_eq(line, "route=/v1/workflows/{id} error=\"role \\\"x\\\"\\tgone\\u0002\" "
-			       "empty=\"\"");
+	                       "empty=\"\"");
 	cr_assert_eq(n, strlen(line));
 }
 
@@ -149,8 +151,11 @@ Test(log_quote, the_json_form_gives_back_the_value)
 {
 	char line[256];
 
-	snprintf(line, sizeof(line), "error=%s", LOG_Q("a \"b\" \\ c\n\td\r\x01" "e\x7f"));
-	cr_assert_str_eq(json(line), "{\"error\":\"a \\\"b\\\" \\\\ c\\n\\u0009d\\u000d\\u0001e\x7f\"}");
+	snprintf(line, sizeof(line), "error=%s",
+	         LOG_Q("a \"b\" \\ c\n\td\r\x01"
+	               "e\x7f"));
+	cr_assert_str_eq(json(line),
+	                 "{\"error\":\"a \\\"b\\\" \\\\ c\\n\\u0009d\\u000d\\u0001e\x7f\"}");
 	/* Not an escape quote() makes: the character stands for itself. */
 	cr_assert_str_eq(json("x=\"\\q\\u12\""), "{\"x\":\"qu12\"}");
 }
@@ -200,8 +205,8 @@ static char *slurp(const char *path)
 	return text;
 }
 
-Test(log_file, lines_go_to_the_file_as_json_and_sigusr1_moves_them_to_a_new_one,
-     .init = setup, .fini = teardown)
+Test(log_file, lines_go_to_the_file_as_json_and_sigusr1_moves_them_to_a_new_one, .init = setup,
+     .fini = teardown)
 {
 	char path[128], rotated[140];
 	struct err e;
@@ -243,8 +248,7 @@ Test(log_file, lines_go_to_the_file_as_json_and_sigusr1_moves_them_to_a_new_one,
 	cr_assert_null(strstr(slurp(rotated), "second"), "the old file must not get new lines");
 }
 
-Test(log_file, an_unwritable_path_is_an_error_and_stderr_is_kept, .init = setup,
-     .fini = teardown)
+Test(log_file, an_unwritable_path_is_an_error_and_stderr_is_kept, .init = setup, .fini = teardown)
 {
 	char path[160];
 	struct err e;
@@ -308,7 +312,7 @@ Test(log_line, head_fields_then_the_pairs, .init = setup, .fini = teardown)
 	log_set_component("test");
 	char *text = one_line(emit_pairs);
 	snprintf(expect, sizeof(expect), " level=info component=test pid=%ld msg=request ",
-		 (long)getpid());
+	         (long)getpid());
 	cr_assert_not_null(strstr(text, expect), "%s", text);
 	cr_assert_eq(strncmp(text, "ts=", 3), 0, "%s", text);
 	/* 2026-11-29T18:45:35.361Z: this second or the one before. */
@@ -324,8 +328,8 @@ Test(log_line, head_fields_then_the_pairs, .init = setup, .fini = teardown)
 	}
 	cr_assert(found, "%s", text);
 	cr_assert_not_null(strstr(text, "msg=request status=201 path=\"/v1/a b\" "
-					"q=\"say \\\"hi\\\"\\\\\\n\" empty=\"\"\n"),
-			   "%s", text);
+	                                "q=\"say \\\"hi\\\"\\\\\\n\" empty=\"\"\n"),
+	                   "%s", text);
 }
 
 Test(log_line, printf_pairs_are_formatted, .init = setup, .fini = teardown)
@@ -336,8 +340,7 @@ Test(log_line, printf_pairs_are_formatted, .init = setup, .fini = teardown)
 }
 
 /* A line never outgrows its buffer: cut, still one line, newline last. */
-Test(log_line, an_overlong_line_is_cut_and_ends_with_a_newline, .init = setup,
-     .fini = teardown)
+Test(log_line, an_overlong_line_is_cut_and_ends_with_a_newline, .init = setup, .fini = teardown)
 {
 	char *text = one_line(emit_long);
 	size_t n = strlen(text);

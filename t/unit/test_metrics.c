@@ -69,7 +69,7 @@ static int has_line(const char *text, const char *line)
 	return 0;
 }
 
-#define EXPECT_LINE(text, line)                                                                     \
+#define EXPECT_LINE(text, line)                                                                    \
 	cr_assert(has_line((text), (line)), "no line \"%s\" in:\n%s", (line), (text))
 
 Test(metrics, counters_from_every_process_are_summed_and_histograms_are_cumulative)
@@ -108,46 +108,49 @@ Test(metrics, counters_from_every_process_are_summed_and_histograms_are_cumulati
 	metrics_worker_restarted();
 	metrics_worker_restarted();
 
-	struct metrics_outbox ob = {.pending = 7, .oldest_pending_s = 61.5, .dead = 2};
+	struct metrics_outbox ob = { .pending = 7, .oldest_pending_s = 61.5, .dead = 2 };
 	metrics_render(&out, &ob);
 	cr_assert_not(out.oom);
 	EXPECT_LINE(out.data, "# TYPE idemflow_requests_total counter");
 	EXPECT_LINE(out.data, "idemflow_requests_total{route=\"/v1/workflows\",status=\"201\"} 3");
 	EXPECT_LINE(out.data, "idemflow_requests_total{route=\"/v1/workflows\",status=\"409\"} 2");
-	EXPECT_LINE(out.data, "idemflow_requests_total{route=\"/v1/workflows/{id}\",status=\"404\"} 1");
+	EXPECT_LINE(out.data,
+	            "idemflow_requests_total{route=\"/v1/workflows/{id}\",status=\"404\"} 1");
 	EXPECT_LINE(out.data, "idemflow_requests_total{route=\"/healthz\",status=\"204\"} 3");
 	EXPECT_LINE(out.data, "idemflow_requests_total{route=\"other\",status=\"other\"} 1");
 	cr_assert_null(strstr(out.data, "status=\"500\""), "statuses never seen are left out");
 
 	const char *hist =
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.001\"} 1\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.0025\"} 2\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.005\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.01\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.025\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.05\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.1\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.25\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.5\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"1\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"2.5\"} 3\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"5\"} 4\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"10\"} 4\n"
-		"idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"+Inf\"} 5\n"
-		"idemflow_request_duration_seconds_sum{route=\"/v1/workflows\"} 35.006500\n"
-		"idemflow_request_duration_seconds_count{route=\"/v1/workflows\"} 5\n";
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.001\"} 1\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.0025\"} 2\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.005\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.01\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.025\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.05\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.1\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.25\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"0.5\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"1\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"2.5\"} 3\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"5\"} 4\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"10\"} 4\n"
+	    "idemflow_request_duration_seconds_bucket{route=\"/v1/workflows\",le=\"+Inf\"} 5\n"
+	    "idemflow_request_duration_seconds_sum{route=\"/v1/workflows\"} 35.006500\n"
+	    "idemflow_request_duration_seconds_count{route=\"/v1/workflows\"} 5\n";
 	cr_assert_not_null(strstr(out.data, hist), "histogram block, want:\n%s\nin:\n%s", hist,
-			   out.data);
+	                   out.data);
 	EXPECT_LINE(out.data, "# TYPE idemflow_request_duration_seconds histogram");
 
 	EXPECT_LINE(out.data, "idemflow_idempotency_created_total{route=\"/v1/workflows\"} 1");
 	EXPECT_LINE(out.data, "idemflow_idempotency_replays_total{route=\"/v1/workflows\"} 2");
-	EXPECT_LINE(out.data,
-		    "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"mismatch\"} 1");
-	EXPECT_LINE(out.data,
-		    "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"in_flight\"} 1");
+	EXPECT_LINE(
+	    out.data,
+	    "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"mismatch\"} 1");
+	EXPECT_LINE(
+	    out.data,
+	    "idemflow_idempotency_conflicts_total{route=\"/v1/workflows\",reason=\"in_flight\"} 1");
 	cr_assert_null(strstr(out.data, "idemflow_idempotency_replays_total{route=\"/healthz\"}"),
-		       "idempotency series only for keyed routes");
+	               "idempotency series only for keyed routes");
 	/* 3 from slot 0's first worker, 1 from slot 1, 1 from the successor. */
 	EXPECT_LINE(out.data, "idemflow_db_reconnects_total 5");
 	EXPECT_LINE(out.data, "idemflow_workers 4");
@@ -170,7 +173,7 @@ Test(metrics, every_line_is_a_comment_or_a_sample_with_one_value)
 {
 	struct buf out = BUF_INIT;
 	struct err e;
-	struct metrics_outbox ob = {0};
+	struct metrics_outbox ob = { 0 };
 	char *save = NULL;
 
 	cr_assert_eq(metrics_init(&e), 0);
@@ -181,7 +184,8 @@ Test(metrics, every_line_is_a_comment_or_a_sample_with_one_value)
 		char name[200];
 		double v;
 		int n = 0;
-		if (strncmp(l, "# HELP idemflow_", 16) == 0 || strncmp(l, "# TYPE idemflow_", 16) == 0)
+		if (strncmp(l, "# HELP idemflow_", 16) == 0 ||
+		    strncmp(l, "# TYPE idemflow_", 16) == 0)
 			continue;
 		cr_assert_eq(sscanf(l, "%199[a-z_]%n", name, &n), 1, "bad line: %s", l);
 		cr_assert_eq(strncmp(name, "idemflow_", 9), 0, "%s", l);

@@ -10,11 +10,11 @@ Test(problem, body_has_every_member_with_exact_bytes)
 	struct buf b = BUF_INIT;
 
 	problem_write(&b, P_KEY_REUSED, "key \"k\" reused", "/v1/workflows", "abc123",
-		      "idempotency_key", "k");
-	cr_assert_str_eq(b.data,
-			 "{\"type\":\"/problems/idempotency-key-reused\",\"title\":\"Idempotency-Key "
-			 "Reused\",\"status\":409,\"detail\":\"key \\\"k\\\" reused\",\"instance\":\"/"
-			 "v1/workflows\",\"request_id\":\"abc123\",\"idempotency_key\":\"k\"}");
+	              "idempotency_key", "k");
+	cr_assert_str_eq(
+	    b.data, "{\"type\":\"/problems/idempotency-key-reused\",\"title\":\"Idempotency-Key "
+	            "Reused\",\"status\":409,\"detail\":\"key \\\"k\\\" reused\",\"instance\":\"/"
+	            "v1/workflows\",\"request_id\":\"abc123\",\"idempotency_key\":\"k\"}");
 	buf_free(&b);
 }
 

@@ -25,9 +25,9 @@ Test(queries, the_servers_table_matches_its_sql)
 
 Test(queries, a_count_that_drifted_from_the_sql_fails)
 {
-	const struct db_stmt fewer = {"create_keyed", CK__N - 1, queries[Q_CREATE_KEYED].sql};
-	const struct db_stmt more = {"key_get", KG__N + 1, queries[Q_KEY_GET].sql};
-	const struct db_stmt none = {"begin", 1, "BEGIN"};
+	const struct db_stmt fewer = { "create_keyed", CK__N - 1, queries[Q_CREATE_KEYED].sql };
+	const struct db_stmt more = { "key_get", KG__N + 1, queries[Q_KEY_GET].sql };
+	const struct db_stmt none = { "begin", 1, "BEGIN" };
 	struct err e;
 
 	cr_assert_eq(db_stmt_check(&fewer, &e), -1);
@@ -42,7 +42,7 @@ Test(queries, a_count_that_drifted_from_the_sql_fails)
 
 Test(queries, a_parameter_the_sql_skips_fails)
 {
-	const struct db_stmt gap = {"gap", 3, "SELECT $1, $3"};
+	const struct db_stmt gap = { "gap", 3, "SELECT $1, $3" };
 	struct err e;
 
 	cr_assert_eq(db_stmt_check(&gap, &e), -1);
@@ -53,11 +53,11 @@ Test(queries, a_parameter_the_sql_skips_fails)
 Test(queries, dollars_in_quotes_and_comments_are_not_parameters)
 {
 	static const struct db_stmt ok[] = {
-	    {"literal", 1, "SELECT $1, '$2', 'it''s $3', E'\\'$4'"},
-	    {"ident", 1, "SELECT $1 AS \"$2\", a$3 FROM t"},
-	    {"comments", 2, "SELECT $1, -- $3\n $2 /* $4 */"},
-	    {"dollar", 1, "SELECT $1, $$ $2 $$, $f$ $3 $f$"},
-	    {"cast", 10, "SELECT $1::int, $2, $3, $4, $5, $6, $7, $8, $9, $10::interval"},
+		{ "literal", 1, "SELECT $1, '$2', 'it''s $3', E'\\'$4'" },
+		{ "ident", 1, "SELECT $1 AS \"$2\", a$3 FROM t" },
+		{ "comments", 2, "SELECT $1, -- $3\n $2 /* $4 */" },
+		{ "dollar", 1, "SELECT $1, $$ $2 $$, $f$ $3 $f$" },
+		{ "cast", 10, "SELECT $1::int, $2, $3, $4, $5, $6, $7, $8, $9, $10::interval" },
 	};
 	struct err e;
 
@@ -68,10 +68,10 @@ Test(queries, dollars_in_quotes_and_comments_are_not_parameters)
 /* A handle whose connection fails: the call checks need none. */
 static struct db *unconnected(void)
 {
-	const struct db_settings s = {.conninfo = "host=/nonexistent-idemflow port=1",
-	                              .application_name = "test_queries",
-	                              .stmts = queries,
-	                              .nstmts = Q__COUNT};
+	const struct db_settings s = { .conninfo = "host=/nonexistent-idemflow port=1",
+		                       .application_name = "test_queries",
+		                       .stmts = queries,
+		                       .nstmts = Q__COUNT };
 	struct err e;
 	struct db *db = db_open(&s, &e);
 
@@ -82,8 +82,8 @@ static struct db *unconnected(void)
 Test(queries, a_call_with_the_wrong_count_sends_nothing)
 {
 	struct db *db = unconnected();
-	const char *p[KG__N + 1] = {[KG_TENANT] = "1", [KG_KEY] = "k"};
-	const struct db_call calls[2] = {{Q_BEGIN, 0, NULL}, {Q_KEY_GET, KG__N + 1, p}};
+	const char *p[KG__N + 1] = { [KG_TENANT] = "1", [KG_KEY] = "k" };
+	const struct db_call calls[2] = { { Q_BEGIN, 0, NULL }, { Q_KEY_GET, KG__N + 1, p } };
 	PGresult *r[2];
 	int failed = -1;
 	struct err e;

@@ -9,17 +9,17 @@
 
 #include "server/rcache.h"
 
-static const char *const names[RCACHE_NCOLS] = {"tenant_id",        "fingerprint", "status",
-                                                "headers",          "body",        "expired",
-                                                "request_bytes_fp", "ms_left"};
+static const char *const names[RCACHE_NCOLS] = { "tenant_id",        "fingerprint", "status",
+	                                         "headers",          "body",        "expired",
+	                                         "request_bytes_fp", "ms_left" };
 
 /* A Q_AUTH_KEY row; a NULL value is a NULL column. */
 static PGresult *row(const char *tenant, const char *fp, const char *status, const char *body,
                      const char *expired, const char *ms_left)
 {
 	PGresAttDesc att[RCACHE_NCOLS];
-	const char *v[RCACHE_NCOLS] = {tenant, fp,      status,  "Location: /x\r\n",
-	                               body,   expired, "\\x00", ms_left};
+	const char *v[RCACHE_NCOLS] = { tenant, fp,      status,  "Location: /x\r\n",
+		                        body,   expired, "\\x00", ms_left };
 	PGresult *r = PQmakeEmptyPGresult(NULL, PGRES_TUPLES_OK);
 
 	cr_assert_not_null(r);
@@ -46,7 +46,7 @@ static void token(uint8_t t[FP_LEN], int seed)
 
 Test(rcache, a_held_row_comes_back_whole_for_its_token_and_key)
 {
-	struct rcache rc = {0};
+	struct rcache rc = { 0 };
 	uint8_t t[FP_LEN];
 	PGresult *r = live_row("{\"id\":\"a\"}"), *got;
 
@@ -69,7 +69,7 @@ Test(rcache, a_held_row_comes_back_whole_for_its_token_and_key)
 
 Test(rcache, another_token_or_key_misses)
 {
-	struct rcache rc = {0};
+	struct rcache rc = { 0 };
 	uint8_t t[FP_LEN], other[FP_LEN];
 	PGresult *r = live_row("{}");
 
@@ -87,7 +87,7 @@ Test(rcache, another_token_or_key_misses)
 
 Test(rcache, an_entry_ends_after_the_ttl_counted_from_before_the_statement)
 {
-	struct rcache rc = {0};
+	struct rcache rc = { 0 };
 	uint8_t t[FP_LEN];
 	PGresult *r = live_row("{}"), *got;
 
@@ -104,7 +104,7 @@ Test(rcache, an_entry_ends_after_the_ttl_counted_from_before_the_statement)
 
 Test(rcache, an_entry_never_outlives_its_key)
 {
-	struct rcache rc = {0};
+	struct rcache rc = { 0 };
 	uint8_t t[FP_LEN];
 	PGresult *r = row("7", "\\xab", "201", "{}", "f", "250"), *got;
 
@@ -120,16 +120,16 @@ Test(rcache, an_entry_never_outlives_its_key)
 
 Test(rcache, rows_not_to_hold_are_refused)
 {
-	struct rcache rc = {0};
+	struct rcache rc = { 0 };
 	uint8_t t[FP_LEN];
 	char big[RCACHE_MAX_ROW + 2];
 	PGresult *rows[] = {
-	    row("7", NULL, NULL, NULL, NULL, NULL),    /* a new key: no key row */
-	    row("7", "\\xab", "0", "", "f", "1000"),   /* still being written */
-	    row("7", "\\xab", "201", "{}", "t", "0"),  /* expired */
-	    row("7", "\\xab", "201", "{}", "f", "-5"), /* expired since */
-	    row("7", "\\xab", "201", "{}", "f", NULL), /* no expiry known */
-	    row("7", "\\xab", "201", "{}", "f", "1x"), /* not a number */
+		row("7", NULL, NULL, NULL, NULL, NULL),    /* a new key: no key row */
+		row("7", "\\xab", "0", "", "f", "1000"),   /* still being written */
+		row("7", "\\xab", "201", "{}", "t", "0"),  /* expired */
+		row("7", "\\xab", "201", "{}", "f", "-5"), /* expired since */
+		row("7", "\\xab", "201", "{}", "f", NULL), /* no expiry known */
+		row("7", "\\xab", "201", "{}", "f", "1x"), /* not a number */
 	};
 
 	token(t, 5);
@@ -152,7 +152,7 @@ Test(rcache, rows_not_to_hold_are_refused)
 
 Test(rcache, memory_is_bounded_by_the_slots)
 {
-	struct rcache rc = {0};
+	struct rcache rc = { 0 };
 	uint8_t t[FP_LEN];
 	char key[32];
 	PGresult *r = live_row("{}");

@@ -18,7 +18,7 @@ Test(route, paths_match_templates_so_the_label_stays_bounded)
 {
 	cr_assert_str_eq(route_name(route_match("/v1/workflows", NULL, NULL)), "/v1/workflows");
 	cr_assert_str_eq(route_name(route_match("/v1/workflows/0190-abc", NULL, NULL)),
-			 "/v1/workflows/{id}");
+	                 "/v1/workflows/{id}");
 	cr_assert_str_eq(route_name(route_match("/v1/workflows/", NULL, NULL)), "other");
 	cr_assert_str_eq(route_name(route_match("/v1/workflows/a/b", NULL, NULL)), "other");
 	cr_assert_str_eq(route_name(route_match("/healthz", NULL, NULL)), "/healthz");
@@ -31,21 +31,21 @@ Test(route, paths_match_templates_so_the_label_stays_bounded)
 Test(route, the_routes_of_running_workflows_are_templates_too)
 {
 	static const char *const cases[][2] = {
-	    {"/v1/workflows/0190-abc/events", "/v1/workflows/{id}/events"},
-	    {"/v1/workflows/0190-abc/transitions", "/v1/workflows/{id}/transitions"},
-	    {"/v1/workflows/0190-abc/messages", "/v1/workflows/{id}/messages"},
-	    {"/v1/workflows/0190-abc/messages/x", "other"},
-	    {"/v1/workflows//events", "other"},
-	    {"/v1/jobs/activate", "/v1/jobs/activate"},
-	    {"/v1/jobs/0190-abc.s1/complete", "/v1/jobs/{key}/complete"},
-	    {"/v1/jobs/0190-abc.s1/fail", "/v1/jobs/{key}/fail"},
-	    {"/v1/jobs/0190-abc.s1", "other"},
-	    {"/v1/jobs/", "other"},
+		{ "/v1/workflows/0190-abc/events", "/v1/workflows/{id}/events" },
+		{ "/v1/workflows/0190-abc/transitions", "/v1/workflows/{id}/transitions" },
+		{ "/v1/workflows/0190-abc/messages", "/v1/workflows/{id}/messages" },
+		{ "/v1/workflows/0190-abc/messages/x", "other" },
+		{ "/v1/workflows//events", "other" },
+		{ "/v1/jobs/activate", "/v1/jobs/activate" },
+		{ "/v1/jobs/0190-abc.s1/complete", "/v1/jobs/{key}/complete" },
+		{ "/v1/jobs/0190-abc.s1/fail", "/v1/jobs/{key}/fail" },
+		{ "/v1/jobs/0190-abc.s1", "other" },
+		{ "/v1/jobs/", "other" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		cr_assert_str_eq(route_name(route_match(cases[i][0], NULL, NULL)), cases[i][1],
-				 "%s", cases[i][0]);
+		                 "%s", cases[i][0]);
 }
 
 Test(route, the_id_segment_is_handed_to_the_router_whatever_its_length)
@@ -115,17 +115,17 @@ Test(job_key, splits_a_workflow_id_and_a_step)
 Test(job_key, refuses_anything_else)
 {
 	static const char *const bad[] = {
-	    "",
-	    "nonsense",
-	    "01a22825-40a8-7132-bb6f-0624710e4210",
-	    "01a22825-40a8-7132-bb6f-0624710e4210.s",
-	    "01a22825-40a8-7132-bb6f-0624710e4210.s0",
-	    "01a22825-40a8-7132-bb6f-0624710e4210.s01",
-	    "01a22825-40a8-7132-bb6f-0624710e4210.s33",
-	    "01a22825-40a8-7132-bb6f-0624710e4210.s1x",
-	    "01a22825-40a8-7132-bb6f-0624710e4210.j1",
-	    "01a22825-40a8-7132-bb6f-0624710e4210:s1",
-	    "zza22825-40a8-7132-bb6f-0624710e4210.s1",
+		"",
+		"nonsense",
+		"01a22825-40a8-7132-bb6f-0624710e4210",
+		"01a22825-40a8-7132-bb6f-0624710e4210.s",
+		"01a22825-40a8-7132-bb6f-0624710e4210.s0",
+		"01a22825-40a8-7132-bb6f-0624710e4210.s01",
+		"01a22825-40a8-7132-bb6f-0624710e4210.s33",
+		"01a22825-40a8-7132-bb6f-0624710e4210.s1x",
+		"01a22825-40a8-7132-bb6f-0624710e4210.j1",
+		"01a22825-40a8-7132-bb6f-0624710e4210:s1",
+		"zza22825-40a8-7132-bb6f-0624710e4210.s1",
 	};
 	char wf[IDS_UUID_LEN + 1];
 	int step;

@@ -9,41 +9,41 @@
  * tests (and checked independently with Python's hmac module and
  * `openssl dgst -sha256 -mac HMAC`).
  */
-#define V_SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-#define V_ID "msg_p5jXN8AQM9LWM0D4loKWxJek"
-#define V_TS 1614265330L
+#define V_SECRET  "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+#define V_ID      "msg_p5jXN8AQM9LWM0D4loKWxJek"
+#define V_TS      1614265330L
 #define V_TS_TEXT "1614265330"
-#define V_BODY "{\"test\": 2432232314}"
-#define V_B64 "g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
-#define V_SIG "v1," V_B64
+#define V_BODY    "{\"test\": 2432232314}"
+#define V_B64     "g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+#define V_SIG     "v1," V_B64
 
 static uint8_t key[WHSIG_KEY_MAX];
 static size_t keylen;
 
 static void load(const char *secret)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(whsig_key(secret, key, &keylen, &e), 0, "%s", e.msg);
 }
 
 static int verify(const char *id, const char *ts, const char *body, const char *header)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	return whsig_verify(key, keylen, id, ts, body, strlen(body), header, V_TS,
-			    WHSIG_TOLERANCE_S, &e);
+	                    WHSIG_TOLERANCE_S, &e);
 }
 
 Test(whsig, signs_the_published_vector_exactly)
 {
 	char sig[WHSIG_MAX];
-	struct err e = {0};
+	struct err e = { 0 };
 
 	load(V_SECRET);
 	cr_assert_eq(keylen, 24);
 	cr_assert_eq(whsig_sign(key, keylen, V_ID, V_TS, V_BODY, strlen(V_BODY), sig, &e), 0, "%s",
-		     e.msg);
+	             e.msg);
 	cr_assert_str_eq(sig, V_SIG);
 	cr_assert_eq(strlen(sig), WHSIG_MAX - 1);
 }
@@ -59,18 +59,19 @@ Test(whsig, accepts_a_match_among_several_signatures)
 	/* During a secret rotation the header lists one entry per secret. */
 	load(V_SECRET);
 	cr_assert_eq(verify(V_ID, V_TS_TEXT, V_BODY,
-			    "v1,Pf9DdkatdXEIVGuiT2TxOTPqp4RBXVrSPbCVRGzN9Qs= " V_SIG), 0);
+	                    "v1,Pf9DdkatdXEIVGuiT2TxOTPqp4RBXVrSPbCVRGzN9Qs= " V_SIG),
+	             0);
 	cr_assert_eq(verify(V_ID, V_TS_TEXT, V_BODY, "v1a,abc " V_SIG " v2,xyz"), 0);
 }
 
 Test(whsig, wrong_secret_fails_verification)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	load("whsec_c2VjcmV0LW9mLWFub3RoZXItZW5kcG9pbnQ=");
 	cr_assert_eq(whsig_verify(key, keylen, V_ID, V_TS_TEXT, V_BODY, strlen(V_BODY), V_SIG, V_TS,
-				  WHSIG_TOLERANCE_S, &e),
-		     -1);
+	                          WHSIG_TOLERANCE_S, &e),
+	             -1);
 	cr_assert_eq(e.code, ERR_INPUT);
 	cr_assert_str_eq(e.msg, "no v1 signature in webhook-signature matches");
 }
@@ -95,42 +96,41 @@ Test(whsig, wrong_version_or_truncated_signature_fails_verification)
 	load(V_SECRET);
 	/* The right bytes under another version, cut short, or without a version. */
 	cr_assert_eq(verify(V_ID, V_TS_TEXT, V_BODY, "v2," V_B64), -1);
-	cr_assert_eq(verify(V_ID, V_TS_TEXT, V_BODY,
-			    "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE"),
-		     -1);
+	cr_assert_eq(
+	    verify(V_ID, V_TS_TEXT, V_BODY, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE"), -1);
 	cr_assert_eq(verify(V_ID, V_TS_TEXT, V_BODY, V_B64), -1);
 	cr_assert_eq(verify(V_ID, V_TS_TEXT, V_BODY, ""), -1);
 }
 
 Test(whsig, stale_or_future_timestamp_fails_verification)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	load(V_SECRET);
 	cr_assert_eq(whsig_verify(key, keylen, V_ID, V_TS_TEXT, V_BODY, strlen(V_BODY), V_SIG,
-				  V_TS + 301, 300, &e),
-		     -1);
+	                          V_TS + 301, 300, &e),
+	             -1);
 	cr_assert_str_eq(e.msg,
-			 "webhook-timestamp 1614265330 is more than 300 s from now (1614265631)");
+	                 "webhook-timestamp 1614265330 is more than 300 s from now (1614265631)");
 	cr_assert_eq(whsig_verify(key, keylen, V_ID, V_TS_TEXT, V_BODY, strlen(V_BODY), V_SIG,
-				  V_TS - 301, 300, &e),
-		     -1);
+	                          V_TS - 301, 300, &e),
+	             -1);
 	cr_assert_eq(whsig_verify(key, keylen, V_ID, V_TS_TEXT, V_BODY, strlen(V_BODY), V_SIG,
-				  V_TS + 300, 300, &e),
-		     0, "the edge of the window is inside");
+	                          V_TS + 300, 300, &e),
+	             0, "the edge of the window is inside");
 	cr_assert_eq(whsig_verify(key, keylen, V_ID, V_TS_TEXT, V_BODY, strlen(V_BODY), V_SIG,
-				  V_TS + 86400, -1, &e),
-		     0, "a negative tolerance skips the check");
+	                          V_TS + 86400, -1, &e),
+	             0, "a negative tolerance skips the check");
 }
 
 Test(whsig, timestamp_that_is_not_unix_seconds_fails_verification)
 {
-	struct err e = {0};
+	struct err e = { 0 };
 
 	load(V_SECRET);
 	cr_assert_eq(whsig_verify(key, keylen, V_ID, "+1614265330", V_BODY, strlen(V_BODY), V_SIG,
-				  V_TS, -1, &e),
-		     -1);
+	                          V_TS, -1, &e),
+	             -1);
 	cr_assert_str_eq(e.msg, "webhook-timestamp \"+1614265330\" is not unix seconds");
 	cr_assert_eq(verify(V_ID, "1614265330 ", V_BODY, V_SIG), -1);
 	cr_assert_eq(verify(V_ID, "", V_BODY, V_SIG), -1);
@@ -139,7 +139,7 @@ Test(whsig, timestamp_that_is_not_unix_seconds_fails_verification)
 Test(whsig, raw_secret_is_used_as_key_bytes)
 {
 	char sig[WHSIG_MAX];
-	struct err e = {0};
+	struct err e = { 0 };
 
 	/* Not whsec_: the text itself is the key, even when it looks like base64. */
 	load("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
@@ -150,11 +150,11 @@ Test(whsig, raw_secret_is_used_as_key_bytes)
 	 *   b"my raw secret", b"evt_1.1700000000.{}", hashlib.sha256).digest()))' */
 	load("my raw secret");
 	cr_assert_eq(whsig_sign(key, keylen, "evt_1", 1700000000L, "{}", 2, sig, &e), 0, "%s",
-		     e.msg);
+	             e.msg);
 	cr_assert_str_eq(sig, "v1,SG/Ek4jVcI7UOkkl2ZJURFOEs1YDv+q1Ioqq5HkZBsE=");
 	cr_assert_eq(whsig_verify(key, keylen, "evt_1", "1700000000", "{}", 2, sig, 1700000000L,
-				  WHSIG_TOLERANCE_S, &e),
-		     0);
+	                          WHSIG_TOLERANCE_S, &e),
+	             0);
 }
 
 Test(whsig, bad_base64_after_whsec_is_a_config_error)
@@ -171,13 +171,13 @@ Test(whsig, bad_base64_after_whsec_is_a_config_error)
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		struct err e = {0};
+		struct err e = { 0 };
 
 		keylen = 99;
 		cr_assert_eq(whsig_key(bad[i], key, &keylen, &e), -1, "%s", bad[i]);
 		cr_assert_eq(e.code, ERR_CONFIG, "%s", bad[i]);
 		cr_assert_str_eq(e.msg, "secret: the text after \"whsec_\" is not valid base64",
-				 "%s", bad[i]);
+		                 "%s", bad[i]);
 	}
 }
 
@@ -198,7 +198,7 @@ Test(whsig, padding_is_not_part_of_the_key)
 Test(whsig, empty_or_oversized_secret_is_a_config_error)
 {
 	char big[WHSIG_KEY_MAX + 2];
-	struct err e = {0};
+	struct err e = { 0 };
 
 	cr_assert_eq(whsig_key("", key, &keylen, &e), -1);
 	cr_assert_eq(e.code, ERR_CONFIG);

@@ -153,12 +153,12 @@ Test(valgrind, one_worker_serves_mixed_requests_with_no_memory_error_or_leak, .f
 {
 	const char *env = getenv("IDEMFLOW_VALGRIND_REQUESTS");
 	long total = env && *env ? atol(env) : 10000;
-	long cycles = total / 8, counts[6] = {0};
+	long cycles = total / 8, counts[6] = { 0 };
 	struct tstack_tenant t;
 	char kh[160], path[128], body[128], other[128], uuid[37];
-	const char *keyed[] = {NULL, JSON_CT, kh, NULL};
-	const char *unkeyed[] = {NULL, JSON_CT, NULL};
-	const char *auth[] = {NULL, NULL};
+	const char *keyed[] = { NULL, JSON_CT, kh, NULL };
+	const char *unkeyed[] = { NULL, JSON_CT, NULL };
+	const char *auth[] = { NULL, NULL };
 	glob_t logs;
 	double t0, secs;
 	int status;
