@@ -28,7 +28,7 @@ static int int_out_of_range(const char *digits, size_t n, int negative)
  * json-c's own check lets overlong forms and encoded surrogates through,
  * and PostgreSQL then refused the row: a 500 for a client's mistake.
  */
-static size_t utf8_len(const unsigned char *s, size_t left)
+size_t canon_utf8_len(const unsigned char *s, size_t left)
 {
 	uint32_t cp, min;
 	size_t n;
@@ -55,7 +55,7 @@ static size_t utf8_len(const unsigned char *s, size_t left)
 	return n;
 }
 
-static int hex_digit(char c)
+int canon_hex_digit(char c)
 {
 	if (c >= '0' && c <= '9')
 		return c - '0';
@@ -74,7 +74,7 @@ static long escape_unit(const char *s)
 	if (s[0] != '\\' || s[1] != 'u')
 		return -1;
 	for (int k = 2; k < 6; k++) {
-		int d = hex_digit(s[k]);
+		int d = canon_hex_digit(s[k]);
 		if (d < 0)
 			return -1;
 		v = v * 16 + d;
@@ -121,7 +121,7 @@ static size_t escape_check(const char *s, size_t left, size_t at, struct err *e)
  * or -1 with e filled (ERR_INPUT, the byte offset of the first offence).
  *  - A single quote outside a string: json-c takes 'a' as a key even in
  *    strict mode.
- *  - Bytes that are not UTF-8 (utf8_len).
+ *  - Bytes that are not UTF-8 (canon_utf8_len).
  *  - A control character inside a string that is not escaped.
  *  - \u0000 and lone surrogates (escape_check).
  *  - NaN and Infinity, which json-c reads even in strict mode, and a
@@ -157,7 +157,7 @@ static int lex_check(const char *text, size_t len, struct buf *wide, struct err 
 			else if (c == '"')
 				in_string = 0;
 			else if ((unsigned char)c >= 0x80) {
-				n = utf8_len((const unsigned char *)text + i, len - i);
+				n = canon_utf8_len((const unsigned char *)text + i, len - i);
 				if (n == 0)
 					return err_set(
 					    e, ERR_INPUT,

@@ -49,4 +49,15 @@ int canon_write(struct buf *out, struct json_object *v, struct err *e) MUSTCHECK
 /* Append s (n bytes, valid UTF-8) as a JSON string literal with quotes. */
 void canon_write_string(struct buf *out, const char *s, size_t n);
 
+/*
+ * Length of the UTF-8 sequence at s, of which left bytes are readable:
+ * 1 for ASCII, 2-4 for a well-formed sequence (RFC 3629: shortest form
+ * only, no UTF-16 surrogates, nothing above U+10FFFF), 0 when it is not
+ * one. The log's JSON form uses the same rule.
+ */
+size_t canon_utf8_len(const unsigned char *s, size_t left);
+
+/* The value of the hexadecimal digit c, or -1. */
+int canon_hex_digit(char c);
+
 #endif

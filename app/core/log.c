@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/buf.h"
+#include "core/canon.h"
 
 #define LOG_LINE_MAX 2048
 
@@ -227,48 +228,6 @@ static void jw_char(struct jw *w, unsigned char c)
 	}
 }
 
-/* Length of the well-formed UTF-8 sequence at p (1-4), or 0. */
-static size_t utf8_len(const unsigned char *p, const unsigned char *end)
-{
-	unsigned char c = p[0];
-	size_t n;
-	unsigned char lo = 0x80, hi = 0xbf;
-
-	if (c >= 0xc2 && c <= 0xdf)
-		n = 2;
-	else if (c >= 0xe0 && c <= 0xef)
-		n = 3;
-	else if (c >= 0xf0 && c <= 0xf4)
-		n = 4;
-	else
-		return 0;
-	if (c == 0xe0)
-		lo = 0xa0;
-	else if (c == 0xed)
-		hi = 0x9f;
-	else if (c == 0xf0)
-		lo = 0x90;
-	else if (c == 0xf4)
-		hi = 0x8f;
-	if ((size_t)(end - p) < n || p[1] < lo || p[1] > hi)
-		return 0;
-	for (size_t i = 2; i < n; i++)
-		if ((p[i] & 0xc0) != 0x80)
-			return 0;
-	return n;
-}
-
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* The character that the escape after a backslash (at p) stands for, as
  * JSON; returns where the escape ends. The escapes are quote()'s; any
  * other character stands for itself. */
@@ -282,7 +241,9 @@ static const char *jw_unescape(struct jw *w, const char *p, const char *end)
 	case 'r': jw_char(w, '\r'); return p + 1;
 	case 'u':
 		for (int i = 1; i <= 4 && v >= 0; i++)
-			v = p + i < end && hexval(p[i]) >= 0 ? v * 16 + hexval(p[i]) : -1;
+			v = p + i < end && canon_hex_digit(p[i]) >= 0
+			        ? v * 16 + canon_hex_digit(p[i])
+			        : -1;
 		if (v >= 0 && v < 0x80) {
 			jw_char(w, (unsigned char)v);
 			return p + 5;
@@ -307,8 +268,7 @@ static void jw_text(struct jw *w, const char *p, const char *end, int quoted)
 		} else if (c < 0x80) {
 			jw_char(w, c);
 			p++;
-		} else if ((n = utf8_len((const unsigned char *)p, (const unsigned char *)end)) >
-		           0) {
+		} else if ((n = canon_utf8_len((const unsigned char *)p, (size_t)(end - p))) > 0) {
 			jw_put(w, p, n);
 			p += n;
 		} else {
