@@ -232,23 +232,63 @@ pid_t tstack_supervisor_pid(void)
 	return (pid_t)pid;
 }
 
+/* A live child of supervisor: not a zombie the supervisor has yet to
+ * reap. */
+static int live_child(pid_t pid, pid_t supervisor)
+{
+	char state;
+	pid_t ppid;
+
+	return proc_stat(pid, &state, &ppid) && ppid == supervisor && state != 'Z' && state != 'X';
+}
+
+/*
+ * The supervisor's children in one read of its task's children list: one
+ * snapshot taken by the kernel. A walk of /proc instead runs in pid order
+ * while workers come and go; once pids wrap, a worker forked with a pid
+ * the walk has passed is missed while the one it replaces is already a
+ * zombie, and a pool that never shrank reads as one worker short. The walk
+ * stays as the fallback for kernels without the list.
+ */
 size_t tstack_workers(pid_t supervisor, pid_t *out, size_t max)
 {
+	char path[64], list[8192];
+	size_t n = 0, len = 0;
+	ssize_t got;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%ld/task/%ld/children", (long)supervisor,
+	         (long)supervisor);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		while (len < sizeof(list) - 1 &&
+		       (got = read(fd, list + len, sizeof(list) - 1 - len)) > 0)
+			len += (size_t)got;
+		close(fd);
+		list[len] = '\0';
+		for (char *p = list, *end; *p; p = end) {
+			long pid = strtol(p, &end, 10);
+
+			if (end == p)
+				break;
+			if (pid > 0 && live_child((pid_t)pid, supervisor)) {
+				if (n < max)
+					out[n] = (pid_t)pid;
+				n++;
+			}
+		}
+		return n;
+	}
+
 	DIR *d = opendir("/proc");
 	struct dirent *e;
-	size_t n = 0;
 
 	cr_assert_not_null(d, "opendir /proc: %s", strerror(errno));
 	while ((e = readdir(d))) {
-		char *end, state;
+		char *end;
 		long pid = strtol(e->d_name, &end, 10);
-		pid_t ppid;
 
-		if (*end || pid <= 0)
-			continue;
-		/* A zombie is a dead worker the supervisor has yet to reap. */
-		if (!proc_stat((pid_t)pid, &state, &ppid) || ppid != supervisor || state == 'Z' ||
-		    state == 'X')
+		if (*end || pid <= 0 || !live_child((pid_t)pid, supervisor))
 			continue;
 		if (n < max)
 			out[n] = (pid_t)pid;
