@@ -41,6 +41,11 @@ struct conf {
 	long max_depth;         /* JSON nesting */
 	long retry_after;       /* s, sent with 503 and 409 in-flight */
 	long shutdown_timeout;  /* ms a draining worker gets before SIGKILL */
+
+	/* The supervisor's watch over requests in hand (sup.c); 0 = never. */
+	long request_slowlog_timeout;   /* ms: a longer request is logged once */
+	long request_terminate_timeout; /* ms: a longer request's worker is killed */
+
 	enum log_level log_level;
 	char *application_name;
 	enum log_format log_format;

@@ -72,6 +72,16 @@ static const char DB_PIN_SQL[] = "SET bytea_output = 'hex';"
  */
 #define DB_IDLE_IN_TX_MS 10000
 
+/*
+ * A session whose client is gone (a worker killed by the supervisor's
+ * request_terminate_timeout, or by anyone) must not finish its statement:
+ * one waiting for a lock would otherwise take it once it is free, run to
+ * the end and, outside an explicit transaction, commit. PostgreSQL (14 and
+ * later) polls the client's socket this often while a statement runs, and
+ * ends the session, rolling back, when it is closed.
+ */
+#define DB_CLIENT_CHECK_MS 500
+
 /* Reconnect back-off: 100 ms after the first failed connect, doubling,
  * at most DB_RETRY_MAX_MS apart while the database stays unreachable. */
 #define DB_RETRY_FIRST_MS 100
@@ -404,8 +414,10 @@ static int db_setup(struct db *db, struct err *e)
 	PQsetNoticeReceiver(db->conn, log_notice, db);
 	snprintf(sql, sizeof(sql),
 	         "SET lock_timeout = '%ldms'; SET statement_timeout = '%ldms';"
-	         " SET idle_in_transaction_session_timeout = '%dms'",
-	         db->s.lock_timeout_ms, db->s.statement_timeout_ms, DB_IDLE_IN_TX_MS);
+	         " SET idle_in_transaction_session_timeout = '%dms';"
+	         " SET client_connection_check_interval = '%dms'",
+	         db->s.lock_timeout_ms, db->s.statement_timeout_ms, DB_IDLE_IN_TX_MS,
+	         DB_CLIENT_CHECK_MS);
 	res = PQexec(db->conn, sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		db_classify(db->conn, res, e);

@@ -18,6 +18,7 @@
 #include "server/queries.h"
 #include "server/rcache.h"
 #include "server/route.h"
+#include "server/scoreboard.h"
 #include "server/wf.h"
 
 /* Resolve the bearer token to a tenant (and, when want_key, fetch the
@@ -63,6 +64,7 @@ static int authenticate(struct handler_ctx *ctx, struct http_req *req, struct ht
 	}
 	const char *p[AK__N] = { [AK_TOKEN_HASH] = hex, [AK_KEY] = req->idem_key };
 	_Static_assert((int)AK_TOKEN_HASH == (int)AU_TOKEN_HASH, "Q_AUTH's $1 is Q_AUTH_KEY's");
+	scoreboard_stage(SB_IN_DB);
 	res = db_run(ctx->db, keyed ? Q_AUTH_KEY : Q_AUTH, keyed ? AK__N : AU__N, p, &e);
 	if (res == NULL) {
 		e.outcome_unknown = 0; /* it only reads */
@@ -136,6 +138,7 @@ static const struct {
 	{ ROUTE_READYZ, "GET", OPEN, ops_readyz, NULL },
 	/* For the operator's scraper, not for tenants: ops.c decides who. */
 	{ ROUTE_METRICS, NULL, OPEN, ops_metrics, NULL },
+	{ ROUTE_STATUS, NULL, OPEN, ops_status, NULL },
 	{ ROUTE_WORKFLOWS, "GET", TOKEN, wf_list, NULL },
 	{ ROUTE_WORKFLOWS, "POST", TOKEN_KEY, wf_create, NULL },
 	{ ROUTE_WORKFLOW, "GET", TOKEN, NULL, wf_get },

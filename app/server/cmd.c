@@ -9,6 +9,7 @@
 #include "core/canon.h"
 #include "core/fp.h"
 #include "server/queries.h"
+#include "server/scoreboard.h"
 
 /* A 409 about the request's key: P_KEY_REUSED or P_KEY_IN_FLIGHT. */
 static void key_problem(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
@@ -96,7 +97,10 @@ static int read_body(struct handler_ctx *ctx, struct http_req *req, struct http_
 		return -1;
 	}
 	buf_reset(&ctx->body);
-	switch (http_read_body(req, c->max_body, &ctx->body)) {
+	scoreboard_stage(SB_READING);
+	enum http_body_result got = http_read_body(req, c->max_body, &ctx->body);
+	scoreboard_stage(SB_IN_DB);
+	switch (got) {
 	case HTTP_BODY_OK: break;
 	case HTTP_BODY_TOO_LARGE:
 		snprintf(detail, sizeof(detail), "the body may be at most %ld bytes", c->max_body);
@@ -432,10 +436,14 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 		enum attempt a;
 
 		in_flight = 0;
+		/* The claim and the command share a round trip; a wait in it is
+		 * most often on the key's owner. */
+		scoreboard_stage(SB_WAITING_KEY);
 		if (c->tx == CMD_TX_SINGLE)
 			a = attempt_single(ctx, req, resp, c, &row, &in_flight, &e);
 		else
 			a = attempt_pipeline(ctx, req, resp, c, &k, &row, &in_flight, &e);
+		scoreboard_stage(SB_IN_DB);
 		if (a == ATTEMPT_DONE)
 			return;
 		if (a == ATTEMPT_FAILED)

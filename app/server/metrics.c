@@ -10,6 +10,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "config.h"
+#include "server/scoreboard.h"
+
 /* Counters are shared between processes: only lock-free atomics work there. */
 #if ATOMIC_LLONG_LOCK_FREE != 2
 #error "metrics need lock-free 64-bit atomics"
@@ -189,6 +192,47 @@ static void help(struct buf *out, const char *name, const char *type, const char
 	buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
 }
 
+/* The pool's figures from the scoreboard, and the build. */
+static void render_pool(struct buf *out)
+{
+	struct sb_pool p;
+
+	scoreboard_pool(&p);
+	help(out, "idemflow_pool_workers", "gauge",
+	     "Workers by state: busy with a request, or idle waiting for one.");
+	buf_printf(out, "idemflow_pool_workers{state=\"busy\"} %d\n", p.active);
+	buf_printf(out, "idemflow_pool_workers{state=\"idle\"} %d\n", p.idle);
+	help(out, "idemflow_accepted_connections_total", "counter",
+	     "Connections the workers accepted from the FastCGI socket.");
+	buf_printf(out, "idemflow_accepted_connections_total %llu\n", p.accepted);
+	if (p.listen_queue >= 0) {
+		help(out, "idemflow_listen_queue", "gauge",
+		     "Connections waiting in the FastCGI socket's accept queue.");
+		buf_printf(out, "idemflow_listen_queue %ld\n", p.listen_queue);
+		help(out, "idemflow_listen_queue_max", "gauge",
+		     "The most connections seen waiting in the accept queue since the start.");
+		buf_printf(out, "idemflow_listen_queue_max %ld\n", p.max_listen_queue);
+		help(out, "idemflow_listen_queue_length", "gauge",
+		     "The accept queue's size (the socket's backlog).");
+		buf_printf(out, "idemflow_listen_queue_length %ld\n", p.listen_queue_len);
+	}
+	help(out, "idemflow_max_children_reached_total", "counter",
+	     "Times the last idle worker took a request: until one is free again, new "
+	     "connections wait in the listen queue.");
+	buf_printf(out, "idemflow_max_children_reached_total %llu\n", p.max_children_reached);
+	help(out, "idemflow_slow_requests_total", "counter",
+	     "Requests that ran longer than request_slowlog_timeout.");
+	buf_printf(out, "idemflow_slow_requests_total %llu\n", p.slow_requests);
+	help(out, "idemflow_worker_terminated_total", "counter",
+	     "Workers killed because their request ran longer than "
+	     "request_terminate_timeout.");
+	buf_printf(out, "idemflow_worker_terminated_total %llu\n", p.terminated);
+	help(out, "idemflow_build_info", "gauge",
+	     "Always 1; the labels name the version and the git commit it was built from.");
+	buf_printf(out, "idemflow_build_info{version=\"%s\",commit=\"%s\"} 1\n", PACKAGE_VERSION,
+	           IDEMFLOW_COMMIT);
+}
+
 void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 {
 	struct totals t;
@@ -282,13 +326,14 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	     "replaced.");
 	buf_printf(out, "idemflow_worker_restarts_total %llu\n", t.worker_restarts);
 
+	render_pool(out);
+
 	help(out, "idemflow_db_up", "gauge",
 	     "1 when this scrape's database statement succeeded; the outbox gauges are "
 	     "missing otherwise.");
 	buf_printf(out, "idemflow_db_up %d\n", ob != NULL);
 	if (ob == NULL)
 		return;
-	/* Active jobs and expired job leases join these once jobs exist. */
 	help(out, "idemflow_outbox_pending", "gauge",
 	     "Outbox events not delivered yet and not dead.");
 	buf_printf(out, "idemflow_outbox_pending %ld\n", ob->pending);
@@ -298,6 +343,15 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	help(out, "idemflow_outbox_oldest_pending_age_seconds", "gauge",
 	     "Age of the oldest pending outbox event (0 when none is pending).");
 	buf_printf(out, "idemflow_outbox_oldest_pending_age_seconds %.3f\n", ob->oldest_pending_s);
+	help(out, "idemflow_jobs_activatable", "gauge",
+	     "Jobs waiting for a worker to activate them.");
+	buf_printf(out, "idemflow_jobs_activatable %ld\n", ob->jobs_activatable);
+	help(out, "idemflow_jobs_leased", "gauge", "Active jobs whose lease has not run out.");
+	buf_printf(out, "idemflow_jobs_leased %ld\n", ob->jobs_leased);
+	help(out, "idemflow_jobs_leases_expired", "gauge",
+	     "Active jobs whose lease ran out: idemflow reap (or the next activation) "
+	     "frees them.");
+	buf_printf(out, "idemflow_jobs_leases_expired %ld\n", ob->jobs_leases_expired);
 }
 
 /* --- Access ------------------------------------------------------------ */

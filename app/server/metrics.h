@@ -54,17 +54,21 @@ void metrics_request(enum route route, int status, enum idem_outcome idem, doubl
  * cache (rcache.h), not from the database. */
 void metrics_replay_cache_hit(void);
 
-/* Outbox gauges read from the database at scrape time. */
+/* Outbox and job gauges read from the database at scrape time. */
 struct metrics_outbox {
 	long pending;
 	double oldest_pending_s;
 	long dead;
+	long jobs_activatable;    /* jobs waiting for a worker to activate them */
+	long jobs_leased;         /* active jobs whose lease still runs */
+	long jobs_leases_expired; /* active jobs whose lease ran out (reap frees them) */
 };
 
 /*
  * Append the exposition (Prometheus text format 0.0.4) of the summed
- * counters to out; ob NULL means the database statement failed
- * (idemflow_db_up 0, the outbox gauges left out).
+ * counters, the pool's figures from the scoreboard (scoreboard.h) and the
+ * build to out; ob NULL means the database statement failed
+ * (idemflow_db_up 0, the outbox and job gauges left out).
  */
 void metrics_render(struct buf *out, const struct metrics_outbox *ob);
 

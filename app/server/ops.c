@@ -1,4 +1,4 @@
-/* ops.c - /healthz, /readyz and /metrics (see ops.h). */
+/* ops.c - /healthz, /readyz, /metrics and /status (see ops.h). */
 #include "server/ops.h"
 
 #include <stdio.h>
@@ -9,6 +9,7 @@
 #include "core/migrate.h"
 #include "server/metrics.h"
 #include "server/queries.h"
+#include "server/scoreboard.h"
 
 /* Liveness: the process answers. Also the cheapest request there is, the
  * FastCGI ceiling. */
@@ -119,6 +120,36 @@ int ops_metrics_token_match(const char *token, const char *authorization)
 	return diff == 0;
 }
 
+/*
+ * The operator's views (/metrics, /status) open to the addresses in
+ * metrics_allow or with the metrics token, and then to GET only. Checked
+ * before the method, so a stranger learns nothing about the resource.
+ * Tenants' tokens are never looked up here: they open the API, not the
+ * operator's view of every tenant. Returns 1 when allowed, 0 when resp
+ * holds the refusal (403, or 405 once allowed).
+ */
+static int operator_allowed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
+                            const char *what)
+{
+	char detail[128];
+	struct err e;
+
+	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
+	    !ops_metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
+		snprintf(detail, sizeof(detail),
+		         "%s is open to the addresses in metrics_allow, or with the metrics_token",
+		         what);
+		handler_problem(resp, req, P_FORBIDDEN, detail);
+		return 0;
+	}
+	if (strcmp(req->method, "GET") != 0) {
+		http_resp_header(resp, "Allow", "GET");
+		handler_problem(resp, req, P_METHOD_NOT_ALLOWED, "this resource allows GET only");
+		return 0;
+	}
+	return 1;
+}
+
 /* For the operator's scraper, not for tenants. */
 void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
@@ -127,35 +158,64 @@ void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 	PGresult *res;
 	int db_ok;
 
-	/* Checked before the method, so a stranger learns nothing about the
-	 * resource. Tenants' tokens are never looked up here: they open the
-	 * API, not the operator's view of every tenant. */
-	if (metrics_allow_match(ctx->conf->metrics_allow, req->remote_addr, &e) != 1 &&
-	    !ops_metrics_token_match(ctx->conf->metrics_token, req->authorization)) {
-		handler_problem(resp, req, P_FORBIDDEN,
-		                "/metrics is open to the addresses in metrics_allow, or with the "
-		                "metrics_token");
+	if (!operator_allowed(ctx, req, resp, "/metrics"))
 		return;
-	}
-	if (strcmp(req->method, "GET") != 0) {
-		http_resp_header(resp, "Allow", "GET");
-		handler_problem(resp, req, P_METHOD_NOT_ALLOWED, "this resource allows GET only");
-		return;
-	}
+	scoreboard_stage(SB_IN_DB);
 	res = db_run(ctx->db, Q_METRICS_OUTBOX, 0, NULL, &e);
 	db_ok = res != NULL;
 	if (db_ok) {
 		ob.pending = atol(PQgetvalue(res, 0, 0));
 		ob.oldest_pending_s = atof(PQgetvalue(res, 0, 1));
 		ob.dead = atol(PQgetvalue(res, 0, 2));
+		ob.jobs_activatable = atol(PQgetvalue(res, 0, 3));
+		ob.jobs_leased = atol(PQgetvalue(res, 0, 4));
+		ob.jobs_leases_expired = atol(PQgetvalue(res, 0, 5));
 		PQclear(res);
 	} else {
 		ctx->err = e; /* for the request's log line */
 	}
+	scoreboard_stage(SB_WRITING);
 	resp->status = 200;
 	resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
 	buf_reset(&resp->body);
 	metrics_render(&resp->body, db_ok ? &ob : NULL);
+	if (resp->body.oom) {
+		err_set(&e, ERR_INTERNAL, "out of memory");
+		handler_db_error(ctx, resp, req, &e);
+	}
+}
+
+/* Is name a parameter of the (still encoded) query string, with or
+ * without a value ("json", "json=1", "a&full")? */
+static int query_has(const char *query, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = query; p != NULL && *p; p = strchr(p, '&'), p = p ? p + 1 : NULL)
+		if (strncmp(p, name, n) == 0 && (p[n] == '\0' || p[n] == '&' || p[n] == '='))
+			return 1;
+	return 0;
+}
+
+/* For the operator, like php-fpm's status page; no database. */
+void ops_status(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	const char *accept = NULL;
+	int json;
+	struct err e;
+
+	if (!operator_allowed(ctx, req, resp, "/status"))
+		return;
+	if (req->fcgi != NULL)
+		accept = FCGX_GetParam("HTTP_ACCEPT", req->fcgi->envp);
+	json = query_has(req->query, "json") ||
+	       (accept != NULL && strstr(accept, "application/json") != NULL);
+	scoreboard_stage(SB_WRITING);
+	resp->status = 200;
+	resp->content_type = json ? "application/json" : "text/plain; charset=utf-8";
+	buf_reset(&resp->body);
+	scoreboard_render(&resp->body, ctx->conf->application_name, json,
+	                  query_has(req->query, "full"));
 	if (resp->body.oom) {
 		err_set(&e, ERR_INTERNAL, "out of memory");
 		handler_db_error(ctx, resp, req, &e);

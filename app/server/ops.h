@@ -1,6 +1,7 @@
 /*
  * ops.h - the operator's endpoints: liveness (/healthz), readiness
- * (/readyz) and the metrics exposition (/metrics).
+ * (/readyz), the metrics exposition (/metrics) and the pool's status page
+ * (/status).
  *
  * Handlers like the others (handler.h); the counters themselves live in
  * metrics.h, which knows nothing about HTTP.
@@ -21,6 +22,11 @@ void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
  * metrics_allow or it sent the metrics token; then 405 for methods other
  * than GET; else the exposition of the pool's counters. */
 void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
+
+/* /status, any method: refused as /metrics is (403, then 405); then the
+ * pool's status page (scoreboard.h) as plain text, or JSON with ?json or
+ * Accept: application/json; ?full adds one entry per worker. */
+void ops_status(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
 
 /* Is authorization ("Bearer <token>") the metrics token? Never true when
  * token is "". Compares BLAKE2b digests in constant time. */

@@ -103,12 +103,27 @@ const struct db_stmt queries[Q__COUNT] = {
 	                       "  FROM schema_migrations" },
 
 	/* Pending events are what the partial index outbox_due covers;
-	 * dead ones are few (a dead event is an incident). */
+	 * dead ones are few (a dead event is an incident). Two aggregates of
+	 * one row each: the jobs' reads only live jobs (the predicate of the
+	 * jobs_due index), never the finished ones. */
 	[Q_METRICS_OUTBOX] = { "metrics_outbox", 0,
-	                       "SELECT count(*), coalesce(extract(epoch FROM now() - "
-	                       "min(created_at)), 0),"
-	                       "       (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)"
-	                       "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL" },
+	                       "SELECT o.pending, o.oldest, o.dead,"
+	                       "       j.activatable, j.leased, j.expired"
+	                       "  FROM (SELECT count(*) AS pending,"
+	                       "               coalesce(extract(epoch FROM now() - "
+	                       "min(created_at)), 0) AS oldest,"
+	                       "               (SELECT count(*) FROM outbox"
+	                       "                 WHERE dead_at IS NOT NULL) AS dead"
+	                       "          FROM outbox"
+	                       "         WHERE published_at IS NULL AND dead_at IS NULL) o,"
+	                       "       (SELECT count(*) FILTER (WHERE state = 'activatable')"
+	                       "                   AS activatable,"
+	                       "               count(*) FILTER (WHERE state = 'active'"
+	                       "                   AND due_at > now()) AS leased,"
+	                       "               count(*) FILTER (WHERE state = 'active'"
+	                       "                   AND due_at <= now()) AS expired"
+	                       "          FROM jobs"
+	                       "         WHERE state IN ('activatable', 'active')) j" },
 
 	[Q_WF_GET] = { "wf_get", WG__N,
 	               "SELECT " WF_COLUMNS " FROM workflows WHERE tenant_id = $1 AND id = $2" },

@@ -17,7 +17,10 @@
 
 #include "core/log.h"
 #include "server/metrics.h"
+#include "server/scoreboard.h"
 #include "server/worker.h"
+
+_Static_assert(SCOREBOARD_SLOTS == METRICS_SLOTS, "a worker's slot is both");
 
 #define MAX_CHILDREN  1024
 #define YOUNG_SECONDS 5 /* a worker dying younger than this counts as a crash */
@@ -28,7 +31,9 @@ struct child {
 	unsigned gen;
 	int slot; /* its metrics slot */
 	time_t started;
-	time_t kill_at; /* when retiring: SIGKILL after this; 0 = not retiring */
+	time_t kill_at;                 /* when retiring: SIGKILL after this; 0 = not retiring */
+	unsigned long long slow_logged; /* the slot's request number last logged slow */
+	int terminated;                 /* killed by request_terminate_timeout */
 };
 
 struct sup {
@@ -163,6 +168,7 @@ static void spawn(struct sup *s)
 		sigemptyset(&usr1.sa_mask);
 		sigaction(SIGUSR1, &usr1, NULL);
 		metrics_use_slot(slot);
+		scoreboard_use_slot(slot);
 		sigemptyset(&none);
 		/* The child starts with the supervisor's mask; worker_run sets its own. */
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -194,8 +200,11 @@ static void reap(struct sup *s)
 		struct child k = s->kids[i];
 		s->kids[i] = s->kids[--s->nkids];
 		metrics_set_workers(s->nkids);
+		scoreboard_slot_free(k.slot);
 		long uptime = (long)(time(NULL) - k.started);
-		int expected = k.kill_at != 0 || s->stopping;
+		/* A worker killed for its request was counted as terminated,
+		 * and is no crash to back off from. */
+		int expected = k.kill_at != 0 || s->stopping || k.terminated;
 		int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
 
 		if (WIFSIGNALED(status)) {
@@ -228,6 +237,56 @@ static void reap(struct sup *s)
 			}
 		} else {
 			s->crash_streak = 0;
+		}
+	}
+}
+
+/*
+ * The supervisor's look at the scoreboard, on every tick: a worker blocked
+ * in the database cannot tell that its request is slow, so the supervisor
+ * does. A request in hand for longer than request_slowlog_timeout gets one
+ * log line (the slot's request number tells one request from the next);
+ * one in hand for longer than request_terminate_timeout has its worker
+ * killed (SIGKILL: the worker may be blocked in a system call, and its
+ * database connection, closed with it, takes the open transaction along);
+ * reap() then replaces it. Also samples the listen queue, for its
+ * high-water mark.
+ */
+static void watch(struct sup *s)
+{
+	const long slow_ms = s->conf->request_slowlog_timeout;
+	const long kill_ms = s->conf->request_terminate_timeout;
+
+	scoreboard_sample_queue();
+	if (slow_ms <= 0 && kill_ms <= 0)
+		return;
+	for (int i = 0; i < s->nkids; i++) {
+		struct child *k = &s->kids[i];
+		long min = slow_ms > 0 && (kill_ms <= 0 || slow_ms < kill_ms) ? slow_ms : kill_ms;
+		struct sb_late late;
+		char line[512];
+		size_t n = 0;
+
+		if (k->terminated || !scoreboard_late(k->slot, k->pid, min, &late))
+			continue;
+		log_kv(line, sizeof(line), &n, "request_id", late.request_id);
+		log_kv(line, sizeof(line), &n, "method", late.method);
+		log_kv(line, sizeof(line), &n, "route", late.route);
+		log_kv(line, sizeof(line), &n, "stage", scoreboard_stage_name(late.stage));
+		if (slow_ms > 0 && late.elapsed_s * 1000 >= (double)slow_ms &&
+		    k->slow_logged != late.request_no) {
+			k->slow_logged = late.request_no;
+			scoreboard_count_slow();
+			log_warning("slow request", "worker_pid=%ld %s elapsed_ms=%.0f",
+			            (long)k->pid, line, late.elapsed_s * 1000);
+		}
+		if (kill_ms > 0 && late.elapsed_s * 1000 >= (double)kill_ms) {
+			k->terminated = 1;
+			scoreboard_count_terminated();
+			log_error("request ran past request_terminate_timeout; killing its worker",
+			          "worker_pid=%ld %s elapsed_ms=%.0f", (long)k->pid, line,
+			          late.elapsed_s * 1000);
+			kill(k->pid, SIGKILL);
 		}
 	}
 }
@@ -392,24 +451,28 @@ int sup_run(struct conf *c, int argc, char **argv)
 		log_failure("bad configuration", &e);
 		return 78; /* EX_CONFIG */
 	}
-	/* Before the first fork: every worker inherits the mapping. */
-	if (metrics_init(&e) < 0) {
+	/* Before the first fork: every worker inherits the mappings. */
+	if (metrics_init(&e) < 0 || scoreboard_init(&e) < 0) {
 		log_failure("could not start", &e);
 		return 71; /* EX_OSERR */
 	}
 	s.listen_fd = open_listener(c);
 	if (s.listen_fd < 0)
 		return 71; /* EX_OSERR */
+	scoreboard_set_listener(s.listen_fd);
 	if (write_pid_file(c->pid_file) < 0)
 		return 73; /* EX_CANTCREAT */
 	pid_file = strdup(c->pid_file);
 	log_info("listening", "listen=%s workers=%d", LOG_Q(c->listen), c->workers);
 
 	for (;;) {
-		int pending = maintain(&s);
+		(void)maintain(&s);
 		if (s.stopping && s.nkids == 0)
 			break;
-		alarm(pending ? 1 : 0);
+		/* A tick every second, whether maintain() has anything pending
+		 * or not: watch() runs on it. */
+		watch(&s);
+		alarm(1);
 		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1)
 			sigsuspend(&waitmask);
 		if (got_chld) {

@@ -11,9 +11,13 @@
  *    kept) and replace the workers one at a time.
  *  - SIGUSR1: reopen the log file (log_file), then have every worker do the
  *    same.
- * Before the first fork it maps the metrics counters (metrics.h) and gives
- * each worker a slot; it keeps idemflow_workers and
- * idemflow_worker_restarts_total itself.
+ * Before the first fork it maps the metrics counters (metrics.h) and the
+ * scoreboard (scoreboard.h) and gives each worker a slot of both; it keeps
+ * idemflow_workers and idemflow_worker_restarts_total itself.
+ *  - Every second it reads the scoreboard: a request in hand for longer
+ *    than request_slowlog_timeout is logged once ("slow request"), and
+ *    the worker of one in hand for longer than request_terminate_timeout
+ *    is killed (SIGKILL), counted and replaced.
  * The main loop waits in sigsuspend() with every handled signal blocked
  * otherwise, so no signal is lost between a check and the wait.
  */

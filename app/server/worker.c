@@ -20,6 +20,7 @@
 #include "server/queries.h"
 #include "server/rcache.h"
 #include "server/route.h"
+#include "server/scoreboard.h"
 
 static volatile sig_atomic_t worker_stop;
 
@@ -302,6 +303,9 @@ int worker_run(const struct conf *c, int listen_fd)
 			continue;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		http_req_init(&req, &freq);
+		/* The route again here (the router matches it for itself):
+		 * the scoreboard must show it while the request runs. */
+		scoreboard_begin(req.method, route_match(req.path, NULL, NULL), req.request_id);
 		http_resp_reset(&resp);
 		db_check(ctx.db);
 		api_handle(&ctx, &req, &resp);
@@ -310,12 +314,14 @@ int worker_run(const struct conf *c, int listen_fd)
 		if (ctx.cached)
 			metrics_replay_cache_hit();
 		keystats_note(&ks, ctx.tenant_id, req.idem_key, ctx.idem);
+		scoreboard_stage(SB_WRITING);
 		if (http_send(&freq, &resp) < 0)
 			log_warning("client went away before the answer was sent", "request_id=%s",
 			            req.request_id);
 		/* Log before finish_request: it frees the strings req points to. */
 		log_request(&ctx, &req, &resp, elapsed_ms(&t0));
 		finish_request(&freq);
+		scoreboard_end();
 		http_resp_shrink(&resp, BUF_KEEP);
 		buf_shrink(&ctx.body, BUF_KEEP);
 		buf_shrink(&ctx.scratch, BUF_KEEP);

@@ -384,6 +384,12 @@ def run(c, api):
     mport = int(os.environ["IDEMFLOW_METRICS_PORT"])
     call("/metrics", "GET", "/metrics", 200, port=mport)
     call("/metrics", "PUT", "/metrics", 405, "method-not-allowed", body={}, port=mport)
+    # The status page is opened exactly as /metrics is.
+    call("/status", "GET", "/status", 403, "forbidden", token=T)
+    call("/status", "POST", "/status", 403, "forbidden", body={})
+    call("/status", "GET", "/status", 200, port=mport)
+    call("/status", "GET", "/status?json=1&full=1", 200, port=mport)
+    call("/status", "PUT", "/status", 405, "method-not-allowed", body={}, port=mport)
 
     # --- authentication, routes, methods -------------------------------
     call(WFS, "GET", WFS, 401, "unauthorized")
