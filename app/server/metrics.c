@@ -298,6 +298,9 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	help(out, "idemflow_outbox_oldest_pending_age_seconds", "gauge",
 	     "Age of the oldest pending outbox event (0 when none is pending).");
 	buf_printf(out, "idemflow_outbox_oldest_pending_age_seconds %.3f\n", ob->oldest_pending_s);
+	help(out, "idemflow_workflows_incident", "gauge",
+	     "Workflows parked in incident, of every tenant, waiting for a resume or a cancel.");
+	buf_printf(out, "idemflow_workflows_incident %ld\n", ob->incidents);
 }
 
 /* --- Access ------------------------------------------------------------ */

@@ -54,11 +54,13 @@ void metrics_request(enum route route, int status, enum idem_outcome idem, doubl
  * cache (rcache.h), not from the database. */
 void metrics_replay_cache_hit(void);
 
-/* Outbox gauges read from the database at scrape time. */
+/* Gauges read from the database at scrape time: the outbox's, and the
+ * workflows parked in incident (read by the same statement). */
 struct metrics_outbox {
 	long pending;
 	double oldest_pending_s;
 	long dead;
+	long incidents;
 };
 
 /*

@@ -148,6 +148,7 @@ void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 		ob.pending = atol(PQgetvalue(res, 0, 0));
 		ob.oldest_pending_s = atof(PQgetvalue(res, 0, 1));
 		ob.dead = atol(PQgetvalue(res, 0, 2));
+		ob.incidents = atol(PQgetvalue(res, 0, 3));
 		PQclear(res);
 	} else {
 		ctx->err = e; /* for the request's log line */

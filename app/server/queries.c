@@ -103,15 +103,20 @@ const struct db_stmt queries[Q__COUNT] = {
 	                       "  FROM schema_migrations" },
 
 	/* Pending events are what the partial index outbox_due covers;
-	 * dead ones are few (a dead event is an incident). */
+	 * dead ones are few (a dead event is an incident), and so are the
+	 * workflows in incident (the partial index workflows_incident). */
 	[Q_METRICS_OUTBOX] = { "metrics_outbox", 0,
 	                       "SELECT count(*), coalesce(extract(epoch FROM now() - "
 	                       "min(created_at)), 0),"
-	                       "       (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)"
+	                       "       (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL),"
+	                       "       (SELECT count(*) FROM workflows WHERE state = 'incident')"
 	                       "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL" },
 
 	[Q_WF_GET] = { "wf_get", WG__N,
-	               "SELECT " WF_COLUMNS " FROM workflows WHERE tenant_id = $1 AND id = $2" },
+	               "SELECT " WF_COLUMNS ","
+	               "       (SELECT j.progress FROM jobs j WHERE j.tenant_id = $1"
+	               "           AND j.workflow_id = w.id AND j.step = w.step)"
+	               "  FROM workflows w WHERE tenant_id = $1 AND id = $2" },
 	[Q_NOTIFY] = { "notify", 0, "SELECT pg_notify('idemflow_outbox', '')" },
 
 	[Q_BEGIN] = { "begin", 0, "BEGIN" },
@@ -183,6 +188,12 @@ const struct db_stmt queries[Q__COUNT] = {
 	                "          ORDER BY w.id LIMIT 1) w"
 	                "   WHERE p.n < $5 AND p.start < $6::bigint)"
 	                "SELECT " WF_COLUMNS ", start < $6::bigint FROM page ORDER BY id" },
+	/* Heartbeats and incidents (sql/009_incidents.sql). */
+	[Q_JOB_HEARTBEAT] = { "job_heartbeat", JH__N,
+	                      "SELECT * FROM idemflow_job_heartbeat($1, $2, $3, $4, $5::interval, "
+	                      "$6)" },
+	[Q_WF_RESUME] = { "wf_resume", RS__N,
+	                  "SELECT * FROM idemflow_wf_resume($1, $2, $3::integer)" },
 };
 
 int queries_check(struct err *e)

@@ -24,6 +24,8 @@ enum route {
 	ROUTE_JOBS_ACTIVATE,  /* /v1/jobs/activate */
 	ROUTE_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
 	ROUTE_JOB_FAIL,       /* /v1/jobs/{key}/fail */
+	ROUTE_JOB_HEARTBEAT,  /* /v1/jobs/{key}/heartbeat */
+	ROUTE_WF_RESUME,      /* /v1/workflows/{id}/resume */
 	ROUTE_OTHER,          /* no template matched (404s) */
 	ROUTE__COUNT
 };
