@@ -142,6 +142,7 @@ CREATE FUNCTION public.idemflow_job_fail(p_tenant bigint, p_wf uuid, p_step inte
 DECLARE
     l record;
     j jobs;
+    v_incident boolean;
 BEGIN
     SELECT * INTO l FROM idemflow_job_lock(p_tenant, p_wf, p_step, p_worker);
     IF l.problem IS NOT NULL THEN
@@ -159,15 +160,26 @@ BEGIN
                                jsonb_build_object('step', j.step, 'name', j.name,
                                                   'worker', p_worker, 'error', p_error,
                                                   'retries_left', j.retries, 'retrying', true));
+        RETURN NEXT idemflow_job_result(j, NULL, NULL);
+        RETURN;
+    END IF;
+    UPDATE jobs SET state = 'failed', failures = failures + 1, error = p_error,
+                    due_at = NULL, updated_at = now()
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step
+    RETURNING * INTO j;
+    PERFORM idemflow_event(p_tenant, p_wf, 'job.failed',
+                           jsonb_build_object('step', j.step, 'name', j.name,
+                                              'worker', p_worker, 'error', p_error,
+                                              'retries_left', 0, 'retrying', false));
+    SELECT coalesce(steps -> (p_step - 1) ->> 'on_failure', 'fail') = 'incident'
+      INTO v_incident FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
+    IF v_incident THEN
+        UPDATE workflows SET state = 'incident', updated_at = now()
+         WHERE tenant_id = p_tenant AND id = p_wf;
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.incident',
+                               jsonb_build_object('state', 'incident', 'step', j.step,
+                                                  'name', j.name, 'error', p_error));
     ELSE
-        UPDATE jobs SET state = 'failed', failures = failures + 1, error = p_error,
-                        due_at = NULL, updated_at = now()
-         WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step
-        RETURNING * INTO j;
-        PERFORM idemflow_event(p_tenant, p_wf, 'job.failed',
-                               jsonb_build_object('step', j.step, 'name', j.name,
-                                                  'worker', p_worker, 'error', p_error,
-                                                  'retries_left', 0, 'retrying', false));
         UPDATE workflows SET state = 'failed', ended_at = now(), updated_at = now()
          WHERE tenant_id = p_tenant AND id = p_wf;
         PERFORM idemflow_event(p_tenant, p_wf, 'workflow.failed',
@@ -175,6 +187,32 @@ BEGIN
                                                   'error', p_error));
     END IF;
     RETURN NEXT idemflow_job_result(j, NULL, NULL);
+END
+$$;
+
+CREATE FUNCTION public.idemflow_job_heartbeat(p_tenant bigint, p_wf uuid, p_step integer, p_worker text, p_lease interval, p_progress text) RETURNS TABLE(problem text, detail text, workflow_id uuid, step integer, name text, job_type text, state text, worker text, deadline text, activations integer, retries integer, output text, error text, input text, workflow_state text, progress text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    l record;
+    j jobs;
+BEGIN
+    SELECT * INTO l FROM idemflow_job_lock(p_tenant, p_wf, p_step, p_worker);
+    IF l.problem IS NOT NULL THEN
+        -- A cancelled workflow cancelled its job: say so, so the worker
+        -- stops; the problem type is complete's and fail's.
+        IF l.problem = 'job-not-active' AND (l.j).state = 'cancelled' THEN
+            l.detail := 'the workflow was cancelled and its job with it: stop working on it; nothing was changed';
+        END IF;
+        RETURN QUERY SELECT (idemflow_job_problem(l.problem, l.detail)).*, NULL::text;
+        RETURN;
+    END IF;
+    UPDATE jobs SET due_at = now() + p_lease, progress = coalesce(p_progress, jobs.progress),
+                    heartbeat_at = now(), updated_at = now()
+     WHERE jobs.tenant_id = p_tenant AND jobs.workflow_id = p_wf AND jobs.step = p_step
+    RETURNING * INTO j;
+    RETURN QUERY SELECT (idemflow_job_result(j, NULL, NULL)).*, j.progress;
 END
 $$;
 
@@ -195,7 +233,10 @@ CREATE TABLE public.jobs (
     error text,
     created_at timestamp with time zone NOT NULL,
     updated_at timestamp with time zone NOT NULL,
+    progress text,
+    heartbeat_at timestamp with time zone,
     CONSTRAINT jobs_check CHECK (((job_type IS NULL) <> (wait_for IS NULL))),
+    CONSTRAINT jobs_progress_check CHECK ((octet_length(progress) <= 4096)),
     CONSTRAINT jobs_retries_check CHECK ((retries >= 0)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['activatable'::text, 'active'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT jobs_step_check CHECK ((step >= 1))
@@ -313,7 +354,7 @@ BEGIN
         VALUES (p_tenant, p_id, p_type, 'pending', p_input, p_at, p_at, p_business_key,
                 p_steps)
         ON CONFLICT (tenant_id, type, business_key)
-           WHERE business_key IS NOT NULL AND state IN ('pending', 'running')
+           WHERE business_key IS NOT NULL AND state IN ('pending', 'running', 'incident')
         DO NOTHING
         RETURNING * INTO w;
         EXIT WHEN FOUND;
@@ -321,7 +362,7 @@ BEGIN
         -- waited; if it has ended since, try again.
         SELECT * INTO w FROM workflows
          WHERE tenant_id = p_tenant AND type = p_type AND business_key = p_business_key
-           AND state IN ('pending', 'running');
+           AND state IN ('pending', 'running', 'incident');
         IF FOUND THEN
             RETURN NEXT idemflow_wf_result(NULL, NULL, 'existing', w);
             RETURN;
@@ -406,7 +447,7 @@ CREATE TABLE public.workflows (
     last_seq integer DEFAULT 1 NOT NULL,
     ended_at timestamp with time zone,
     CONSTRAINT workflows_business_key_check CHECK (((octet_length(business_key) >= 1) AND (octet_length(business_key) <= 255))),
-    CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
 );
 
 CREATE FUNCTION public.idemflow_wf_result(p_problem text, p_detail text, p_outcome text, w public.workflows) RETURNS public.idemflow_wf_row
@@ -414,6 +455,60 @@ CREATE FUNCTION public.idemflow_wf_result(p_problem text, p_detail text, p_outco
     AS $$
     SELECT p_problem, p_detail, p_outcome, w.id, w.type, w.state, w.input::text,
            idemflow_ts(w.created_at), w.business_key, w.steps::text, w.step
+$$;
+
+CREATE FUNCTION public.idemflow_wf_resume(p_tenant bigint, p_wf uuid, p_retries integer) RETURNS SETOF public.idemflow_wf_row
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    w workflows;
+    j jobs;
+    v_def jsonb;
+    v_retries integer;
+BEGIN
+    SELECT * INTO w FROM workflows WHERE tenant_id = p_tenant AND id = p_wf FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NEXT idemflow_wf_result('not-found', 'no such workflow', NULL, NULL);
+        RETURN;
+    END IF;
+    IF w.state NOT IN ('incident', 'failed') THEN
+        RETURN NEXT idemflow_wf_result('state-conflict',
+            format('the workflow is %s: only a workflow in incident, or a failed one whose '
+                   'failed step is resumable, can be resumed; nothing was changed', w.state),
+            NULL, w);
+        RETURN;
+    END IF;
+    v_def := w.steps -> (w.step - 1);
+    SELECT * INTO j FROM jobs
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = w.step;
+    IF NOT FOUND OR j.job_type IS NULL OR j.state <> 'failed'
+       OR (w.state = 'failed' AND (v_def -> 'resumable') IS DISTINCT FROM 'true'::jsonb) THEN
+        RETURN NEXT idemflow_wf_result('invalid-transition',
+            format('the workflow failed at step %s ("%s"), whose definition does not say '
+                   '"resumable": true; nothing was changed', w.step, v_def ->> 'name'),
+            NULL, w);
+        RETURN;
+    END IF;
+    v_retries := coalesce(p_retries, (v_def ->> 'retries')::integer, 0);
+    BEGIN
+        UPDATE workflows SET state = 'running', ended_at = NULL, updated_at = now()
+         WHERE tenant_id = p_tenant AND id = p_wf;
+    EXCEPTION WHEN unique_violation THEN
+        RETURN NEXT idemflow_wf_result('state-conflict',
+            format('another %s workflow with business key "%s" is active now; nothing was changed',
+                   w.type, w.business_key),
+            NULL, w);
+        RETURN;
+    END;
+    UPDATE jobs SET state = 'activatable', retries = v_retries, worker = NULL, due_at = now(),
+                    updated_at = now()
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = w.step;
+    PERFORM idemflow_event(p_tenant, p_wf, 'workflow.resumed',
+                           jsonb_build_object('state', 'running', 'from', w.state,
+                                              'step', w.step, 'retries', v_retries));
+    SELECT * INTO w FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
+    RETURN NEXT idemflow_wf_result(NULL, NULL, 'resumed', w);
+END
 $$;
 
 CREATE FUNCTION public.idemflow_wf_transition(p_tenant bigint, p_wf uuid, p_to text, p_from text) RETURNS SETOF public.idemflow_wf_row
@@ -437,7 +532,7 @@ BEGIN
             NULL, w);
         RETURN;
     END IF;
-    IF p_to <> 'cancelled' OR w.state NOT IN ('pending', 'running') THEN
+    IF p_to <> 'cancelled' OR w.state NOT IN ('pending', 'running', 'incident') THEN
         RETURN NEXT idemflow_wf_result('invalid-transition',
             CASE WHEN p_to <> 'cancelled'
                  THEN format('a workflow becomes %s by running; only "cancelled" can be asked for', p_to)
@@ -616,7 +711,9 @@ CREATE INDEX outbox_due ON public.outbox USING btree (next_attempt_at, id) WHERE
 
 CREATE INDEX outbox_published ON public.outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
 
-CREATE UNIQUE INDEX workflows_business_key ON public.workflows USING btree (tenant_id, type, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text])));
+CREATE UNIQUE INDEX workflows_business_key ON public.workflows USING btree (tenant_id, type, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text])));
+
+CREATE INDEX workflows_incident ON public.workflows USING btree (tenant_id, id) WHERE (state = 'incident'::text);
 
 CREATE INDEX workflows_state ON public.workflows USING btree (tenant_id, state, id);
 

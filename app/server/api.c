@@ -148,6 +148,8 @@ static const struct {
 	{ ROUTE_JOBS_ACTIVATE, "POST", TOKEN_KEY, jobs_activate, NULL },
 	{ ROUTE_JOB_COMPLETE, "POST", TOKEN_KEY, NULL, job_complete },
 	{ ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail },
+	{ ROUTE_JOB_HEARTBEAT, "POST", TOKEN_KEY, NULL, jobs_heartbeat },
+	{ ROUTE_WF_RESUME, "POST", TOKEN_KEY, NULL, wf_resume },
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 

@@ -1,5 +1,6 @@
 /*
- * jobs.c - POST /v1/jobs/activate, /v1/jobs/{key}/complete and /fail.
+ * jobs.c - POST /v1/jobs/activate, /v1/jobs/{key}/complete, /fail and
+ * /heartbeat.
  *
  * A job's key is "<workflow id>.s<step>": stable across activations,
  * retries and replays, so a worker can hand it to an external provider as
@@ -24,6 +25,9 @@
 #define JOBS_MAX_JOBS   100
 #define JOBS_LEASE_MAX  86400 /* seconds: one day */
 #define JOBS_STEP_MAX   32    /* as WF_STEPS_MAX */
+/* A heartbeat's progress, canonical: a few counters and a message, not a
+ * result (as jobs.progress's CHECK in sql/009_incidents.sql). */
+#define JOBS_PROGRESS_MAX 4096
 
 /* Columns of idemflow_job_row after (problem, detail). */
 enum {
@@ -39,6 +43,8 @@ enum {
 	C_OUTPUT,
 	C_ERROR,
 	C_INPUT,
+	C_WF_STATE,
+	C_PROGRESS, /* Q_JOB_HEARTBEAT only */
 };
 
 int jobs_parse_key(const char *key, size_t len, char *wf, int *step)
@@ -79,8 +85,9 @@ static int write_json(struct buf *out, const char *name, const char *text, size_
 	return rc;
 }
 
-/* Append the job in row i of res. */
-static int write_job(struct buf *out, const PGresult *res, int i, struct err *e)
+/* Append the job in row i of res, with its progress when progress is set
+ * (the rows of Q_JOB_HEARTBEAT). */
+static int write_job(struct buf *out, const PGresult *res, int i, int progress, struct err *e)
 {
 	const char *wf = PQgetvalue(res, i, C_WORKFLOW);
 
@@ -107,6 +114,11 @@ static int write_job(struct buf *out, const PGresult *res, int i, struct err *e)
 	               (size_t)PQgetlength(res, i, C_INPUT), e) < 0)
 		return err_set(e, ERR_INTERNAL, "stored input of workflow %s is not valid JSON",
 		               wf);
+	if (progress && !PQgetisnull(res, i, C_PROGRESS) &&
+	    write_json(out, "progress", PQgetvalue(res, i, C_PROGRESS),
+	               (size_t)PQgetlength(res, i, C_PROGRESS), e) < 0)
+		return err_set(e, ERR_INTERNAL, "stored progress of job %s.s%s is not valid JSON",
+		               wf, PQgetvalue(res, i, C_STEP));
 	buf_putc(out, '}');
 	return 0;
 }
@@ -124,7 +136,7 @@ static int render_activate(struct handler_ctx *ctx, const struct http_req *req,
 	for (int i = 0; i < PQntuples(res); i++) {
 		if (i > 0)
 			buf_putc(&resp->body, ',');
-		if (write_job(&resp->body, res, i, e) < 0)
+		if (write_job(&resp->body, res, i, 0, e) < 0)
 			return -1;
 	}
 	buf_puts(&resp->body, "]}");
@@ -141,7 +153,7 @@ static int render_job(struct handler_ctx *ctx, const struct http_req *req, struc
 		return err_set(e, ERR_INTERNAL, "job command returned %d rows", PQntuples(res));
 	resp->status = 200;
 	resp->content_type = "application/json";
-	return write_job(&resp->body, res, 0, e);
+	return write_job(&resp->body, res, 0, c->stmt == Q_JOB_HEARTBEAT, e);
 }
 
 void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
@@ -249,6 +261,72 @@ void jobs_finish(struct handler_ctx *ctx, struct http_req *req, const char *key,
 			                 .render = render_job };
 		cmd_run(ctx, req, resp, &cmd);
 	}
+out:
+	json_object_put(root);
+}
+
+void jobs_heartbeat(struct handler_ctx *ctx, struct http_req *req, const char *key,
+                    struct http_resp *resp)
+{
+	static const char *const members[] = { "worker", "lease_seconds", "progress", NULL };
+	struct json_object *root, *progress;
+	const char *worker;
+	long lease;
+	char tenant[24], wf[IDS_UUID_LEN + 1], step[16], interval[40], detail[300];
+	char fp_text[IDEM_FP_TEXT];
+	size_t off = 0, len;
+	int n;
+
+	root = cmd_read_json(ctx, req, resp, 0);
+	if (root == NULL)
+		return;
+	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "worker", 1, JOBS_WORKER_MAX, &worker, detail, sizeof(detail)) < 0 ||
+	    cmd_int(root, "lease_seconds", 1, JOBS_LEASE_MAX, 30, &lease, detail, sizeof(detail)) <
+	        0 ||
+	    cmd_object(root, "progress", &progress, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (jobs_parse_key(key, strlen(key), wf, &n) < 0) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such job");
+		goto out;
+	}
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	if (progress != NULL) {
+		if (cmd_json_param(ctx, req, resp, progress, &off) < 0)
+			goto out;
+		/* Measured in the form it is kept in, so that reformatting
+		 * cannot get a bigger one in. */
+		len = strlen(ctx->scratch.data + off);
+		if (len > JOBS_PROGRESS_MAX) {
+			snprintf(
+			    detail, sizeof(detail),
+			    "\"progress\" is %zu bytes in canonical JSON; at most %d are kept: "
+			    "report counters and a short message, not results",
+			    len, JOBS_PROGRESS_MAX);
+			handler_problem(resp, req, P_BODY_TOO_LARGE, detail);
+			goto out;
+		}
+	}
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(step, sizeof(step), "%d", n);
+	snprintf(interval, sizeof(interval), "%ld seconds", lease);
+	const char *p[JH__N] = {
+		[JH_TENANT] = tenant,
+		[JH_WORKFLOW] = wf,
+		[JH_STEP] = step,
+		[JH_WORKER] = worker,
+		[JH_LEASE] = interval,
+		[JH_PROGRESS] = progress != NULL ? ctx->scratch.data + off : NULL
+	};
+	const struct cmd cmd = { .stmt = Q_JOB_HEARTBEAT,
+		                 .nparams = JH__N,
+		                 .params = p,
+		                 .fp_text = fp_text,
+		                 .render = render_job };
+	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);
 }

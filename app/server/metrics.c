@@ -352,6 +352,9 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	     "Active jobs whose lease ran out: idemflow reap (or the next activation) "
 	     "frees them.");
 	buf_printf(out, "idemflow_jobs_leases_expired %ld\n", ob->jobs_leases_expired);
+	help(out, "idemflow_workflows_incident", "gauge",
+	     "Workflows parked in incident, of every tenant, waiting for a resume or a cancel.");
+	buf_printf(out, "idemflow_workflows_incident %ld\n", ob->incidents);
 }
 
 /* --- Access ------------------------------------------------------------ */

@@ -54,7 +54,8 @@ void metrics_request(enum route route, int status, enum idem_outcome idem, doubl
  * cache (rcache.h), not from the database. */
 void metrics_replay_cache_hit(void);
 
-/* Outbox and job gauges read from the database at scrape time. */
+/* Gauges read from the database at scrape time: the outbox's, the jobs',
+ * and the workflows parked in incident (one statement). */
 struct metrics_outbox {
 	long pending;
 	double oldest_pending_s;
@@ -62,6 +63,7 @@ struct metrics_outbox {
 	long jobs_activatable;    /* jobs waiting for a worker to activate them */
 	long jobs_leased;         /* active jobs whose lease still runs */
 	long jobs_leases_expired; /* active jobs whose lease ran out (reap frees them) */
+	long incidents;           /* workflows parked in incident */
 };
 
 /*

@@ -170,6 +170,7 @@ void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 		ob.jobs_activatable = atol(PQgetvalue(res, 0, 3));
 		ob.jobs_leased = atol(PQgetvalue(res, 0, 4));
 		ob.jobs_leases_expired = atol(PQgetvalue(res, 0, 5));
+		ob.incidents = atol(PQgetvalue(res, 0, 6));
 		PQclear(res);
 	} else {
 		ctx->err = e; /* for the request's log line */

@@ -103,12 +103,13 @@ const struct db_stmt queries[Q__COUNT] = {
 	                       "  FROM schema_migrations" },
 
 	/* Pending events are what the partial index outbox_due covers;
-	 * dead ones are few (a dead event is an incident). Two aggregates of
-	 * one row each: the jobs' reads only live jobs (the predicate of the
-	 * jobs_due index), never the finished ones. */
+	 * dead ones are few (a dead event is an incident). Three aggregates
+	 * of one row each: the jobs' reads only live jobs (the predicate of
+	 * the jobs_due index), never the finished ones; the workflows in
+	 * incident are few too (the partial index workflows_incident). */
 	[Q_METRICS_OUTBOX] = { "metrics_outbox", 0,
 	                       "SELECT o.pending, o.oldest, o.dead,"
-	                       "       j.activatable, j.leased, j.expired"
+	                       "       j.activatable, j.leased, j.expired, i.incidents"
 	                       "  FROM (SELECT count(*) AS pending,"
 	                       "               coalesce(extract(epoch FROM now() - "
 	                       "min(created_at)), 0) AS oldest,"
@@ -123,10 +124,15 @@ const struct db_stmt queries[Q__COUNT] = {
 	                       "               count(*) FILTER (WHERE state = 'active'"
 	                       "                   AND due_at <= now()) AS expired"
 	                       "          FROM jobs"
-	                       "         WHERE state IN ('activatable', 'active')) j" },
+	                       "         WHERE state IN ('activatable', 'active')) j,"
+	                       "       (SELECT count(*) AS incidents FROM workflows"
+	                       "         WHERE state = 'incident') i" },
 
 	[Q_WF_GET] = { "wf_get", WG__N,
-	               "SELECT " WF_COLUMNS " FROM workflows WHERE tenant_id = $1 AND id = $2" },
+	               "SELECT " WF_COLUMNS ","
+	               "       (SELECT j.progress FROM jobs j WHERE j.tenant_id = $1"
+	               "           AND j.workflow_id = w.id AND j.step = w.step)"
+	               "  FROM workflows w WHERE tenant_id = $1 AND id = $2" },
 	[Q_NOTIFY] = { "notify", 0, "SELECT pg_notify('idemflow_outbox', '')" },
 
 	[Q_BEGIN] = { "begin", 0, "BEGIN" },
@@ -198,6 +204,12 @@ const struct db_stmt queries[Q__COUNT] = {
 	                "          ORDER BY w.id LIMIT 1) w"
 	                "   WHERE p.n < $5 AND p.start < $6::bigint)"
 	                "SELECT " WF_COLUMNS ", start < $6::bigint FROM page ORDER BY id" },
+	/* Heartbeats and incidents (sql/009_incidents.sql). */
+	[Q_JOB_HEARTBEAT] = { "job_heartbeat", JH__N,
+	                      "SELECT * FROM idemflow_job_heartbeat($1, $2, $3, $4, $5::interval, "
+	                      "$6)" },
+	[Q_WF_RESUME] = { "wf_resume", RS__N,
+	                  "SELECT * FROM idemflow_wf_resume($1, $2, $3::integer)" },
 };
 
 int queries_check(struct err *e)

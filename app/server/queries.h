@@ -45,7 +45,8 @@ enum query_id {
 	/* Removes the row (and its counts) only if it has expired. */
 	Q_KEY_DELETE_EXPIRED,
 	/* -> one workflow row (WF_COLUMNS in queries.c): (id, type, state,
-	 * input, created_at, business_key, steps, step) */
+	 * input, created_at, business_key, steps, step), then the progress
+	 * of the current step's job (NULL when none was reported) */
 	Q_WF_GET,
 	/* Q_CREATE_KEYED that fails with division by zero after its rows
 	 * are written, so the transaction rolls back (--enable-test-hooks
@@ -59,7 +60,8 @@ enum query_id {
 	 * transaction_read_only), for GET /readyz */
 	Q_SCHEMA_VERSION,
 	/* GET /metrics, one cheap statement per scrape -> (pending events,
-	 * age in seconds of the oldest pending one or 0, dead events) */
+	 * age in seconds of the oldest pending one or 0, dead events,
+	 * workflows in incident) */
 	Q_METRICS_OUTBOX,
 	/* Wake dispatchers waiting in --loop (sent outside any create). */
 	Q_NOTIFY,
@@ -94,6 +96,11 @@ enum query_id {
 	Q_WF_EVENTS,
 	/* -> workflow rows (as Q_WF_GET, then within) in id order */
 	Q_WF_LIST,
+	/* Heartbeats and incidents (sql/009_incidents.sql). */
+	/* -> the columns of idemflow_job_row, then the job's progress */
+	Q_JOB_HEARTBEAT,
+	/* -> idemflow_wf_row */
+	Q_WF_RESUME,
 	Q__COUNT
 };
 
@@ -232,6 +239,20 @@ enum wf_list_param {
 	WL_BUDGET,
 	WL__N
 };
+
+/* Q_JOB_HEARTBEAT */
+enum job_heartbeat_param {
+	JH_TENANT,
+	JH_WORKFLOW,
+	JH_STEP,
+	JH_WORKER,
+	JH_LEASE,    /* interval */
+	JH_PROGRESS, /* canonical JSON, or NULL to keep the last one */
+	JH__N
+};
+
+/* Q_WF_RESUME */
+enum wf_resume_param { RS_TENANT, RS_ID, RS_RETRIES /* or NULL: the step's own */, RS__N };
 
 /*
  * The key row: what Q_AUTH_KEY, Q_CREATE_KEYED and Q_KEY_GET return for a

@@ -19,6 +19,8 @@ static const struct {
 	[ROUTE_JOB_COMPLETE] = { "/v1/jobs/{key}/complete", 1 },
 	[ROUTE_JOB_FAIL] = { "/v1/jobs/{key}/fail", 1 },
 	[ROUTE_STATUS] = { "/status", 0 },
+	[ROUTE_JOB_HEARTBEAT] = { "/v1/jobs/{key}/heartbeat", 1 },
+	[ROUTE_WF_RESUME] = { "/v1/workflows/{id}/resume", 1 },
 	[ROUTE_OTHER] = { "other", 0 },
 };
 

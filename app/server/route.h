@@ -25,6 +25,8 @@ enum route {
 	ROUTE_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
 	ROUTE_JOB_FAIL,       /* /v1/jobs/{key}/fail */
 	ROUTE_STATUS,         /* /status */
+	ROUTE_JOB_HEARTBEAT,  /* /v1/jobs/{key}/heartbeat */
+	ROUTE_WF_RESUME,      /* /v1/workflows/{id}/resume */
 	ROUTE_OTHER,          /* no template matched (404s) */
 	ROUTE__COUNT
 };

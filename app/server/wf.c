@@ -1,5 +1,6 @@
 /*
- * wf.c - workflows: create, read, list, history, transitions, messages.
+ * wf.c - workflows: create, read, list, history, transitions, resumes,
+ * messages.
  *
  * A plain keyed create (no steps, no business key) is one SQL statement
  * (Q_CREATE_KEYED), so the key row with its stored response, the workflow
@@ -30,6 +31,7 @@
 #define WF_RETRIES_MAX      100
 #define WF_PAGE_DEFAULT     100
 #define WF_PAGE_MAX         1000
+#define WF_GET_PROGRESS     8 /* Q_WF_GET's column after the workflow's */
 
 /* The members of a create body; all borrowed from the parsed body. */
 struct wf_body {
@@ -39,12 +41,36 @@ struct wf_body {
 	const char *business_key;
 };
 
+/* A job step's failure policy: "on_failure" is "fail" (the default: the
+ * workflow fails once the retries are used up) or "incident" (it waits in
+ * incident for a resume); "resumable" (boolean) lets a failed workflow be
+ * resumed at this step. *on_failure: the member, or NULL when absent. */
+static int validate_failure(struct json_object *st, const char **on_failure, char *why, size_t wlen)
+{
+	struct json_object *v;
+
+	if (cmd_text(st, "on_failure", 0, 16, on_failure, why, wlen) < 0)
+		return -1;
+	if (*on_failure != NULL && strcmp(*on_failure, "fail") != 0 &&
+	    strcmp(*on_failure, "incident") != 0) {
+		snprintf(why, wlen, "\"on_failure\" is \"fail\" or \"incident\"");
+		return -1;
+	}
+	if (json_object_object_get_ex(st, "resumable", &v) &&
+	    !json_object_is_type(v, json_type_boolean)) {
+		snprintf(why, wlen, "\"resumable\" must be true or false");
+		return -1;
+	}
+	return 0;
+}
+
 /* Check one step definition (index i, 0-based) against the ones before. */
 static int validate_step(struct json_object *steps, size_t i, char *detail, size_t dlen)
 {
-	static const char *const members[] = { "name", "job_type", "wait_for", "retries", NULL };
+	static const char *const members[] = { "name",       "job_type",  "wait_for", "retries",
+		                               "on_failure", "resumable", NULL };
 	struct json_object *st = json_object_array_get_idx(steps, i);
-	const char *name, *job_type, *wait_for;
+	const char *name, *job_type, *wait_for, *on_failure;
 	char why[200];
 	long retries;
 
@@ -56,7 +82,8 @@ static int validate_step(struct json_object *steps, size_t i, char *detail, size
 	    cmd_text(st, "name", 1, WF_NAME_MAX, &name, why, sizeof(why)) < 0 ||
 	    cmd_text(st, "job_type", 0, WF_TYPE_MAX, &job_type, why, sizeof(why)) < 0 ||
 	    cmd_text(st, "wait_for", 0, WF_TYPE_MAX, &wait_for, why, sizeof(why)) < 0 ||
-	    cmd_int(st, "retries", 0, WF_RETRIES_MAX, 0, &retries, why, sizeof(why)) < 0)
+	    cmd_int(st, "retries", 0, WF_RETRIES_MAX, 0, &retries, why, sizeof(why)) < 0 ||
+	    validate_failure(st, &on_failure, why, sizeof(why)) < 0)
 		goto bad;
 	if ((job_type == NULL) == (wait_for == NULL)) {
 		snprintf(why, sizeof(why),
@@ -65,6 +92,12 @@ static int validate_step(struct json_object *steps, size_t i, char *detail, size
 	}
 	if (wait_for != NULL && json_object_object_get_ex(st, "retries", NULL)) {
 		snprintf(why, sizeof(why), "a wait step has no \"retries\"");
+		goto bad;
+	}
+	if (wait_for != NULL &&
+	    (on_failure != NULL || json_object_object_get_ex(st, "resumable", NULL))) {
+		snprintf(why, sizeof(why),
+		         "a wait step has no \"on_failure\" or \"resumable\": only a job fails");
 		goto bad;
 	}
 	for (size_t k = 0; k < i; k++) {
@@ -131,6 +164,10 @@ void wf_write(struct buf *out, const struct wf_view *w)
 		buf_append(out, w->steps, w->steps_len);
 		buf_printf(out, ",\"step\":%d", w->step);
 	}
+	if (w->progress != NULL) {
+		buf_puts(out, ",\"progress\":");
+		buf_append(out, w->progress, w->progress_len);
+	}
 	if (w->existing)
 		buf_puts(out, ",\"existing\":true");
 	buf_putc(out, '}');
@@ -146,8 +183,10 @@ static int recanon(struct buf *out, const char *text, size_t len, struct err *e)
 	return rc;
 }
 
-int wf_write_row(struct buf *out, struct buf *tmp, const PGresult *res, int row, int col,
-                 int existing, struct err *e)
+/* The view of the workflow in row `row` of res, columns from `col` on as
+ * wf_write_row() reads them, its JSON canonical in tmp. 0, or -1 with e. */
+static int row_view(struct wf_view *view, struct buf *tmp, const PGresult *res, int row, int col,
+                    int existing, struct err *e)
 {
 	struct wf_view w = { 0 };
 	size_t input_len;
@@ -178,6 +217,17 @@ int wf_write_row(struct buf *out, struct buf *tmp, const PGresult *res, int row,
 		w.step = atoi(PQgetvalue(res, row, col + 7));
 	}
 	w.existing = existing;
+	*view = w;
+	return 0;
+}
+
+int wf_write_row(struct buf *out, struct buf *tmp, const PGresult *res, int row, int col,
+                 int existing, struct err *e)
+{
+	struct wf_view w;
+
+	if (row_view(&w, tmp, res, row, col, existing, e) < 0)
+		return -1;
 	wf_write(out, &w);
 	return 0;
 }
@@ -430,9 +480,35 @@ out:
 	buf_free(&cr.payload);
 }
 
+/* The progress of the current step's job, Q_WF_GET's last column, in
+ * canonical form after the rest of w in tmp (row_view's buffer). 0, or -1
+ * with e. */
+static int get_progress(struct wf_view *w, struct buf *tmp, const PGresult *res, struct err *e)
+{
+	const size_t input_off = (size_t)(w->input - tmp->data), start = tmp->len;
+	const size_t steps_off = w->steps != NULL ? (size_t)(w->steps - tmp->data) : 0;
+
+	if (PQgetisnull(res, 0, WF_GET_PROGRESS))
+		return 0;
+	if (recanon(tmp, PQgetvalue(res, 0, WF_GET_PROGRESS),
+	            (size_t)PQgetlength(res, 0, WF_GET_PROGRESS), e) < 0)
+		return err_set(e, ERR_INTERNAL, "stored progress of workflow %s is not valid JSON",
+		               w->id);
+	if (tmp->oom)
+		return err_set(e, ERR_INTERNAL, "out of memory");
+	/* The buffer may have moved: the view points into it. */
+	w->input = tmp->data + input_off;
+	if (w->steps != NULL)
+		w->steps = tmp->data + steps_off;
+	w->progress = tmp->data + start;
+	w->progress_len = tmp->len - start;
+	return 0;
+}
+
 void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struct http_resp *resp)
 {
 	char tenant[24];
+	struct wf_view w;
 	struct err e;
 	PGresult *res;
 
@@ -450,10 +526,11 @@ void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struc
 	if (PQntuples(res) == 0) {
 		/* Another tenant's workflow looks exactly like a missing one. */
 		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
-	} else if (wf_write_row(&resp->body, &ctx->scratch, res, 0, 0, 0, &e) < 0) {
-		buf_reset(&resp->body);
+	} else if (row_view(&w, &ctx->scratch, res, 0, 0, 0, &e) < 0 ||
+	           get_progress(&w, &ctx->scratch, res, &e) < 0) {
 		handler_db_error(ctx, resp, req, &e);
 	} else {
+		wf_write(&resp->body, &w);
 		resp->status = 200;
 		resp->content_type = "application/json";
 	}
@@ -501,8 +578,8 @@ static int query_limit(const struct http_req *req, struct http_resp *resp, long 
 
 static int is_state(const char *s)
 {
-	static const char *const states[] = { "pending", "running", "completed", "failed",
-		                              "cancelled" };
+	static const char *const states[] = { "pending",   "running", "incident",
+		                              "completed", "failed",  "cancelled" };
 
 	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
 		if (strcmp(s, states[i]) == 0)
@@ -601,7 +678,8 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	if (state[0] != '\0' && !is_state(state)) {
 		handler_problem(
 		    resp, req, P_INVALID_REQUEST,
-		    "state must be one of pending, running, completed, failed, cancelled");
+		    "state must be one of pending, running, incident, completed, failed, "
+		    "cancelled");
 		return;
 	}
 	if (after[0] != '\0' && !ids_is_uuid(after)) {
@@ -709,8 +787,8 @@ void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id
 	if (!is_state(to) || (from != NULL && !is_state(from))) {
 		snprintf(
 		    detail, sizeof(detail),
-		    "unknown state \"%s\": a workflow is pending, running, completed, failed or "
-		    "cancelled",
+		    "unknown state \"%s\": a workflow is pending, running, incident, completed, "
+		    "failed or cancelled",
 		    is_state(to) ? from : to);
 		handler_problem(resp, req, P_INVALID_REQUEST, detail);
 		goto out;
@@ -727,6 +805,44 @@ void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id
 	};
 	const struct cmd cmd = { .stmt = Q_WF_TRANSITION,
 		                 .nparams = TR__N,
+		                 .params = p,
+		                 .fp_text = fp_text,
+		                 .render = render_transition };
+	cmd_run(ctx, req, resp, &cmd);
+out:
+	json_object_put(root);
+}
+
+void wf_resume(struct handler_ctx *ctx, struct http_req *req, const char *id,
+               struct http_resp *resp)
+{
+	static const char *const members[] = { "retries", NULL };
+	struct json_object *root;
+	long retries;
+	char tenant[24], nretries[16], detail[300], fp_text[IDEM_FP_TEXT];
+
+	root = cmd_read_json(ctx, req, resp, 0);
+	if (root == NULL)
+		return;
+	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
+	    cmd_int(root, "retries", 0, WF_RETRIES_MAX, -1, &retries, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (!ids_is_uuid(id)) {
+		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
+		goto out;
+	}
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(nretries, sizeof(nretries), "%ld", retries);
+	/* Without "retries", the failed step's own count from its definition. */
+	const char *p[RS__N] = {
+		[RS_TENANT] = tenant, [RS_ID] = id, [RS_RETRIES] = retries >= 0 ? nretries : NULL
+	};
+	const struct cmd cmd = { .stmt = Q_WF_RESUME,
+		                 .nparams = RS__N,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_transition };

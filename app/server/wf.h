@@ -1,6 +1,6 @@
 /*
- * wf.h - workflow handlers: create, read, list, history, transitions and
- * messages. Called by api.c after routing and authentication.
+ * wf.h - workflow handlers: create, read, list, history, transitions,
+ * resumes and messages. Called by api.c after routing and authentication.
  */
 #ifndef IDF_WF_H
 #define IDF_WF_H
@@ -25,6 +25,11 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id,
 void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id,
                    struct http_resp *resp);
 
+/* POST /v1/workflows/{id}/resume: a workflow in incident, or a failed one
+ * whose failed step is resumable, runs again from that step. */
+void wf_resume(struct handler_ctx *ctx, struct http_req *req, const char *id,
+               struct http_resp *resp);
+
 /* POST /v1/workflows/{id}/messages: deduplicated by message_id. */
 void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id,
                 struct http_resp *resp);
@@ -41,6 +46,8 @@ struct wf_view {
 	const char *business_key; /* or NULL */
 	const char *steps;        /* or NULL */
 	size_t steps_len;
+	const char *progress; /* canonical JSON, or NULL (GET only) */
+	size_t progress_len;
 	int step;     /* the current step, with steps */
 	int existing; /* answered for a business key that was taken */
 };

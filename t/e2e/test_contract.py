@@ -371,6 +371,8 @@ def run(c, api):
     ACT = "/v1/jobs/activate"
     COMP = "/v1/jobs/{key}/complete"
     FAIL = "/v1/jobs/{key}/fail"
+    HB = "/v1/jobs/{key}/heartbeat"
+    RES = "/v1/workflows/{id}/resume"
     ghost = "01890000-0000-7000-8000-000000000000"
 
     # --- operations ---------------------------------------------------
@@ -581,6 +583,97 @@ def run(c, api):
     call(TR, "POST", f"{WFS}/{w1id}/transitions", 422, "invalid-transition", token=T,
          body={"to": "cancelled"})
 
+    # --- heartbeats -----------------------------------------------------
+    # A payment step that parks its workflow in incident when it fails.
+    pay_body = {"type": "ct-pay", "business_key": f"P-{uid()}",
+                "steps": [{"name": "charge", "job_type": "ct-charge", "on_failure": "incident"},
+                          {"name": "after", "job_type": "ct-after", "resumable": True}]}
+    _, _, w4 = call(WFS, "POST", WFS, 201, token=T, key=uid(), body=pay_body)
+    w4id = w4["id"]
+    _, _, a = call(ACT, "POST", ACT, 200, token=T,
+                   body={"job_type": "ct-charge", "worker": "w1", "lease_seconds": 60})
+    hb = f"/v1/jobs/{a['jobs'][0]['key']}/heartbeat"
+    _, _, j = call(HB, "POST", hb, 200, token=T,
+                   body={"worker": "w1", "lease_seconds": 120, "progress": {"done": 1, "of": 2}})
+    if j["progress"] != {"done": 1, "of": 2} or j["deadline"] <= a["jobs"][0]["deadline"]:
+        fail(f"a heartbeat did not extend the lease or keep the progress: {j}")
+    _, _, wv = call(WF, "GET", f"{WFS}/{w4id}", 200, token=T)
+    if wv.get("progress") != {"done": 1, "of": 2}:
+        fail(f"the workflow does not show its job's progress: {wv}")
+    kh = uid()
+    call(HB, "POST", hb, 200, token=T, key=kh, body={"worker": "w1"})
+    _, h, _ = call(HB, "POST", hb, 200, token=T, key=kh, body={"worker": "w1"})
+    if h.get("idempotent-replayed") != "true":
+        fail("a replayed heartbeat lacks Idempotent-Replayed: true")
+    call(HB, "POST", hb, 409, "idempotency-key-reused", token=T, key=kh,
+         body={"worker": "w1", "lease_seconds": 5})
+    call(HB, "POST", hb, 409, "not-lease-holder", token=T, body={"worker": "w2"})
+    call(HB, "POST", hb, 400, "invalid-json", token=T, body="nope")
+    call(HB, "POST", hb, 401, "unauthorized", body={"worker": "w1"})
+    call(HB, "POST", f"/v1/jobs/{ghost}.s1/heartbeat", 404, "not-found", token=T,
+         body={"worker": "w1"})
+    call(HB, "GET", hb, 405, "method-not-allowed", token=T)
+    call(HB, "POST", hb, 413, "body-too-large", token=T,
+         body={"worker": "w1", "progress": {"log": "x" * 5000}})
+    call(HB, "POST", hb, 413, "body-too-large", token=T, body=big)
+    call(HB, "POST", hb, 415, "unsupported-media-type", token=T, body={"worker": "w1"},
+         ctype="text/plain")
+    call(HB, "POST", hb, 422, "invalid-request", token=T,
+         body={"worker": "w1", "lease_seconds": 0})
+    psql(f"UPDATE jobs SET due_at = now() - interval '1 second' WHERE tenant_id = {tenant_id}"
+         f" AND workflow_id = '{w4id}' AND step = 1")
+    call(HB, "POST", hb, 409, "lease-expired", token=T, body={"worker": "w1"})
+    call(ACT, "POST", ACT, 200, token=T, body={"job_type": "ct-charge", "worker": "w1"})
+
+    # --- incidents and resumes ------------------------------------------
+    # Without retries left the step parks the workflow: workflow.incident.
+    _, _, j = call(FAIL, "POST", hb.replace("/heartbeat", "/fail"), 200, token=T,
+                   body={"worker": "w1", "error": "gateway down"})
+    if j["state"] != "failed":
+        fail(f"the charge job is {j['state']}, expected failed")
+    call(HB, "POST", hb, 409, "job-not-active", token=T, body={"worker": "w1"})
+    _, _, wv = call(WF, "GET", f"{WFS}/{w4id}", 200, token=T)
+    if wv["state"] != "incident":
+        fail(f"a failed step with on_failure incident left the workflow {wv['state']}")
+    _, _, page = call(WFS, "GET", WFS + "?state=incident", 200, token=T)
+    if [w["id"] for w in page["workflows"]] != [w4id]:
+        fail(f"?state=incident lists {page}")
+    _, _, ex = call(WFS, "POST", WFS, 200, token=T, key=uid(), body=pay_body)
+    if ex["id"] != w4id or ex["state"] != "incident":
+        fail("a workflow in incident does not hold its business key")
+    res = f"{WFS}/{w4id}/resume"
+    call(RES, "POST", f"{WFS}/{ghost}/resume", 404, "not-found", token=T, body={})
+    call(RES, "POST", res, 401, "unauthorized", body={})
+    call(RES, "GET", res, 405, "method-not-allowed", token=T)
+    call(RES, "POST", res, 400, "invalid-json", token=T, body="[")
+    call(RES, "POST", res, 413, "body-too-large", token=T, body=big)
+    call(RES, "POST", res, 415, "unsupported-media-type", token=T, body={},
+         ctype="text/plain")
+    call(RES, "POST", res, 422, "invalid-request", token=T, body={"retries": -1})
+    call(RES, "POST", f"{WFS}/{w1id}/resume", 422, "invalid-transition", token=T, body={})
+    kr = uid()
+    _, _, wv = call(RES, "POST", res, 200, token=T, key=kr, body={"retries": 1})
+    if wv["state"] != "running":
+        fail(f"a resumed workflow is {wv['state']}")
+    _, h, _ = call(RES, "POST", res, 200, token=T, key=kr, body={"retries": 1})
+    if h.get("idempotent-replayed") != "true":
+        fail("a replayed resume lacks Idempotent-Replayed: true")
+    call(RES, "POST", res, 409, "idempotency-key-reused", token=T, key=kr, body={})
+    call(RES, "POST", res, 409, "state-conflict", token=T, body={"retries": 1})
+    _, _, a = call(ACT, "POST", ACT, 200, token=T, body={"job_type": "ct-charge", "worker": "w3"})
+    if len(a["jobs"]) != 1 or a["jobs"][0]["retries_left"] != 1:
+        fail(f"the resumed job is not activatable with its fresh retries: {a}")
+    call(COMP, "POST", hb.replace("/heartbeat", "/complete"), 200, token=T,
+         body={"worker": "w3"})
+    # Another incident, cancelled: workflow.cancelled from incident.
+    _, _, w5 = call(WFS, "POST", WFS, 201, token=T, key=uid(),
+                    body=dict(pay_body, business_key=f"P-{uid()}"))
+    _, _, a = call(ACT, "POST", ACT, 200, token=T, body={"job_type": "ct-charge", "worker": "w"})
+    call(FAIL, "POST", f"/v1/jobs/{a['jobs'][0]['key']}/fail", 200, token=T,
+         body={"worker": "w"})
+    call(TR, "POST", f"{WFS}/{w5['id']}/transitions", 200, token=T,
+         body={"to": "cancelled", "from": "incident"})
+
     # A workflow that completes: workflow.completed.
     _, _, w3 = call(WFS, "POST", WFS, 201, token=T, key=uid(),
                     body={"type": "quick", "steps": [{"name": "q", "job_type": "ct-quick"}]})
@@ -590,7 +683,7 @@ def run(c, api):
 
     # Every event of these workflows against the webhooks' payload schemas
     # (the history holds the payloads the webhooks carry).
-    for wid in (plain_id, w1id, w2["id"], w3["id"]):
+    for wid in (plain_id, w1id, w2["id"], w3["id"], w4id, w5["id"]):
         _, _, evs = call(EV, "GET", f"{WFS}/{wid}/events?limit=1000", 200, token=T)
         for ev in evs["events"]:
             hook = c.doc["webhooks"].get(ev["type"])
@@ -627,6 +720,10 @@ def run(c, api):
              key=uid(), body={"worker": "w"})
         call(FAIL, "POST", f"/v1/jobs/{plain_id}.s1/fail", 503, "unavailable", token=T,
              key=uid(), body={"worker": "w"})
+        call(HB, "POST", f"/v1/jobs/{plain_id}.s1/heartbeat", 503, "unavailable", token=T,
+             key=uid(), body={"worker": "w"})
+        call(RES, "POST", f"{WFS}/{plain_id}/resume", 503, "unavailable", token=T,
+             key=uid(), body={})
     finally:
         psql(f'ALTER DATABASE "{db}" RESET default_transaction_read_only')
 

@@ -108,7 +108,9 @@ Test(metrics, counters_from_every_process_are_summed_and_histograms_are_cumulati
 	metrics_worker_restarted();
 	metrics_worker_restarted();
 
-	struct metrics_outbox ob = { .pending = 7, .oldest_pending_s = 61.5, .dead = 2 };
+	struct metrics_outbox ob = {
+		.pending = 7, .oldest_pending_s = 61.5, .dead = 2, .incidents = 3
+	};
 	metrics_render(&out, &ob);
 	cr_assert_not(out.oom);
 	EXPECT_LINE(out.data, "# TYPE idemflow_requests_total counter");
@@ -159,6 +161,8 @@ Test(metrics, counters_from_every_process_are_summed_and_histograms_are_cumulati
 	EXPECT_LINE(out.data, "idemflow_outbox_pending 7");
 	EXPECT_LINE(out.data, "idemflow_outbox_dead 2");
 	EXPECT_LINE(out.data, "idemflow_outbox_oldest_pending_age_seconds 61.500");
+	EXPECT_LINE(out.data, "# TYPE idemflow_workflows_incident gauge");
+	EXPECT_LINE(out.data, "idemflow_workflows_incident 3");
 
 	/* Without the database: the counters still, the gauges not. */
 	buf_reset(&out);
@@ -166,6 +170,7 @@ Test(metrics, counters_from_every_process_are_summed_and_histograms_are_cumulati
 	EXPECT_LINE(out.data, "idemflow_db_up 0");
 	EXPECT_LINE(out.data, "idemflow_workers 4");
 	cr_assert_null(strstr(out.data, "idemflow_outbox_"), "%s", out.data);
+	cr_assert_null(strstr(out.data, "idemflow_workflows_incident"), "%s", out.data);
 	buf_free(&out);
 }
 
