@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -17,6 +18,7 @@
 
 #include "core/log.h"
 #include "server/metrics.h"
+#include "server/notify.h"
 #include "server/worker.h"
 
 #define MAX_CHILDREN  1024
@@ -29,6 +31,7 @@ struct child {
 	int slot; /* its metrics slot */
 	time_t started;
 	time_t kill_at; /* when retiring: SIGKILL after this; 0 = not retiring */
+	int ready;      /* reported its database connection up (notify.h) */
 };
 
 struct sup {
@@ -43,9 +46,10 @@ struct sup {
 	time_t respawn_at; /* back-off: no spawning before this */
 	int stopping;
 	time_t stop_deadline;
+	int ready_sent; /* READY=1 told for this generation */
 };
 
-static volatile sig_atomic_t got_chld, got_term, got_hup, got_alrm, got_usr1;
+static volatile sig_atomic_t got_chld, got_term, got_hup, got_alrm, got_usr1, got_io;
 
 static void on_signal(int sig)
 {
@@ -56,6 +60,7 @@ static void on_signal(int sig)
 	case SIGHUP: got_hup = 1; break;
 	case SIGALRM: got_alrm = 1; break;
 	case SIGUSR1: got_usr1 = 1; break;
+	case SIGIO: got_io = 1; break;
 	}
 }
 
@@ -163,6 +168,7 @@ static void spawn(struct sup *s)
 		sigemptyset(&usr1.sa_mask);
 		sigaction(SIGUSR1, &usr1, NULL);
 		metrics_use_slot(slot);
+		notify_forget();
 		sigemptyset(&none);
 		/* The child starts with the supervisor's mask; worker_run sets its own. */
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -292,6 +298,75 @@ static int maintain(struct sup *s)
 	return pending || old > 0;
 }
 
+/* --- The service manager (notify.h): readiness, reloads, status, watchdog. */
+
+/* Mark the workers whose readiness reports came in. */
+static void ready_reports_read(struct sup *s)
+{
+	enum { BATCH = 64 };
+	pid_t pids[BATCH];
+	int n;
+
+	do {
+		n = notify_ready_reports(pids, BATCH);
+		for (int j = 0; j < n; j++)
+			for (int i = 0; i < s->nkids; i++)
+				if (s->kids[i].pid == pids[j])
+					s->kids[i].ready = 1;
+	} while (n == BATCH);
+}
+
+/* READY=1 once as many workers of the current generation as configured
+ * hold their database connection (at start, and after each reload), and
+ * a STATUS= line whenever the counts change. */
+static void pool_notify(struct sup *s)
+{
+	int ready = 0;
+
+	if (!notify_enabled())
+		return;
+	if (s->stopping) {
+		notify_send(NULL, "stopping: %d workers left", s->nkids);
+		return;
+	}
+	for (int i = 0; i < s->nkids; i++)
+		if (s->kids[i].gen == s->gen && !s->kids[i].kill_at && s->kids[i].ready)
+			ready++;
+	if (!s->ready_sent && ready >= s->conf->workers) {
+		s->ready_sent = 1;
+		notify_send("READY=1", "%d workers, %d ready", s->nkids, ready);
+	} else if (!s->ready_sent) {
+		notify_send(NULL, "%s: %d of %d workers ready", s->gen ? "reloading" : "starting",
+		            ready, s->conf->workers);
+	} else {
+		notify_send(NULL, "%d workers, %d ready", s->nkids, ready);
+	}
+}
+
+/* SIGHUP: the service is reloading until the new generation is ready
+ * (or, when the configuration is refused, the old one again). */
+static void reload_notify(struct sup *s)
+{
+	if (!notify_enabled())
+		return;
+	s->ready_sent = 0;
+	notify_send("RELOADING=1", "reloading the configuration");
+}
+
+/* The next tick: in 1 s when something is pending (pending), and no later
+ * than the next watchdog ping; none when neither. */
+static void timer_arm(int pending)
+{
+	long long us = pending ? 1000000 : 0, wd = notify_watchdog_wait_us();
+	struct itimerval it = { 0 };
+
+	if (wd >= 0 && (us == 0 || wd < us))
+		us = wd > 0 ? wd : 1;
+	it.it_value.tv_sec = (time_t)(us / 1000000);
+	it.it_value.tv_usec = (suseconds_t)(us % 1000000);
+	setitimer(ITIMER_REAL, &it, NULL);
+}
+
 static void reload(struct sup *s)
 {
 	struct err e;
@@ -333,9 +408,23 @@ static void begin_stop(struct sup *s)
 		return;
 	s->stopping = 1;
 	log_info("stopping: letting in-flight requests finish", "workers=%d", s->nkids);
+	if (notify_enabled())
+		notify_send("STOPPING=1", "stopping: %d workers left", s->nkids);
 	for (int i = 0; i < s->nkids; i++)
 		if (!s->kids[i].kill_at)
 			retire(s, &s->kids[i]);
+}
+
+/* After the listener is up, before the first fork. */
+static void notify_start(void)
+{
+	const char *why;
+
+	if (notify_open(&why))
+		log_info("notifying the service manager", "watchdog_usec=%llu",
+		         notify_watchdog_usec());
+	else if (why != NULL)
+		log_warning("not notifying the service manager", "reason=%s", LOG_Q(why));
 }
 
 static int write_pid_file(const char *path)
@@ -372,7 +461,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigemptyset(&handled);
-	int sigs[] = { SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1 };
+	int sigs[] = { SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1, SIGIO };
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
 		sigaddset(&handled, sigs[i]);
 		sigaction(sigs[i], &sa, NULL);
@@ -404,14 +493,21 @@ int sup_run(struct conf *c, int argc, char **argv)
 		return 73; /* EX_CANTCREAT */
 	pid_file = strdup(c->pid_file);
 	log_info("listening", "listen=%s workers=%d", LOG_Q(c->listen), c->workers);
+	notify_start();
 
 	for (;;) {
 		int pending = maintain(&s);
+		pool_notify(&s);
+		notify_watchdog();
 		if (s.stopping && s.nkids == 0)
 			break;
-		alarm(pending ? 1 : 0);
-		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1)
+		timer_arm(pending);
+		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1 && !got_io)
 			sigsuspend(&waitmask);
+		if (got_io) {
+			got_io = 0;
+			ready_reports_read(&s);
+		}
 		if (got_chld) {
 			got_chld = 0;
 			reap(&s);
@@ -422,8 +518,10 @@ int sup_run(struct conf *c, int argc, char **argv)
 		}
 		if (got_hup) {
 			got_hup = 0;
-			if (!s.stopping)
+			if (!s.stopping) {
+				reload_notify(&s);
 				reload(&s);
+			}
 		}
 		if (got_usr1) {
 			got_usr1 = 0;
@@ -435,7 +533,8 @@ int sup_run(struct conf *c, int argc, char **argv)
 		}
 		got_alrm = 0;
 	}
-	alarm(0);
+	notify_close();
+	timer_arm(0);
 	close(s.listen_fd);
 	if (is_unix_path(s.conf->listen))
 		unlink(s.conf->listen);
