@@ -127,7 +127,9 @@ if [[ $inst_unitdir != no ]]; then
 	expect_line "$unit" "ExecStart=$inst_sbindir/idemflow-fcgi --config $conf --pid-file /run/idemflow/idemflow-fcgi.pid"
 	# shellcheck disable=SC2016 # $MAINPID is systemd's, not ours
 	expect_line "$unit" 'ExecReload=/bin/kill -HUP $MAINPID'
-	expect_line "$unit" "Type=simple"
+	expect_line "$unit" "Type=notify"
+	expect_line "$unit" "NotifyAccess=main"
+	expect_line "$unit" "WatchdogSec=30s"
 	expect_line "$unit" "User=idemflow"
 	expect_line "$unit" "RuntimeDirectory=idemflow"
 	expect_line "$inst_unitdir/idemflow-dispatch.service" \
