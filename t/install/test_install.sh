@@ -182,11 +182,16 @@ if command -v logrotate >/dev/null 2>&1; then
 		fail "logrotate: $(grep -i error "$TMP/logrotate.out")"
 	fi
 fi
-# The alert rules load, and their unit tests pass, when promtool is there.
+# The alert rules load, and their unit tests pass, as installed. Not
+# skipped: scripts/deps installs promtool (Debian's prometheus package).
 if command -v promtool >/dev/null 2>&1; then
 	(cd "$DEST$inst_pkgdatadir/prometheus" && promtool check rules idemflow-rules.yml &&
 		promtool test rules idemflow-rules.test.yml) >"$TMP/promtool.out" 2>&1 ||
 		fail "promtool: $(cat "$TMP/promtool.out")"
+	grep -q 'SUCCESS: [1-9][0-9]* rules found' "$TMP/promtool.out" ||
+		fail "promtool check rules found no rules: $(cat "$TMP/promtool.out")"
+else
+	fail "promtool is not installed: the alert rules were not checked (scripts/deps)"
 fi
 
 # --- Man pages -------------------------------------------------------------
