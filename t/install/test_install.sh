@@ -81,6 +81,7 @@ fi
 expect_file "$inst_sysusersdir/idemflow.conf" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.yml" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
+expect_file "$inst_pkgdatadir/grafana/idemflow-dashboard.json" 644
 expect_file "$inst_docdir/README.md" 644
 # The reference the README links to, beside it.
 DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
@@ -105,6 +106,7 @@ want=$(
 		"$inst_sysusersdir/idemflow.conf" \
 		"$inst_pkgdatadir/prometheus/idemflow-rules.yml" \
 		"$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" \
+		"$inst_pkgdatadir/grafana/idemflow-dashboard.json" \
 		"$inst_docdir/README.md" "$inst_docdir/ChangeLog" \
 		"$inst_pkgdatadir/sql/roles.sql"
 	for d in "${DOCS[@]}"; do echo "$inst_docdir/$d"; done
