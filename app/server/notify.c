@@ -184,7 +184,8 @@ int notify_send(const char *state, const char *status_fmt, ...)
 	if (state == NULL && strcmp(status, last_status) == 0)
 		return 0;
 	if (state != NULL && strcmp(state, "RELOADING=1") == 0)
-		n = snprintf(msg, sizeof(msg), "%s\nMONOTONIC_USEC=%llu\n", state, monotonic_usec());
+		n = snprintf(msg, sizeof(msg), "%s\nMONOTONIC_USEC=%llu\n", state,
+		             monotonic_usec());
 	else if (state != NULL)
 		n = snprintf(msg, sizeof(msg), "%s\n", state);
 	n += snprintf(msg + n, sizeof(msg) - (size_t)n, "STATUS=%s", status);

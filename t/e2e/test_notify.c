@@ -67,8 +67,8 @@ static void manager_open(void)
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	int on = 1;
 
-	snprintf(sock_path, sizeof(sock_path), "%s/notify%ld.sock", tstack_env("IDEMFLOW_STACK_DIR"),
-	         (long)getpid());
+	snprintf(sock_path, sizeof(sock_path), "%s/notify%ld.sock",
+	         tstack_env("IDEMFLOW_STACK_DIR"), (long)getpid());
 	cr_assert_lt(strlen(sock_path), sizeof(sun.sun_path));
 	strcpy(sun.sun_path, sock_path);
 	unlink(sock_path);
@@ -130,8 +130,9 @@ static const char *next(double secs)
 		long ms = (long)((deadline - tstack_now()) * 1000);
 		if (ms < 0 || !manager_recv(&d, ms))
 			return "";
-		cr_assert_eq(d.sender, own.pid, "datagram \"%s\" from pid %ld, not the supervisor %ld",
-		             d.text, (long)d.sender, (long)own.pid);
+		cr_assert_eq(d.sender, own.pid,
+		             "datagram \"%s\" from pid %ld, not the supervisor %ld", d.text,
+		             (long)d.sender, (long)own.pid);
 		if (strcmp(d.text, "WATCHDOG=1") != 0)
 			return d.text;
 		if (npings < (int)(sizeof(pings) / sizeof(pings[0])))
@@ -139,22 +140,52 @@ static const char *next(double secs)
 	}
 }
 
-/* The harness's configuration with "workers = N". */
-static void conf_write(int workers)
+/* The harness's configuration with "workers = <workers>". */
+static void conf_write_raw(const char *workers)
 {
 	FILE *in = fopen(tstack_env("IDEMFLOW_CONF"), "r"), *out;
 	char line[1024];
 
-	snprintf(conf_path, sizeof(conf_path), "%s/notify%ld.conf", tstack_env("IDEMFLOW_STACK_DIR"),
-	         (long)getpid());
+	snprintf(conf_path, sizeof(conf_path), "%s/notify%ld.conf",
+	         tstack_env("IDEMFLOW_STACK_DIR"), (long)getpid());
 	out = fopen(conf_path, "w");
 	cr_assert(in != NULL && out != NULL, "%s", strerror(errno));
 	while (fgets(line, sizeof(line), in))
 		if (strncmp(line, "workers", 7) != 0)
 			fputs(line, out);
-	fprintf(out, "workers = %d\n", workers);
+	fprintf(out, "workers = %s\n", workers);
 	fclose(in);
 	fclose(out);
+}
+
+static void conf_write(int workers)
+{
+	char n[16];
+
+	snprintf(n, sizeof(n), "%d", workers);
+	conf_write_raw(n);
+}
+
+/* SIGHUP to our pool: the RELOADING=1 datagram, with the time of the
+ * signal as MONOTONIC_USEC. */
+static void expect_reloading(void)
+{
+	unsigned long long mono, lo, hi;
+	struct timespec t0, t1;
+	char rest[256];
+	const char *m;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(kill(own.pid, SIGHUP), 0);
+	m = next(5);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	cr_assert_eq(sscanf(m, "RELOADING=1\nMONOTONIC_USEC=%llu\n%255[^\n]", &mono, rest), 2, "%s",
+	             m);
+	cr_assert_str_eq(rest, "STATUS=reloading the configuration");
+	lo = (unsigned long long)t0.tv_sec * 1000000 + (unsigned long long)t0.tv_nsec / 1000;
+	hi = (unsigned long long)t1.tv_sec * 1000000 + (unsigned long long)t1.tv_nsec / 1000;
+	cr_assert(mono >= lo && mono <= hi, "MONOTONIC_USEC=%llu is not the time of the reload",
+	          mono);
 }
 
 /* Start our pool with NOTIFY_SOCKET (and WATCHDOG_USEC when not NULL) in
@@ -179,8 +210,8 @@ static void own_start(int workers, const char *notify, const char *watchdog_usec
 	tstack_pool_run(&own, argv, 10000);
 	unsetenv("NOTIFY_SOCKET");
 	unsetenv("WATCHDOG_USEC");
-	cr_assert(tstack_wait_workers(own.pid, (size_t)workers, 10000),
-	          "no %d workers; see %s", workers, own.log);
+	cr_assert(tstack_wait_workers(own.pid, (size_t)workers, 10000), "no %d workers; see %s",
+	          workers, own.log);
 }
 
 /* Wait for "READY=1\n<status>", every datagram before it being one of the
@@ -250,9 +281,6 @@ Test(notify, ready_only_once_every_worker_holds_its_database_connection)
 
 Test(notify, reload_stop_and_the_watchdog)
 {
-	unsigned long long mono;
-	struct timespec t0, t1;
-	char rest[256];
 	const char *m;
 	double gap_min = 1e9, gap_max = 0, first;
 
@@ -273,25 +301,19 @@ Test(notify, reload_stop_and_the_watchdog)
 		gap_min = gap < gap_min ? gap : gap_min;
 		gap_max = gap > gap_max ? gap : gap_max;
 	}
-	cr_log_info("%d pings, %.0f after READY; gaps %.3f .. %.3f s", npings, first, gap_min,
-	            gap_max);
+	cr_log_info("%d pings (%.0f before the quiet 3 s); gaps %.3f .. %.3f s", npings, first,
+	            gap_min, gap_max);
 	cr_assert_lt(gap_max, 1.0, "a ping came %.3f s after the previous one", gap_max);
-	cr_assert_gt(gap_min, 0.45, "pings %.3f s apart: more often than half the period",
-	             gap_min);
+	cr_assert_gt(gap_min, 0.45, "pings %.3f s apart: more often than half the period", gap_min);
+
+	/* SIGHUP with a bad value: refused, the old workers ready again at once. */
+	conf_write_raw("many");
+	expect_reloading();
+	cr_assert_str_eq(next(5), "READY=1\nSTATUS=2 workers, 2 ready");
 
 	/* SIGHUP, with one more worker: reloading until all three are ready. */
 	conf_write(3);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	cr_assert_eq(kill(own.pid, SIGHUP), 0);
-	m = next(5);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	cr_assert_eq(sscanf(m, "RELOADING=1\nMONOTONIC_USEC=%llu\n%255[^\n]", &mono, rest), 2, "%s",
-	             m);
-	cr_assert_str_eq(rest, "STATUS=reloading the configuration");
-	cr_assert(mono >= (unsigned long long)t0.tv_sec * 1000000 + (unsigned long long)t0.tv_nsec / 1000 &&
-	              mono <= (unsigned long long)t1.tv_sec * 1000000 +
-	                          (unsigned long long)t1.tv_nsec / 1000,
-	          "MONOTONIC_USEC=%llu is not the time of the reload", mono);
+	expect_reloading();
 	expect_ready("reloading", 3, "3 workers, 3 ready", 20);
 	cr_assert(tstack_wait_workers(own.pid, 3, 10000), "the replaced workers did not exit");
 
