@@ -318,10 +318,11 @@ static void ready_reports_read(struct sup *s)
 
 /* READY=1 once as many workers of the current generation as configured
  * hold their database connection (at start, and after each reload), and
- * a STATUS= line whenever the counts change. */
+ * a STATUS= line whenever the counts change. Workers being retired are
+ * not counted: they take no new request. */
 static void pool_notify(struct sup *s)
 {
-	int ready = 0;
+	int live = 0, ready = 0;
 
 	if (!notify_enabled())
 		return;
@@ -329,17 +330,21 @@ static void pool_notify(struct sup *s)
 		notify_send(NULL, "stopping: %d workers left", s->nkids);
 		return;
 	}
-	for (int i = 0; i < s->nkids; i++)
-		if (s->kids[i].gen == s->gen && !s->kids[i].kill_at && s->kids[i].ready)
+	for (int i = 0; i < s->nkids; i++) {
+		if (s->kids[i].kill_at)
+			continue;
+		live++;
+		if (s->kids[i].gen == s->gen && s->kids[i].ready)
 			ready++;
+	}
 	if (!s->ready_sent && ready >= s->conf->workers) {
 		s->ready_sent = 1;
-		notify_send("READY=1", "%d workers, %d ready", s->nkids, ready);
+		notify_send("READY=1", "%d workers, %d ready", live, ready);
 	} else if (!s->ready_sent) {
 		notify_send(NULL, "%s: %d of %d workers ready", s->gen ? "reloading" : "starting",
 		            ready, s->conf->workers);
 	} else {
-		notify_send(NULL, "%d workers, %d ready", s->nkids, ready);
+		notify_send(NULL, "%d workers, %d ready", live, ready);
 	}
 }
 
