@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -18,6 +19,7 @@
 #include "core/log.h"
 #include "server/metrics.h"
 #include "server/scoreboard.h"
+#include "server/notify.h"
 #include "server/worker.h"
 
 _Static_assert(SCOREBOARD_SLOTS == METRICS_SLOTS, "a worker's slot is both");
@@ -34,6 +36,7 @@ struct child {
 	time_t kill_at;                 /* when retiring: SIGKILL after this; 0 = not retiring */
 	unsigned long long slow_logged; /* the slot's request number last logged slow */
 	int terminated;                 /* killed by request_terminate_timeout */
+	int ready;                      /* reported its database connection up (notify.h) */
 };
 
 struct sup {
@@ -48,9 +51,10 @@ struct sup {
 	time_t respawn_at; /* back-off: no spawning before this */
 	int stopping;
 	time_t stop_deadline;
+	int ready_sent; /* READY=1 told for this generation */
 };
 
-static volatile sig_atomic_t got_chld, got_term, got_hup, got_alrm, got_usr1;
+static volatile sig_atomic_t got_chld, got_term, got_hup, got_alrm, got_usr1, got_io;
 
 static void on_signal(int sig)
 {
@@ -61,6 +65,7 @@ static void on_signal(int sig)
 	case SIGHUP: got_hup = 1; break;
 	case SIGALRM: got_alrm = 1; break;
 	case SIGUSR1: got_usr1 = 1; break;
+	case SIGIO: got_io = 1; break;
 	}
 }
 
@@ -169,6 +174,7 @@ static void spawn(struct sup *s)
 		sigaction(SIGUSR1, &usr1, NULL);
 		metrics_use_slot(slot);
 		scoreboard_use_slot(slot);
+		notify_forget();
 		sigemptyset(&none);
 		/* The child starts with the supervisor's mask; worker_run sets its own. */
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -351,6 +357,86 @@ static int maintain(struct sup *s)
 	return pending || old > 0;
 }
 
+/* --- The service manager (notify.h): readiness, reloads, status, watchdog. */
+
+/* Mark the workers whose readiness reports came in. */
+static void ready_reports_read(struct sup *s)
+{
+	enum { BATCH = 64 };
+	pid_t pids[BATCH];
+	int n;
+
+	do {
+		n = notify_ready_reports(pids, BATCH);
+		for (int j = 0; j < n; j++)
+			for (int i = 0; i < s->nkids; i++)
+				if (s->kids[i].pid == pids[j])
+					s->kids[i].ready = 1;
+	} while (n == BATCH);
+}
+
+/* READY=1 once as many workers of the current generation as configured
+ * hold their database connection (at start, and after each reload), and
+ * a STATUS= line whenever the counts change (busy from the scoreboard;
+ * idle: ready and not busy). Workers being retired are
+ * not counted: they take no new request. */
+static void pool_notify(struct sup *s)
+{
+	int live = 0, ready = 0, busy;
+	struct sb_pool sb;
+
+	if (!notify_enabled())
+		return;
+	if (s->stopping) {
+		notify_send(NULL, "stopping: %d workers left", s->nkids);
+		return;
+	}
+	for (int i = 0; i < s->nkids; i++) {
+		if (s->kids[i].kill_at)
+			continue;
+		live++;
+		if (s->kids[i].gen == s->gen && s->kids[i].ready)
+			ready++;
+	}
+	scoreboard_pool(&sb);
+	busy = sb.active < ready ? sb.active : ready;
+	if (!s->ready_sent && ready >= s->conf->workers) {
+		s->ready_sent = 1;
+		notify_send("READY=1", "%d workers, %d ready, %d busy, %d idle", live, ready, busy,
+		            ready - busy);
+	} else if (!s->ready_sent) {
+		notify_send(NULL, "%s: %d of %d workers ready", s->gen ? "reloading" : "starting",
+		            ready, s->conf->workers);
+	} else {
+		notify_send(NULL, "%d workers, %d ready, %d busy, %d idle", live, ready, busy,
+		            ready - busy);
+	}
+}
+
+/* SIGHUP: the service is reloading until the new generation is ready
+ * (or, when the configuration is refused, the old one again). */
+static void reload_notify(struct sup *s)
+{
+	if (!notify_enabled())
+		return;
+	s->ready_sent = 0;
+	notify_send("RELOADING=1", "reloading the configuration");
+}
+
+/* The next tick: in 1 s when something is pending (pending), and no later
+ * than the next watchdog ping; none when neither. */
+static void timer_arm(int pending)
+{
+	long long us = pending ? 1000000 : 0, wd = notify_watchdog_wait_us();
+	struct itimerval it = { 0 };
+
+	if (wd >= 0 && (us == 0 || wd < us))
+		us = wd > 0 ? wd : 1;
+	it.it_value.tv_sec = (time_t)(us / 1000000);
+	it.it_value.tv_usec = (suseconds_t)(us % 1000000);
+	setitimer(ITIMER_REAL, &it, NULL);
+}
+
 static void reload(struct sup *s)
 {
 	struct err e;
@@ -392,9 +478,23 @@ static void begin_stop(struct sup *s)
 		return;
 	s->stopping = 1;
 	log_info("stopping: letting in-flight requests finish", "workers=%d", s->nkids);
+	if (notify_enabled())
+		notify_send("STOPPING=1", "stopping: %d workers left", s->nkids);
 	for (int i = 0; i < s->nkids; i++)
 		if (!s->kids[i].kill_at)
 			retire(s, &s->kids[i]);
+}
+
+/* After the listener is up, before the first fork. */
+static void notify_start(void)
+{
+	const char *why;
+
+	if (notify_open(&why))
+		log_info("notifying the service manager", "watchdog_usec=%llu",
+		         notify_watchdog_usec());
+	else if (why != NULL)
+		log_warning("not notifying the service manager", "reason=%s", LOG_Q(why));
 }
 
 static int write_pid_file(const char *path)
@@ -431,7 +531,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigemptyset(&handled);
-	int sigs[] = { SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1 };
+	int sigs[] = { SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1, SIGIO };
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
 		sigaddset(&handled, sigs[i]);
 		sigaction(sigs[i], &sa, NULL);
@@ -464,17 +564,24 @@ int sup_run(struct conf *c, int argc, char **argv)
 		return 73; /* EX_CANTCREAT */
 	pid_file = strdup(c->pid_file);
 	log_info("listening", "listen=%s workers=%d", LOG_Q(c->listen), c->workers);
+	notify_start();
 
 	for (;;) {
 		(void)maintain(&s);
+		pool_notify(&s);
+		notify_watchdog();
 		if (s.stopping && s.nkids == 0)
 			break;
-		/* A tick every second, whether maintain() has anything pending
-		 * or not: watch() runs on it. */
+		/* A tick every second, pending or not: watch() runs on it; and
+		 * no later than the next watchdog ping. */
 		watch(&s);
-		alarm(1);
-		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1)
+		timer_arm(1);
+		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1 && !got_io)
 			sigsuspend(&waitmask);
+		if (got_io) {
+			got_io = 0;
+			ready_reports_read(&s);
+		}
 		if (got_chld) {
 			got_chld = 0;
 			reap(&s);
@@ -485,8 +592,10 @@ int sup_run(struct conf *c, int argc, char **argv)
 		}
 		if (got_hup) {
 			got_hup = 0;
-			if (!s.stopping)
+			if (!s.stopping) {
+				reload_notify(&s);
 				reload(&s);
+			}
 		}
 		if (got_usr1) {
 			got_usr1 = 0;
@@ -498,7 +607,8 @@ int sup_run(struct conf *c, int argc, char **argv)
 		}
 		got_alrm = 0;
 	}
-	alarm(0);
+	notify_close();
+	timer_arm(0);
 	close(s.listen_fd);
 	if (is_unix_path(s.conf->listen))
 		unlink(s.conf->listen);

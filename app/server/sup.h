@@ -11,6 +11,9 @@
  *    kept) and replace the workers one at a time.
  *  - SIGUSR1: reopen the log file (log_file), then have every worker do the
  *    same.
+ * Under systemd (NOTIFY_SOCKET) it tells the service manager when the pool
+ * is ready, reloading and stopping, its status and its heartbeat; workers
+ * report their connections to it (notify.h).
  * Before the first fork it maps the metrics counters (metrics.h) and the
  * scoreboard (scoreboard.h) and gives each worker a slot of both; it keeps
  * idemflow_workers and idemflow_worker_restarts_total itself.

@@ -17,6 +17,7 @@
 #include "server/http.h"
 #include "server/keystats.h"
 #include "server/metrics.h"
+#include "server/notify.h"
 #include "server/queries.h"
 #include "server/rcache.h"
 #include "server/route.h"
@@ -186,6 +187,54 @@ static void log_request(const struct handler_ctx *ctx, const struct http_req *re
 		log_info("request", "%s", line);
 }
 
+/*
+ * The readiness report (notify.h): under a service manager, the
+ * supervisor says READY=1 once every worker holds its database
+ * connection. A worker that started without one tries again while idle,
+ * every READY_PROBE_MS (db.h paces the connects themselves), with a
+ * statement that proves the connection and the prepared statements, and
+ * reports once it succeeds. Without a service manager nothing is probed.
+ */
+#define READY_PROBE_MS 100
+
+struct readiness {
+	int pending; /* not reported yet */
+	struct timespec last;
+};
+
+/* ms until the next probe is due (0 = now), or -1 when none is pending. */
+static long ready_wait_ms(const struct readiness *r)
+{
+	struct timespec now;
+	long since;
+
+	if (!r->pending)
+		return -1;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	since = (now.tv_sec - r->last.tv_sec) * 1000 + (now.tv_nsec - r->last.tv_nsec) / 1000000;
+	return since >= READY_PROBE_MS ? 0 : READY_PROBE_MS - since;
+}
+
+static void ready_report(struct readiness *r)
+{
+	notify_worker_ready();
+	r->pending = 0;
+}
+
+static void ready_probe_if_due(struct readiness *r, struct db *db)
+{
+	struct err e;
+	PGresult *res;
+
+	if (ready_wait_ms(r) != 0)
+		return;
+	res = db_run(db, Q_SCHEMA_VERSION, 0, NULL, &e);
+	if (res != NULL)
+		ready_report(r);
+	PQclear(res);
+	clock_gettime(CLOCK_MONOTONIC, &r->last);
+}
+
 /* Flush the per-key counts when due (or now, at exit). An outage is
  * already visible as 503s; only other failures are worth a line. */
 static void flush_keystats(struct keystats *ks, struct db *db, int now)
@@ -209,6 +258,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	struct keystats ks;
 	struct rcache rc_cache = { 0 };
 	struct notifier nt = { 0 };
+	struct readiness rd = { 0 };
 	struct err e;
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd };
 	long served = 0;
@@ -276,6 +326,9 @@ int worker_run(const struct conf *c, int listen_fd)
 		goto out;
 	}
 	log_info("worker started", NULL);
+	rd.pending = notify_worker_listened();
+	if (rd.pending && e.code == ERR_NONE) /* e is still db_open()'s */
+		ready_report(&rd);
 
 	while (!worker_stop) {
 		struct timespec t0;
@@ -284,8 +337,11 @@ int worker_run(const struct conf *c, int listen_fd)
 		/* Wait for a connection with the stop signals unblocked,
 		 * atomically; wake for a due key-stats flush when idle. */
 		long ks_wait = keystats_wait_ms(&ks), nt_wait = notify_wait_ms(&nt);
+		long rd_wait = ready_wait_ms(&rd);
 		if (nt_wait >= 0 && (ks_wait < 0 || nt_wait < ks_wait))
 			ks_wait = nt_wait;
+		if (rd_wait >= 0 && (ks_wait < 0 || rd_wait < ks_wait))
+			ks_wait = rd_wait;
 		struct epoll_event ready;
 		int r = epoll_pwait(ep, &ready, 1, ks_wait < 0 ? -1 : (int)ks_wait, &waitmask);
 		if (worker_stop)
@@ -294,6 +350,7 @@ int worker_run(const struct conf *c, int listen_fd)
 		if (r == 0) {
 			flush_keystats(&ks, ctx.db, 0);
 			notify_if_due(&nt, ctx.db);
+			ready_probe_if_due(&rd, ctx.db);
 		}
 		if (r <= 0)
 			continue;
@@ -329,6 +386,7 @@ int worker_run(const struct conf *c, int listen_fd)
 		flush_keystats(&ks, ctx.db, 0);
 		nt.pending |= ctx.created;
 		notify_if_due(&nt, ctx.db);
+		ready_probe_if_due(&rd, ctx.db);
 		if (c->max_requests > 0 && ++served >= c->max_requests) {
 			log_info("worker retiring after max_requests", "served=%ld", served);
 			break;

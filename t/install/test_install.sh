@@ -81,6 +81,7 @@ fi
 expect_file "$inst_sysusersdir/idemflow.conf" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.yml" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
+expect_file "$inst_pkgdatadir/grafana/idemflow-dashboard.json" 644
 expect_file "$inst_docdir/README.md" 644
 # The reference the README links to, beside it.
 DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
@@ -105,6 +106,7 @@ want=$(
 		"$inst_sysusersdir/idemflow.conf" \
 		"$inst_pkgdatadir/prometheus/idemflow-rules.yml" \
 		"$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" \
+		"$inst_pkgdatadir/grafana/idemflow-dashboard.json" \
 		"$inst_docdir/README.md" "$inst_docdir/ChangeLog" \
 		"$inst_pkgdatadir/sql/roles.sql"
 	for d in "${DOCS[@]}"; do echo "$inst_docdir/$d"; done
@@ -127,7 +129,9 @@ if [[ $inst_unitdir != no ]]; then
 	expect_line "$unit" "ExecStart=$inst_sbindir/idemflow-fcgi --config $conf --pid-file /run/idemflow/idemflow-fcgi.pid"
 	# shellcheck disable=SC2016 # $MAINPID is systemd's, not ours
 	expect_line "$unit" 'ExecReload=/bin/kill -HUP $MAINPID'
-	expect_line "$unit" "Type=simple"
+	expect_line "$unit" "Type=notify"
+	expect_line "$unit" "NotifyAccess=main"
+	expect_line "$unit" "WatchdogSec=30s"
 	expect_line "$unit" "User=idemflow"
 	expect_line "$unit" "RuntimeDirectory=idemflow"
 	expect_line "$inst_unitdir/idemflow-dispatch.service" \
@@ -180,11 +184,16 @@ if command -v logrotate >/dev/null 2>&1; then
 		fail "logrotate: $(grep -i error "$TMP/logrotate.out")"
 	fi
 fi
-# The alert rules load, and their unit tests pass, when promtool is there.
+# The alert rules load, and their unit tests pass, as installed. Not
+# skipped: scripts/deps installs promtool (Debian's prometheus package).
 if command -v promtool >/dev/null 2>&1; then
 	(cd "$DEST$inst_pkgdatadir/prometheus" && promtool check rules idemflow-rules.yml &&
 		promtool test rules idemflow-rules.test.yml) >"$TMP/promtool.out" 2>&1 ||
 		fail "promtool: $(cat "$TMP/promtool.out")"
+	grep -q 'SUCCESS: [1-9][0-9]* rules found' "$TMP/promtool.out" ||
+		fail "promtool check rules found no rules: $(cat "$TMP/promtool.out")"
+else
+	fail "promtool is not installed: the alert rules were not checked (scripts/deps)"
 fi
 
 # --- Man pages -------------------------------------------------------------

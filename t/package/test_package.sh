@@ -72,6 +72,8 @@ for f in /usr/bin/idemflow /usr/bin/idemflow-dispatch /usr/sbin/idemflow-fcgi \
 	/lib/systemd/system/idemflow-dispatch.service /lib/systemd/system/idemflow-dispatch.timer \
 	/usr/lib/sysusers.d/idemflow.conf /usr/share/idemflow/sql/001_init.sql \
 	/usr/share/idemflow/sql/roles.sql /usr/share/man/man8/idemflow-fcgi.8.gz \
+	/usr/share/idemflow/prometheus/idemflow-rules.yml \
+	/usr/share/idemflow/grafana/idemflow-dashboard.json \
 	/usr/share/man/man5/idemflow.conf.5.gz /usr/share/doc/idemflow/copyright \
 	/usr/share/doc/idemflow/README.Debian; do
 	check "the package holds $f" grep -qxF "$f" "$WORK/files"
