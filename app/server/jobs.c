@@ -79,10 +79,12 @@ static int write_json(struct buf *out, const char *name, const char *text, size_
 	return rc;
 }
 
-/* Append the job in row i of res. */
+/* Append the job in row i of res. Its trace context, when res has the
+ * columns (an activation) and the job has one, goes with it. */
 static int write_job(struct buf *out, const PGresult *res, int i, struct err *e)
 {
 	const char *wf = PQgetvalue(res, i, C_WORKFLOW);
+	const int tp = PQfnumber(res, "traceparent"), ts = PQfnumber(res, "tracestate");
 
 	buf_printf(out, "{\"key\":\"%s.s%s\",\"workflow_id\":\"%s\",\"step\":%s", wf,
 	           PQgetvalue(res, i, C_STEP), wf, PQgetvalue(res, i, C_STEP));
@@ -107,6 +109,11 @@ static int write_job(struct buf *out, const PGresult *res, int i, struct err *e)
 	               (size_t)PQgetlength(res, i, C_INPUT), e) < 0)
 		return err_set(e, ERR_INTERNAL, "stored input of workflow %s is not valid JSON",
 		               wf);
+	if (tp >= 0 && !PQgetisnull(res, i, tp)) {
+		write_text(out, "traceparent", PQgetvalue(res, i, tp));
+		if (ts >= 0 && !PQgetisnull(res, i, ts))
+			write_text(out, "tracestate", PQgetvalue(res, i, ts));
+	}
 	buf_putc(out, '}');
 	return 0;
 }

@@ -153,6 +153,10 @@ static void log_request(const struct handler_ctx *ctx, const struct http_req *re
 	char num[48];
 
 	log_kv(line, sizeof(line), &n, "request_id", req->request_id);
+	if (ctx->trace.trace_id[0] != '\0') {
+		log_kv(line, sizeof(line), &n, "trace_id", ctx->trace.trace_id);
+		log_kv(line, sizeof(line), &n, "span_id", ctx->trace.span_id);
+	}
 	log_kv(line, sizeof(line), &n, "method", req->method);
 	log_kv(line, sizeof(line), &n, "path", req->path);
 	log_kv(line, sizeof(line), &n, "route", route_name(ctx->route));
@@ -302,6 +306,7 @@ int worker_run(const struct conf *c, int listen_fd)
 			continue;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		http_req_init(&req, &freq);
+		handler_trace_begin(&ctx, &req);
 		http_resp_reset(&resp);
 		db_check(ctx.db);
 		api_handle(&ctx, &req, &resp);
