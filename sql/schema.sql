@@ -233,14 +233,22 @@ CREATE TABLE public.jobs (
     error text,
     created_at timestamp with time zone NOT NULL,
     updated_at timestamp with time zone NOT NULL,
+    traceparent text DEFAULT NULLIF(current_setting('idemflow.traceparent'::text, true), ''::text),
+    tracestate text DEFAULT NULLIF(current_setting('idemflow.tracestate'::text, true), ''::text),
     progress text,
     heartbeat_at timestamp with time zone,
     CONSTRAINT jobs_check CHECK (((job_type IS NULL) <> (wait_for IS NULL))),
     CONSTRAINT jobs_progress_check CHECK ((octet_length(progress) <= 4096)),
     CONSTRAINT jobs_retries_check CHECK ((retries >= 0)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['activatable'::text, 'active'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
-    CONSTRAINT jobs_step_check CHECK ((step >= 1))
+    CONSTRAINT jobs_step_check CHECK ((step >= 1)),
+    CONSTRAINT jobs_traceparent_check CHECK ((octet_length(traceparent) = 55)),
+    CONSTRAINT jobs_tracestate_check CHECK ((octet_length(tracestate) <= 512))
 );
+
+COMMENT ON COLUMN public.jobs.traceparent IS 'W3C traceparent passed on from the request that began the step; NULL when none';
+
+COMMENT ON COLUMN public.jobs.tracestate IS 'the caller''s W3C tracestate, passed on as received';
 
 CREATE FUNCTION public.idemflow_job_lock(p_tenant bigint, p_wf uuid, p_step integer, p_worker text, OUT j public.jobs, OUT problem text, OUT detail text) RETURNS record
     LANGUAGE plpgsql
@@ -446,9 +454,17 @@ CREATE TABLE public.workflows (
     step integer DEFAULT 0 NOT NULL,
     last_seq integer DEFAULT 1 NOT NULL,
     ended_at timestamp with time zone,
+    traceparent text DEFAULT NULLIF(current_setting('idemflow.traceparent'::text, true), ''::text),
+    tracestate text DEFAULT NULLIF(current_setting('idemflow.tracestate'::text, true), ''::text),
     CONSTRAINT workflows_business_key_check CHECK (((octet_length(business_key) >= 1) AND (octet_length(business_key) <= 255))),
-    CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT workflows_traceparent_check CHECK ((octet_length(traceparent) = 55)),
+    CONSTRAINT workflows_tracestate_check CHECK ((octet_length(tracestate) <= 512))
 );
+
+COMMENT ON COLUMN public.workflows.traceparent IS 'W3C traceparent passed on from the request that created it; NULL when none';
+
+COMMENT ON COLUMN public.workflows.tracestate IS 'the caller''s W3C tracestate, passed on as received';
 
 CREATE FUNCTION public.idemflow_wf_result(p_problem text, p_detail text, p_outcome text, w public.workflows) RETURNS public.idemflow_wf_row
     LANGUAGE sql STABLE
@@ -622,8 +638,16 @@ CREATE TABLE public.outbox (
     published_at timestamp with time zone,
     dead_at timestamp with time zone,
     lease_owner text,
-    lease_until timestamp with time zone
+    lease_until timestamp with time zone,
+    traceparent text DEFAULT NULLIF(current_setting('idemflow.traceparent'::text, true), ''::text),
+    tracestate text DEFAULT NULLIF(current_setting('idemflow.tracestate'::text, true), ''::text),
+    CONSTRAINT outbox_traceparent_check CHECK ((octet_length(traceparent) = 55)),
+    CONSTRAINT outbox_tracestate_check CHECK ((octet_length(tracestate) <= 512))
 );
+
+COMMENT ON COLUMN public.outbox.traceparent IS 'W3C traceparent sent with the event; NULL when none';
+
+COMMENT ON COLUMN public.outbox.tracestate IS 'the caller''s W3C tracestate, passed on as received';
 
 ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.outbox_id_seq

@@ -190,8 +190,8 @@ out:
 
 /* Values under these keys stay strings even when they look like numbers:
  * identifiers whose type must not depend on the digits they happen to hold. */
-static const char *const json_string_keys[] = { "request_id", "key_fp",   "sqlstate",
-	                                        "event_id",   "workflow", "msg" };
+static const char *const json_string_keys[] = { "request_id", "key_fp", "sqlstate", "event_id",
+	                                        "workflow",   "msg",    "trace_id", "span_id" };
 
 struct jw {
 	char *out;

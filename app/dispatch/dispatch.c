@@ -36,7 +36,8 @@ static const struct db_stmt dispatch_stmts[D__COUNT] = {
 	              " UPDATE outbox o SET lease_owner = $2, lease_until = now() + $3::interval,"
 	              "        attempts = o.attempts + 1"
 	              "   FROM due WHERE o.id = due.id"
-	              " RETURNING o.id, o.event_id, o.type, o.workflow_id, o.attempts, o.payload" },
+	              " RETURNING o.id, o.event_id, o.type, o.workflow_id, o.attempts, o.payload,"
+	              "           o.traceparent, o.tracestate" },
 	/* $1 ids (bigint[]), $2 owner */
 	[D_DONE] = { "d_done", 2,
 	             "UPDATE outbox SET published_at = now(), lease_owner = NULL, lease_until = "
@@ -301,13 +302,17 @@ static int batch_init(struct batch *b, const struct dispatcher *d, PGresult *res
 	if (b->evs == NULL || b->outs == NULL || b->attempted == NULL)
 		return err_set(e, ERR_INTERNAL, "out of memory");
 	for (int i = 0; i < b->n; i++) {
-		b->evs[i] = (struct sink_event){ .event_id = PQgetvalue(res, i, 1),
-			                         .type = PQgetvalue(res, i, 2),
-			                         .workflow_id = PQgetvalue(res, i, 3),
-			                         .attempt = atoi(PQgetvalue(res, i, 4)),
-			                         .max_attempts = d->c->max_attempts,
-			                         .payload = PQgetvalue(res, i, 5),
-			                         .payload_len = (size_t)PQgetlength(res, i, 5) };
+		b->evs[i] = (struct sink_event){
+			.event_id = PQgetvalue(res, i, 1),
+			.type = PQgetvalue(res, i, 2),
+			.workflow_id = PQgetvalue(res, i, 3),
+			.attempt = atoi(PQgetvalue(res, i, 4)),
+			.max_attempts = d->c->max_attempts,
+			.payload = PQgetvalue(res, i, 5),
+			.payload_len = (size_t)PQgetlength(res, i, 5),
+			.traceparent = PQgetisnull(res, i, 6) ? NULL : PQgetvalue(res, i, 6),
+			.tracestate = PQgetisnull(res, i, 7) ? NULL : PQgetvalue(res, i, 7)
+		};
 		b->outs[i].retry_after_s = -1;
 	}
 	return 0;

@@ -8,7 +8,8 @@
  * at least once: a sink may be asked to deliver an event it delivered
  * before (after a crash), always with the same event id, and says so to
  * the receiver in a way it can deduplicate on (webhook-id and
- * Idempotency-Key headers, AMQP message_id, $IDEMFLOW_EVENT_ID).
+ * Idempotency-Key headers, AMQP message_id, $IDEMFLOW_EVENT_ID). Each
+ * passes on the event's trace context the same way (struct sink_event).
  */
 #ifndef IDF_SINK_H
 #define IDF_SINK_H
@@ -27,6 +28,11 @@ struct sink_event {
 	size_t payload_len;
 	int attempt; /* 1-based, this attempt */
 	int max_attempts;
+	/* The W3C trace context stored with the event, passed on as the
+	 * traceparent and tracestate headers (HTTP, AMQP) or TRACEPARENT and
+	 * TRACESTATE (exec); NULL when the event has none. */
+	const char *traceparent;
+	const char *tracestate;
 };
 
 enum sink_result {

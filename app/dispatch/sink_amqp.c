@@ -362,7 +362,7 @@ static int wait_writable(struct amqp_sink *as, double deadline)
 static int publish_one(struct amqp_sink *as, const struct sink_event *ev, const char *rk)
 {
 	amqp_basic_properties_t props;
-	amqp_table_entry_t hdrs[2];
+	amqp_table_entry_t hdrs[4];
 	int nh = 0;
 
 	hdrs[nh].key = amqp_cstring_bytes("attempt");
@@ -372,6 +372,18 @@ static int publish_one(struct amqp_sink *as, const struct sink_event *ev, const 
 		hdrs[nh].key = amqp_cstring_bytes("workflow_id");
 		hdrs[nh].value.kind = AMQP_FIELD_KIND_UTF8;
 		hdrs[nh++].value.value.bytes = amqp_cstring_bytes(ev->workflow_id);
+	}
+	/* W3C Trace Context over AMQP: the same names as the HTTP headers,
+	 * as application properties (message headers). */
+	if (ev->traceparent != NULL) {
+		hdrs[nh].key = amqp_cstring_bytes("traceparent");
+		hdrs[nh].value.kind = AMQP_FIELD_KIND_UTF8;
+		hdrs[nh++].value.value.bytes = amqp_cstring_bytes(ev->traceparent);
+		if (ev->tracestate != NULL) {
+			hdrs[nh].key = amqp_cstring_bytes("tracestate");
+			hdrs[nh].value.kind = AMQP_FIELD_KIND_UTF8;
+			hdrs[nh++].value.value.bytes = amqp_cstring_bytes(ev->tracestate);
+		}
 	}
 	memset(&props, 0, sizeof(props));
 	props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |

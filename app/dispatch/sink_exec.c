@@ -3,7 +3,8 @@
  *
  * `/bin/sh -c CMD` gets the event JSON on stdin and IDEMFLOW_EVENT_ID,
  * IDEMFLOW_EVENT_TYPE, IDEMFLOW_WORKFLOW_ID and IDEMFLOW_ATTEMPT in its
- * environment. Exit 0 means delivered; any other exit, a signal or running
+ * environment, and TRACEPARENT and TRACESTATE (the event's W3C trace
+ * context, unset when it has none). Exit 0 means delivered; any other exit, a signal or running
  * past `timeout` means "try again later". The command runs in its own
  * process group so a timeout kills everything it started.
  */
@@ -67,6 +68,15 @@ static int run_one(struct exec_sink *x, const struct sink_event *ev, int *st, ch
 		setenv("IDEMFLOW_EVENT_TYPE", ev->type, 1);
 		setenv("IDEMFLOW_WORKFLOW_ID", ev->workflow_id, 1);
 		setenv("IDEMFLOW_ATTEMPT", attempt, 1);
+		/* Never the dispatcher's own: an event without a trace has none. */
+		if (ev->traceparent != NULL)
+			setenv("TRACEPARENT", ev->traceparent, 1);
+		else
+			unsetenv("TRACEPARENT");
+		if (ev->traceparent != NULL && ev->tracestate != NULL)
+			setenv("TRACESTATE", ev->tracestate, 1);
+		else
+			unsetenv("TRACESTATE");
 		execl("/bin/sh", "sh", "-c", x->cmd, (char *)NULL);
 		_exit(127);
 	}

@@ -199,6 +199,18 @@ static int id_is_plain(const char *id)
 	return n > 0 && n <= HTTP_ID_MAX;
 }
 
+/* A trace header's value: printable ASCII and spaces only, so that no
+ * stored value can end the line (the server stores only such values). */
+static int trace_value_plain(const char *v)
+{
+	size_t n = 0;
+
+	for (; v[n]; n++)
+		if ((unsigned char)v[n] < 0x20 || (unsigned char)v[n] >= 0x7f)
+			return 0;
+	return n > 0 && n <= 512;
+}
+
 /* curl_slist_append leaves the list alone when it fails, so keep it in *l. */
 static int add_header(struct curl_slist **l, const char *line)
 {
@@ -261,10 +273,11 @@ static void transport_error(struct xfer *h, CURLcode cc, char *out, size_t outsz
 }
 
 /* The request's header list; NULL when memory ran out. */
-static struct curl_slist *build_headers(const struct http_sink *h, const char *id, long ts,
-                                        const char *sig)
+static struct curl_slist *build_headers(const struct http_sink *h, const struct sink_event *ev,
+                                        long ts, const char *sig)
 {
-	char line[HTTP_ID_MAX + 64];
+	const char *id = ev->event_id;
+	char line[HTTP_ID_MAX + 600];
 	struct curl_slist *hl = NULL;
 	int ok;
 
@@ -283,6 +296,16 @@ static struct curl_slist *build_headers(const struct http_sink *h, const char *i
 	}
 	snprintf(line, sizeof(line), "Idempotency-Key: %s", id);
 	ok = ok && add_header(&hl, line) == 0;
+	/* The trace of the request that made the event goes on (W3C Trace
+	 * Context); tracestate only with its traceparent. */
+	if (ev->traceparent != NULL && trace_value_plain(ev->traceparent)) {
+		snprintf(line, sizeof(line), "traceparent: %s", ev->traceparent);
+		ok = ok && add_header(&hl, line) == 0;
+		if (ev->tracestate != NULL && trace_value_plain(ev->tracestate)) {
+			snprintf(line, sizeof(line), "tracestate: %s", ev->tracestate);
+			ok = ok && add_header(&hl, line) == 0;
+		}
+	}
 	if (!ok) {
 		curl_slist_free_all(hl);
 		return NULL;
@@ -332,7 +355,7 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i, stru
 	if (h->sign &&
 	    whsig_sign(h->key, h->keylen, ev->event_id, ts, body, ev->payload_len, sig, e) < 0)
 		return -1;
-	x->hl = build_headers(h, ev->event_id, ts, sig);
+	x->hl = build_headers(h, ev, ts, sig);
 	if (x->hl == NULL) {
 		err_set(e, ERR_INTERNAL, "out of memory");
 		return -1;

@@ -262,6 +262,38 @@ static void fail(struct handler_ctx *ctx, struct http_resp *resp, const struct h
 	handler_db_error(ctx, resp, req, e);
 }
 
+/* Q_TRACE_SET's parameters, in p: the jobs, events and workflows a
+ * command inserts take the request's trace context as their default. */
+static const char *const *trace_params(const struct handler_ctx *ctx, const char *p[TS__N])
+{
+	p[TS_TRACEPARENT] = handler_traceparent(ctx);
+	p[TS_TRACESTATE] = handler_tracestate(ctx);
+	return p;
+}
+
+/*
+ * Run one statement after Q_TRACE_SET, in one round trip and one
+ * transaction (the implicit one of the pipeline, or the caller's): what
+ * it inserts keeps the request's trace context. Returns the statement's
+ * result, or NULL with e filled, as db_run() does.
+ */
+static PGresult *run_traced(struct handler_ctx *ctx, int stmt, int nparams,
+                            const char *const *params, struct err *e)
+{
+	const char *tp[TS__N];
+	const struct db_call calls[2] = { { Q_TRACE_SET, TS__N, trace_params(ctx, tp) },
+		                          { stmt, nparams, params } };
+	PGresult *r[2], *res = NULL;
+	int failed;
+
+	if (db_pipeline(ctx->db, 2, calls, r, &failed, e) == 0) {
+		res = r[1];
+		r[1] = NULL;
+	}
+	clear_results(r, 2);
+	return res;
+}
+
 /* The work alone, in its own transaction. */
 static void run_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
                         const struct cmd *c)
@@ -270,7 +302,7 @@ static void run_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct ht
 	PGresult *res;
 
 	if (c->tx == CMD_TX_SINGLE) {
-		res = db_run(ctx->db, c->unkeyed_stmt, c->unkeyed_nparams, c->unkeyed_params, &e);
+		res = run_traced(ctx, c->unkeyed_stmt, c->unkeyed_nparams, c->unkeyed_params, &e);
 		if (res != NULL) {
 			ctx->created = 1;
 			if (c->render(ctx, req, resp, res, c, &e) < 0) {
@@ -281,7 +313,7 @@ static void run_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct ht
 			fail(ctx, resp, req, &e);
 		}
 	} else {
-		res = db_run(ctx->db, c->stmt, c->nparams, c->params, &e);
+		res = run_traced(ctx, c->stmt, c->nparams, c->params, &e);
 		if (res == NULL || answer_command(ctx, req, resp, res, c, &e) < 0)
 			fail(ctx, resp, req, &e);
 	}
@@ -334,7 +366,7 @@ enum attempt {
 	                 * idempotency_wait for a concurrent owner */
 };
 
-/* CMD_TX_PIPELINE: BEGIN; Q_KEY_CLAIM; the command in one round trip,
+/* CMD_TX_PIPELINE: BEGIN; Q_KEY_CLAIM; Q_TRACE_SET; the command in one round trip,
  * then Q_KEY_STORE; COMMIT in a second (rolled back instead when the key
  * was taken, or the answer is not one to store). */
 static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_req *req,
@@ -342,25 +374,27 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
                                      const struct keyed *k, PGresult **row, int *in_flight,
                                      struct err *e)
 {
-	const struct db_call calls[3] = { { Q_BEGIN, 0, NULL },
+	const char *tp[TS__N];
+	const struct db_call calls[4] = { { Q_BEGIN, 0, NULL },
 		                          { Q_KEY_CLAIM, KC__N, k->kc },
+		                          { Q_TRACE_SET, TS__N, trace_params(ctx, tp) },
 		                          { c->stmt, c->nparams, c->params } };
-	PGresult *r[3];
+	PGresult *r[4];
 	int failed, rc;
 
-	if (db_pipeline(ctx->db, 3, calls, r, &failed, e) < 0) {
+	if (db_pipeline(ctx->db, 4, calls, r, &failed, e) < 0) {
 		*in_flight = failed == 1 && e->code == ERR_LOCK_TIMEOUT;
 		return ATTEMPT_FAILED;
 	}
 	if (PQntuples(r[1]) != 1) {
 		/* Taken: undo this run and answer as the key's owner did. */
-		clear_results(r, 3);
+		clear_results(r, 4);
 		rollback(ctx);
 		*row = NULL;
 		return ATTEMPT_TAKEN;
 	}
-	rc = answer_command(ctx, req, resp, r[2], c, e);
-	clear_results(r, 3);
+	rc = answer_command(ctx, req, resp, r[3], c, e);
+	clear_results(r, 4);
 	if (rc <= 0) {
 		/* A failure, or not the command's outcome (a missing workflow
 		 * or job): the command changed nothing, and the rollback frees
@@ -383,7 +417,7 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
                                    struct http_resp *resp, const struct cmd *c, PGresult **row,
                                    int *in_flight, struct err *e)
 {
-	PGresult *res = db_run(ctx->db, c->stmt, c->nparams, c->params, e);
+	PGresult *res = run_traced(ctx, c->stmt, c->nparams, c->params, e);
 
 	if (res == NULL) {
 		*in_flight = e->code == ERR_LOCK_TIMEOUT;

@@ -1,9 +1,60 @@
 /*
- * handler.c - the problem answers every handler shares (see handler.h).
+ * handler.c - the problem answers and the trace context every handler
+ * shares (see handler.h).
  */
 #include "server/handler.h"
 
 #include <string.h>
+
+#include "core/log.h"
+
+void handler_trace_begin(struct handler_ctx *ctx, const struct http_req *req)
+{
+	static const char tp[] = "HTTP_TRACEPARENT=", ts[] = "HTTP_TRACESTATE=";
+	const char *parent = NULL;
+	char state[TRACE_STATE_MAX + 2];
+	size_t slen = 0;
+	int nparents = 0, state_ok = 1;
+
+	for (char **e = req->fcgi != NULL ? req->fcgi->envp : NULL; e && *e; e++) {
+		const char *env = *e;
+		if (strncmp(env, "HTTP_TRACE", 10) != 0)
+			continue;
+		if (strncmp(env, tp, sizeof(tp) - 1) == 0) {
+			parent = env + sizeof(tp) - 1;
+			nparents++;
+		} else if (strncmp(env, ts, sizeof(ts) - 1) == 0 && state_ok) {
+			/* Headers of one name are one list: join them, and
+			 * drop the lot when they do not fit. */
+			const char *v = env + sizeof(ts) - 1;
+			size_t n = strlen(v);
+			if (slen + (slen > 0) + n > TRACE_STATE_MAX) {
+				state_ok = 0;
+				continue;
+			}
+			if (slen > 0)
+				state[slen++] = ',';
+			memcpy(state + slen, v, n);
+			slen += n;
+		}
+	}
+	state[slen] = '\0';
+	if (trace_begin(&ctx->trace, parent, nparents, state_ok && slen > 0 ? state : NULL) < 0)
+		log_warning("could not start a trace: no random bytes", "request_id=%s",
+		            req->request_id);
+}
+
+const char *handler_traceparent(const struct handler_ctx *ctx)
+{
+	return ctx->trace.traceparent[0] != '\0' ? ctx->trace.traceparent : NULL;
+}
+
+const char *handler_tracestate(const struct handler_ctx *ctx)
+{
+	return ctx->trace.traceparent[0] != '\0' && ctx->trace.tracestate[0] != '\0'
+	           ? ctx->trace.tracestate
+	           : NULL;
+}
 
 void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,
                      const char *detail)

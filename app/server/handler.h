@@ -16,6 +16,7 @@
 #include "core/err.h"
 #include "core/idem.h"
 #include "core/problem.h"
+#include "core/trace.h"
 #include "server/http.h"
 #include "server/route.h"
 
@@ -35,10 +36,26 @@ struct handler_ctx {
 	char bytes_fp[IDEM_FP_TEXT]; /* a keyed command's request as received
 	                              * (cmd_read_json), stored with its key */
 	enum idem_outcome idem;
-	int cached;     /* the key row came from the replay cache */
-	int created;    /* this request wrote an outbox event */
-	struct err err; /* why a 5xx happened */
+	int cached;         /* the key row came from the replay cache */
+	int created;        /* this request wrote an outbox event */
+	struct trace trace; /* the request's span (handler_trace_begin); what
+	                     * it creates keeps trace.traceparent */
+	struct err err;     /* why a 5xx happened */
 };
+
+/*
+ * Begin the request's span in ctx->trace from its traceparent and
+ * tracestate headers (HTTP_TRACEPARENT, HTTP_TRACESTATE): the caller's
+ * trace continued, or a new one when the header is absent, malformed or
+ * sent twice. Never refuses a request; several tracestate headers are
+ * joined with ",".
+ */
+void handler_trace_begin(struct handler_ctx *ctx, const struct http_req *req);
+
+/* ctx->trace's traceparent and tracestate as statement parameters: NULL
+ * (SQL NULL) for what the request has not. */
+const char *handler_traceparent(const struct handler_ctx *ctx);
+const char *handler_tracestate(const struct handler_ctx *ctx);
 
 /* Fill resp with a problem of the given kind (status, content type, body). */
 void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,

@@ -86,10 +86,12 @@ static int write_json(struct buf *out, const char *name, const char *text, size_
 }
 
 /* Append the job in row i of res, with its progress when progress is set
- * (the rows of Q_JOB_HEARTBEAT). */
+ * (the rows of Q_JOB_HEARTBEAT). Its trace context, when res has the
+ * columns (an activation) and the job has one, goes with it. */
 static int write_job(struct buf *out, const PGresult *res, int i, int progress, struct err *e)
 {
 	const char *wf = PQgetvalue(res, i, C_WORKFLOW);
+	const int tp = PQfnumber(res, "traceparent"), ts = PQfnumber(res, "tracestate");
 
 	buf_printf(out, "{\"key\":\"%s.s%s\",\"workflow_id\":\"%s\",\"step\":%s", wf,
 	           PQgetvalue(res, i, C_STEP), wf, PQgetvalue(res, i, C_STEP));
@@ -119,6 +121,11 @@ static int write_job(struct buf *out, const PGresult *res, int i, int progress, 
 	               (size_t)PQgetlength(res, i, C_PROGRESS), e) < 0)
 		return err_set(e, ERR_INTERNAL, "stored progress of job %s.s%s is not valid JSON",
 		               wf, PQgetvalue(res, i, C_STEP));
+	if (tp >= 0 && !PQgetisnull(res, i, tp)) {
+		write_text(out, "traceparent", PQgetvalue(res, i, tp));
+		if (ts >= 0 && !PQgetisnull(res, i, ts))
+			write_text(out, "tracestate", PQgetvalue(res, i, ts));
+	}
 	buf_putc(out, '}');
 	return 0;
 }

@@ -156,9 +156,17 @@ const struct db_stmt queries[Q__COUNT] = {
 	                      "SELECT * FROM idemflow_wf_transition($1, $2, $3, $4)" },
 	[Q_WF_MESSAGE] = { "wf_message", MS__N,
 	                   "SELECT * FROM idemflow_wf_message($1, $2, $3, $4, $5)" },
+	/* The jobs' trace context is read beside the function, not by it:
+	 * the row before the activation has it as well (it never changes). */
 	[Q_JOBS_ACTIVATE] = { "jobs_activate", JA__N,
-	                      "SELECT * FROM idemflow_jobs_activate($1, $2, $3, $4, "
-	                      "$5::interval)" },
+	                      "SELECT a.*,"
+	                      "       (SELECT j.traceparent FROM jobs j WHERE j.tenant_id = $1"
+	                      "           AND j.workflow_id = a.workflow_id AND j.step = a.step) "
+	                      "AS traceparent,"
+	                      "       (SELECT j.tracestate FROM jobs j WHERE j.tenant_id = $1"
+	                      "           AND j.workflow_id = a.workflow_id AND j.step = a.step) "
+	                      "AS tracestate"
+	                      "  FROM idemflow_jobs_activate($1, $2, $3, $4, $5::interval) a" },
 	[Q_JOB_COMPLETE] = { "job_complete", JC__N,
 	                     "SELECT * FROM idemflow_job_complete($1, $2, $3, $4, $5)" },
 	[Q_JOB_FAIL] = { "job_fail", JF__N,
@@ -210,6 +218,11 @@ const struct db_stmt queries[Q__COUNT] = {
 	                      "$6)" },
 	[Q_WF_RESUME] = { "wf_resume", RS__N,
 	                  "SELECT * FROM idemflow_wf_resume($1, $2, $3::integer)" },
+	/* The request's trace context for the rest of its transaction: the
+	 * traceparent and tracestate columns' default (sql/008_trace.sql). */
+	[Q_TRACE_SET] = { "trace_set", TS__N,
+	                  "SELECT set_config('idemflow.traceparent', coalesce($1, ''), true),"
+	                  "       set_config('idemflow.tracestate', coalesce($2, ''), true)" },
 };
 
 int queries_check(struct err *e)

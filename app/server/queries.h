@@ -101,6 +101,9 @@ enum query_id {
 	Q_JOB_HEARTBEAT,
 	/* -> idemflow_wf_row */
 	Q_WF_RESUME,
+	/* Set the trace context that the jobs, events and workflows inserted
+	 * later in the same transaction keep (enum trace_set_param). */
+	Q_TRACE_SET,
 	Q__COUNT
 };
 
@@ -281,5 +284,8 @@ extern const struct db_stmt queries[Q__COUNT];
  * statement whose count and SQL differ. idemflow-fcgi runs it before it
  * starts anything. */
 int queries_check(struct err *e) MUSTCHECK;
+
+/* Q_TRACE_SET */
+enum trace_set_param { TS_TRACEPARENT, TS_TRACESTATE /* or NULL */, TS__N };
 
 #endif

@@ -155,6 +155,10 @@ static void log_request(const struct handler_ctx *ctx, const struct http_req *re
 	char num[48];
 
 	log_kv(line, sizeof(line), &n, "request_id", req->request_id);
+	if (ctx->trace.trace_id[0] != '\0') {
+		log_kv(line, sizeof(line), &n, "trace_id", ctx->trace.trace_id);
+		log_kv(line, sizeof(line), &n, "span_id", ctx->trace.span_id);
+	}
 	log_kv(line, sizeof(line), &n, "method", req->method);
 	log_kv(line, sizeof(line), &n, "path", req->path);
 	log_kv(line, sizeof(line), &n, "route", route_name(ctx->route));
@@ -363,6 +367,7 @@ int worker_run(const struct conf *c, int listen_fd)
 		/* The route again here (the router matches it for itself):
 		 * the scoreboard must show it while the request runs. */
 		scoreboard_begin(req.method, route_match(req.path, NULL, NULL), req.request_id);
+		handler_trace_begin(&ctx, &req);
 		http_resp_reset(&resp);
 		db_check(ctx.db);
 		api_handle(&ctx, &req, &resp);

@@ -765,7 +765,8 @@ def webhooks(c, outbox_rows):
     if len(deliveries) != int(outbox_rows):
         fail(f"{len(deliveries)} deliveries for {outbox_rows} outbox events")
     headers = {"webhook_id": "webhook-id", "webhook_timestamp": "webhook-timestamp",
-               "webhook_signature": "webhook-signature", "idempotency_key": "Idempotency-Key"}
+               "webhook_signature": "webhook-signature", "idempotency_key": "Idempotency-Key",
+               "traceparent": "traceparent", "tracestate": "tracestate"}
     for dl in deliveries:
         body = json.loads(dl["body"])
         hook = c.doc["webhooks"].get(body.get("type"))

@@ -213,6 +213,12 @@ static void read_headers(const amqp_table_t *t, struct amqpc_msg *m)
 		else if (en->key.len == 7 && memcmp(en->key.bytes, "attempt", 7) == 0 &&
 		         v->kind == AMQP_FIELD_KIND_I64)
 			m->attempt = (long)v->value.i64;
+		else if (en->key.len == 11 && memcmp(en->key.bytes, "traceparent", 11) == 0 &&
+		         (v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES))
+			copy_bytes(m->traceparent, sizeof(m->traceparent), v->value.bytes);
+		else if (en->key.len == 10 && memcmp(en->key.bytes, "tracestate", 10) == 0 &&
+		         (v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES))
+			copy_bytes(m->tracestate, sizeof(m->tracestate), v->value.bytes);
 	}
 }
 

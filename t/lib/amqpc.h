@@ -30,6 +30,8 @@ struct amqpc_msg {
 	char app_id[128];
 	char workflow_id[128]; /* the "workflow_id" header */
 	long attempt;          /* the "attempt" header, or -1 */
+	char traceparent[64];  /* the "traceparent" header */
+	char tracestate[600];  /* the "tracestate" header */
 	int delivery_mode;     /* 2 = persistent; 0 when absent */
 	uint64_t timestamp;    /* seconds; 0 when absent */
 	char *body;            /* malloc'ed, NUL-terminated; body_len excludes the NUL */

@@ -303,6 +303,8 @@ static int parse_line(struct receiver_delivery *d, const char *line)
 	d->idempotency_key = dup_member(o, "idempotency_key");
 	d->content_type = dup_member(o, "content_type");
 	d->user_agent = dup_member(o, "user_agent");
+	d->traceparent = dup_member(o, "traceparent");
+	d->tracestate = dup_member(o, "tracestate");
 	d->body = dup_member(o, "body");
 	json_object_put(o);
 	return 0;
@@ -366,6 +368,8 @@ void receiver_deliveries_free(struct receiver_delivery *d, size_t n)
 		free(d[i].idempotency_key);
 		free(d[i].content_type);
 		free(d[i].user_agent);
+		free(d[i].traceparent);
+		free(d[i].tracestate);
 		free(d[i].body);
 	}
 	free(d);

@@ -34,6 +34,8 @@ struct receiver_delivery {
 	char *idempotency_key; /* Idempotency-Key */
 	char *content_type;
 	char *user_agent;
+	char *traceparent; /* W3C trace context */
+	char *tracestate;
 	char *body;          /* as received (decoded as UTF-8), NUL-terminated */
 	size_t body_len;     /* bytes received */
 	int status;          /* what the receiver answered */

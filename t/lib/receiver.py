@@ -10,6 +10,7 @@ line to the --log file (flushed per line), failures included:
    "method": "POST", "path": "/hook", "http_version": "HTTP/1.1",
    "webhook_id": "...", "webhook_timestamp": "...", "webhook_signature": "...",
    "idempotency_key": "...", "content_type": "...", "user_agent": "...",
+   "traceparent": "...", "tracestate": "...",
    "body": "...", "body_len": 42, "status": 200, "retry_after": null,
    "truncated": false, "duplicate": false, "signature_valid": null}
 
@@ -82,6 +83,8 @@ HEADERS = {
     "idempotency_key": "idempotency-key",
     "content_type": "content-type",
     "user_agent": "user-agent",
+    "traceparent": "traceparent",
+    "tracestate": "tracestate",
 }
 
 
