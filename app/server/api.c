@@ -145,6 +145,7 @@ static const struct {
 	{ ROUTE_JOBS_ACTIVATE, "POST", TOKEN_KEY, jobs_activate, NULL },
 	{ ROUTE_JOB_COMPLETE, "POST", TOKEN_KEY, NULL, job_complete },
 	{ ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail },
+	{ ROUTE_MESSAGES, "POST", TOKEN_KEY, wf_publish, NULL },
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 

@@ -183,6 +183,11 @@ const struct db_stmt queries[Q__COUNT] = {
 	                "          ORDER BY w.id LIMIT 1) w"
 	                "   WHERE p.n < $5 AND p.start < $6::bigint)"
 	                "SELECT " WF_COLUMNS ", start < $6::bigint FROM page ORDER BY id" },
+
+	/* POST /v1/messages: by business key (sql/010_timers.sql). */
+	[Q_MESSAGE_PUBLISH] = { "message_publish", MP__N,
+	                        "SELECT * FROM idemflow_message_publish($1, $2, $3, $4, "
+	                        "$5::interval, $6)" },
 };
 
 int queries_check(struct err *e)
