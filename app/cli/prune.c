@@ -168,9 +168,10 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	             prune_batches(conn, PRUNE_EVENTS, 2, pe, c->prune_batch, &events, NULL,
 	                           &statements, &e) < 0 ||
 	             prune_batches(conn, PRUNE_MESSAGES, 2, pk, c->prune_batch, &messages, NULL,
-	                           &statements, &e) < 0;
+	                           NULL, &e) < 0;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	/* messages= last: readers of the line before it keep their fields. */
+	/* messages= last, its statements not in statements= (keys and
+	 * events): readers of the line as it was keep their fields. */
 	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f "
 	       "messages=%ld\n",
 	       keys, key_stats, events, statements,

@@ -154,8 +154,7 @@ Test(sleep, until_in_the_past_fires_on_the_next_reap_and_a_last_step_completes)
 	reap(out, sizeof(out));
 	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=1 timeouts=0");
 	expect_state(wf, "completed/1");
-	expect_events(&t, wf,
-	              "workflow.created,workflow.started,timer.fired,workflow.completed");
+	expect_events(&t, wf, "workflow.created,workflow.started,timer.fired,workflow.completed");
 	free(wf);
 }
 
@@ -166,7 +165,8 @@ Test(sleep, a_cancelled_workflow_s_timer_is_dropped_without_an_event)
 	char out[256], path[128], *wf;
 
 	tstack_tenant_create(&t, "cancel");
-	wf = tstack_create(&t, "{\"type\":\"c\",\"steps\":[{\"name\":\"nap\",\"sleep\":\"PT0S\"}]}");
+	wf =
+	    tstack_create(&t, "{\"type\":\"c\",\"steps\":[{\"name\":\"nap\",\"sleep\":\"PT0S\"}]}");
 	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
 	r = tstack_post(&t, path, NULL, "{\"to\":\"cancelled\"}");
 	tstack_expect_status(r, 200);
@@ -438,7 +438,8 @@ Test(reapers, reap_loop_fires_within_its_precision_and_stops_on_sigterm)
 	snprintf(log, sizeof(log), "%s/loop-reap-%d.log", tstack_env("IDEMFLOW_STACK_DIR"),
 	         (int)getpid());
 	pid = tstack_spawn(argv, log);
-	wf = tstack_create(&t, "{\"type\":\"l\",\"steps\":[{\"name\":\"nap\",\"sleep\":\"PT0.5S\"}]}");
+	wf = tstack_create(&t,
+	                   "{\"type\":\"l\",\"steps\":[{\"name\":\"nap\",\"sleep\":\"PT0.5S\"}]}");
 	deadline = tstack_now() + 10;
 	while (tstack_count("SELECT count(*) FROM timers WHERE workflow_id = $1"
 	                    " AND fired_at IS NOT NULL",
@@ -498,13 +499,15 @@ Test(bad_timers, malformed_durations_and_times_are_400_and_change_nothing)
 		const char *steps, *detail;
 	} cases[] = {
 		{ "{\"name\":\"a\",\"sleep\":\"30s\"}",
-		  "step 1: \"sleep\": expected an ISO 8601 duration such as \"PT30S\" or \"P1DT2H\"" },
-		{ "{\"name\":\"a\",\"sleep\":\"P\"}",
-		  "step 1: \"sleep\": expected an ISO 8601 duration such as \"PT30S\" or \"P1DT2H\"" },
-		{ "{\"name\":\"a\",\"sleep\":\"PT\"}",
-		  "step 1: \"sleep\": expected an ISO 8601 duration such as \"PT30S\" or \"P1DT2H\"" },
+		  "step 1: \"sleep\": expected an ISO 8601 duration such as \"PT30S\" or "
+		  "\"P1DT2H\"" },
+		{ "{\"name\":\"a\",\"sleep\":\"P\"}", "step 1: \"sleep\": expected an ISO 8601 "
+		                                      "duration such as \"PT30S\" or \"P1DT2H\"" },
+		{ "{\"name\":\"a\",\"sleep\":\"PT\"}", "step 1: \"sleep\": expected an ISO 8601 "
+		                                       "duration such as \"PT30S\" or \"P1DT2H\"" },
 		{ "{\"name\":\"a\",\"sleep\":\"PT1S1M\"}",
-		  "step 1: \"sleep\": expected an ISO 8601 duration such as \"PT30S\" or \"P1DT2H\"" },
+		  "step 1: \"sleep\": expected an ISO 8601 duration such as \"PT30S\" or "
+		  "\"P1DT2H\"" },
 		{ "{\"name\":\"a\",\"sleep\":\"P1M\"}",
 		  "step 1: \"sleep\": months have no fixed length: use days" },
 		{ "{\"name\":\"a\",\"sleep\":\"P1Y\"}",
@@ -546,26 +549,30 @@ Test(bad_timers, timer_members_in_the_wrong_place_are_invalid_workflows)
 	struct tstack_tenant t;
 
 	tstack_tenant_create(&t, "badtm");
-	expect_refused(&t, "{\"name\":\"a\",\"sleep\":\"PT1S\",\"job_type\":\"x\"}", 422,
-	               "/problems/invalid-workflow",
-	               "step 1: a step has exactly one of \"job_type\", \"wait_for\", \"sleep\" and "
-	               "\"until\"");
+	expect_refused(
+	    &t, "{\"name\":\"a\",\"sleep\":\"PT1S\",\"job_type\":\"x\"}", 422,
+	    "/problems/invalid-workflow",
+	    "step 1: a step has exactly one of \"job_type\", \"wait_for\", \"sleep\" and "
+	    "\"until\"");
 	expect_refused(&t, "{\"name\":\"a\",\"sleep\":\"PT1S\",\"retries\":2}", 422,
 	               "/problems/invalid-workflow", "step 1: only a job step has \"retries\"");
 	expect_refused(&t, "{\"name\":\"a\",\"job_type\":\"x\",\"timeout\":\"PT1S\"}", 422,
 	               "/problems/invalid-workflow",
 	               "step 1: only a wait step has \"timeout\" and \"on_timeout\"");
-	expect_refused(&t, "{\"name\":\"a\",\"wait_for\":\"m\",\"on_timeout\":\"b\"},"
-	                   "{\"name\":\"b\",\"job_type\":\"x\"}",
+	expect_refused(&t,
+	               "{\"name\":\"a\",\"wait_for\":\"m\",\"on_timeout\":\"b\"},"
+	               "{\"name\":\"b\",\"job_type\":\"x\"}",
 	               422, "/problems/invalid-workflow",
 	               "step 1: \"on_timeout\" needs a \"timeout\"");
-	expect_refused(&t, "{\"name\":\"b\",\"job_type\":\"x\"},{\"name\":\"a\",\"wait_for\":\"m\","
-	                   "\"timeout\":\"PT1S\",\"on_timeout\":\"b\"}",
+	expect_refused(&t,
+	               "{\"name\":\"b\",\"job_type\":\"x\"},{\"name\":\"a\",\"wait_for\":\"m\","
+	               "\"timeout\":\"PT1S\",\"on_timeout\":\"b\"}",
 	               422, "/problems/invalid-workflow",
 	               "step 2: \"on_timeout\" names no later step: \"b\" is not the name of a "
 	               "step after this one");
-	expect_refused(&t, "{\"name\":\"a\",\"wait_for\":\"m\",\"timeout\":\"PT1S\","
-	                   "\"on_timeout\":\"a\"}",
+	expect_refused(&t,
+	               "{\"name\":\"a\",\"wait_for\":\"m\",\"timeout\":\"PT1S\","
+	               "\"on_timeout\":\"a\"}",
 	               422, "/problems/invalid-workflow",
 	               "step 1: \"on_timeout\" names no later step: \"a\" is not the name of a "
 	               "step after this one");
