@@ -138,42 +138,35 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.idemflow_fire_timers(p_batch integer, OUT taken integer, OUT skipped integer, OUT fired integer, OUT timed_out integer) RETURNS record
+CREATE FUNCTION public.idemflow_fire_timers(p_batch integer, OUT taken integer, OUT fired integer, OUT timed_out integer) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
     c record;
-    w workflows;
     v_def jsonb;
     v_job_state text;
     v_target integer;
 BEGIN
     taken := 0;
-    skipped := 0;
     fired := 0;
     timed_out := 0;
     FOR c IN
-        SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at
+        SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at,
+               w.state, w.step AS wf_step, w.steps
           FROM timers t
+          JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
          WHERE t.fired_at IS NULL AND t.due_at <= now()
          ORDER BY t.due_at
          LIMIT p_batch
-           FOR UPDATE SKIP LOCKED
+           FOR UPDATE OF t, w SKIP LOCKED
     LOOP
         taken := taken + 1;
-        SELECT * INTO w FROM workflows
-         WHERE tenant_id = c.tenant_id AND id = c.workflow_id
-           FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            skipped := skipped + 1;
-            CONTINUE;
-        END IF;
         v_job_state := NULL;
         IF c.kind = 'timeout' THEN
             SELECT state INTO v_job_state FROM jobs
              WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
         END IF;
-        IF w.state NOT IN ('pending', 'running') OR w.step <> c.step
+        IF c.state NOT IN ('pending', 'running') OR c.wf_step <> c.step
            OR (c.kind = 'timeout' AND v_job_state IS DISTINCT FROM 'waiting') THEN
             DELETE FROM timers
              WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
@@ -181,13 +174,13 @@ BEGIN
         END IF;
         UPDATE timers SET fired_at = now()
          WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
-        IF w.state = 'pending' THEN
+        IF c.state = 'pending' THEN
             UPDATE workflows SET state = 'running'
              WHERE tenant_id = c.tenant_id AND id = c.workflow_id;
             PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'workflow.started',
                                    jsonb_build_object('state', 'running'));
         END IF;
-        v_def := w.steps -> (c.step - 1);
+        v_def := c.steps -> (c.step - 1);
         IF c.kind = 'sleep' THEN
             PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'timer.fired',
                                    jsonb_build_object('step', c.step, 'name', v_def ->> 'name',
@@ -206,7 +199,7 @@ BEGIN
         timed_out := timed_out + 1;
         IF v_def ? 'on_timeout' THEN
             SELECT s.i INTO v_target
-              FROM jsonb_array_elements(w.steps) WITH ORDINALITY AS s(d, i)
+              FROM jsonb_array_elements(c.steps) WITH ORDINALITY AS s(d, i)
              WHERE s.d ->> 'name' = v_def ->> 'on_timeout';
             PERFORM idemflow_enter_step(c.tenant_id, c.workflow_id, v_target);
         ELSE

@@ -192,7 +192,7 @@ static void reap_on_signal(int sig)
  * Fire due timers, prune_batch per statement (sql/010_timers.sql's
  * idemflow_fire_timers: timers and their workflows taken with SKIP
  * LOCKED, so reapers never fire one twice nor wait on each other), until
- * a batch comes back short or found only busy workflows (their timers stay
+ * a batch comes back short (a busy workflow's timer is skipped and stays
  * due, for the next round). Adds to *timers and *timeouts.
  */
 static int reap_timers(PGconn *conn, const char *batch, int nbatch, long *timers, long *timeouts,
@@ -202,17 +202,15 @@ static int reap_timers(PGconn *conn, const char *batch, int nbatch, long *timers
 
 	for (;;) {
 		PGresult *res = db_exec(conn, "SELECT * FROM idemflow_fire_timers($1)", 1, p, e);
-		long taken, skipped;
+		long taken;
 
 		if (res == NULL)
 			return -1;
 		taken = atol(PQgetvalue(res, 0, 0));
-		skipped = atol(PQgetvalue(res, 0, 1));
-		*timers += atol(PQgetvalue(res, 0, 2));
-		*timeouts += atol(PQgetvalue(res, 0, 3));
+		*timers += atol(PQgetvalue(res, 0, 1));
+		*timeouts += atol(PQgetvalue(res, 0, 2));
 		PQclear(res);
-		/* A batch of busy workflows only is left to the next round. */
-		if (taken < nbatch || skipped == taken)
+		if (taken < nbatch)
 			return 0;
 	}
 }
