@@ -82,7 +82,8 @@ static char *create(const struct tstack_tenant *t, const char *type, const char 
 	return tstack_create(t, body);
 }
 
-#define WAIT_PAY "{\"name\":\"await\",\"wait_for\":\"pay\"},{\"name\":\"ship\",\"job_type\":\"ship\"}"
+#define WAIT_PAY                                                                                   \
+	"{\"name\":\"await\",\"wait_for\":\"pay\"},{\"name\":\"ship\",\"job_type\":\"ship\"}"
 
 /* --- Delivered --------------------------------------------------------- */
 
@@ -189,9 +190,10 @@ Test(buffered, a_message_no_one_waits_for_is_kept_and_taken_when_a_wait_begins)
 	            "{\"name\":\"pay\",\"business_key\":\"B-1\",\"message_id\":\"early\","
 	            "\"ttl\":\"PT10M\",\"payload\":{\"n\":1}}");
 	tstack_expect_status(r, 202);
-	exp = tstack_text("SELECT idemflow_ts(expires_at) FROM messages WHERE tenant_id = $1"
-	                  " AND message_id = 'early' AND expires_at = received_at + interval '10 m'",
-	                  t.id_text);
+	exp =
+	    tstack_text("SELECT idemflow_ts(expires_at) FROM messages WHERE tenant_id = $1"
+	                " AND message_id = 'early' AND expires_at = received_at + interval '10 m'",
+	                t.id_text);
 	cr_assert_not_null(exp);
 	snprintf(want, sizeof(want),
 	         "{\"message_id\":\"early\",\"duplicate\":false,\"correlated\":false,"
@@ -202,9 +204,10 @@ Test(buffered, a_message_no_one_waits_for_is_kept_and_taken_when_a_wait_begins)
 	free(exp);
 
 	/* A workflow with the key that first runs a job, then waits. */
-	wf = create(&t, "order", "B-1",
-	            "{\"name\":\"reserve\",\"job_type\":\"reserve\"},"
-	            "{\"name\":\"await\",\"wait_for\":\"pay\"},{\"name\":\"ship\",\"job_type\":\"ship\"}");
+	wf = create(
+	    &t, "order", "B-1",
+	    "{\"name\":\"reserve\",\"job_type\":\"reserve\"},"
+	    "{\"name\":\"await\",\"wait_for\":\"pay\"},{\"name\":\"ship\",\"job_type\":\"ship\"}");
 	r = tstack_post(&t, "/v1/jobs/activate", NULL,
 	                "{\"job_type\":\"reserve\",\"worker\":\"w\",\"lease_seconds\":30}");
 	tstack_expect_status(r, 200);
@@ -272,7 +275,8 @@ Test(buffered, an_expired_message_is_not_delivered_and_prune_deletes_it)
 	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1", t.id_text),
 	             0);
 	/* Its id is free again once pruned: a new one is buffered. */
-	r = publish(&t, NULL, "{\"name\":\"pay\",\"business_key\":\"E-9\",\"message_id\":\"gone\"}");
+	r = publish(&t, NULL,
+	            "{\"name\":\"pay\",\"business_key\":\"E-9\",\"message_id\":\"gone\"}");
 	tstack_expect_status(r, 202);
 	http_response_free(r);
 	free(wf);
@@ -356,9 +360,10 @@ static void *send_run(void *arg)
 	struct sender *s = arg;
 
 	pthread_barrier_wait(s->start);
-	s->resp = tstack_post_raw(s->t, "/v1/messages", NULL,
-	                          "{\"name\":\"pay\",\"business_key\":\"D-1\",\"message_id\":\"dup\","
-	                          "\"payload\":{\"v\":1}}");
+	s->resp =
+	    tstack_post_raw(s->t, "/v1/messages", NULL,
+	                    "{\"name\":\"pay\",\"business_key\":\"D-1\",\"message_id\":\"dup\","
+	                    "\"payload\":{\"v\":1}}");
 	return NULL;
 }
 
@@ -458,22 +463,23 @@ Test(bad_messages, bad_bodies_are_refused_and_change_nothing)
 		int status;
 		const char *type, *detail;
 	} cases[] = {
-		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"ttl\":\"1h\"}", 400,
-		  "/problems/invalid-duration",
+		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"ttl\":\"1h\"}",
+		  400, "/problems/invalid-duration",
 		  "\"ttl\": expected an ISO 8601 duration such as \"PT30S\" or \"P1DT2H\"" },
-		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"ttl\":\"P1M\"}", 400,
-		  "/problems/invalid-duration", "\"ttl\": months have no fixed length: use days" },
-		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"ttl\":3600}", 400,
-		  "/problems/invalid-duration", "\"ttl\" must be a string" },
+		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"ttl\":\"P1M\"}",
+		  400, "/problems/invalid-duration",
+		  "\"ttl\": months have no fixed length: use days" },
+		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"ttl\":3600}",
+		  400, "/problems/invalid-duration", "\"ttl\" must be a string" },
 		{ "{\"name\":\"pay\",\"message_id\":\"m\"}", 422, "/problems/invalid-request",
 		  "\"business_key\" is required" },
 		{ "{\"name\":\"pay\",\"business_key\":\"X\"}", 422, "/problems/invalid-request",
 		  "\"message_id\" is required" },
-		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"to\":\"y\"}", 422,
-		  "/problems/invalid-request",
+		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"to\":\"y\"}",
+		  422, "/problems/invalid-request",
 		  "unknown member \"to\": expected name, business_key, message_id, ttl, payload" },
-		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"payload\":[1]}", 422,
-		  "/problems/invalid-request", "\"payload\" must be a JSON object" },
+		{ "{\"name\":\"pay\",\"business_key\":\"X\",\"message_id\":\"m\",\"payload\":[1]}",
+		  422, "/problems/invalid-request", "\"payload\" must be a JSON object" },
 	};
 
 	tstack_tenant_create(&t, "badmsg");
