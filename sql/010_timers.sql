@@ -163,7 +163,9 @@ $$;
 -- workflow.created event. When an active workflow of the same type
 -- already has the business key, nothing is written and that workflow
 -- comes back with outcome 'existing'. With a business key, the key's
--- advisory lock comes first (see the header).
+-- advisory lock comes first (see the header). A workflow in 'incident'
+-- (009_incidents.sql) holds its key as well; the insert names no conflict
+-- target, so it defers to whichever partial index holds the key.
 CREATE OR REPLACE FUNCTION idemflow_wf_create(p_tenant bigint, p_id uuid, p_type text,
                                               p_input jsonb, p_at timestamptz, p_steps jsonb,
                                               p_business_key text, p_payload text)
@@ -179,19 +181,21 @@ BEGIN
                                business_key, steps)
         VALUES (p_tenant, p_id, p_type, 'pending', p_input, p_at, p_at, p_business_key,
                 p_steps)
-        ON CONFLICT (tenant_id, type, business_key)
-           WHERE business_key IS NOT NULL AND state IN ('pending', 'running')
-        DO NOTHING
+        ON CONFLICT DO NOTHING
         RETURNING * INTO w;
         EXIT WHEN FOUND;
         -- A new statement sees the holder even when it committed while we
         -- waited; if it has ended since, try again.
         SELECT * INTO w FROM workflows
          WHERE tenant_id = p_tenant AND type = p_type AND business_key = p_business_key
-           AND state IN ('pending', 'running');
+           AND state IN ('pending', 'running', 'incident');
         IF FOUND THEN
             RETURN NEXT idemflow_wf_result(NULL, NULL, 'existing', w);
             RETURN;
+        END IF;
+        -- Not the key: the id itself is taken, which no retry changes.
+        IF EXISTS (SELECT 1 FROM workflows WHERE tenant_id = p_tenant AND id = p_id) THEN
+            RAISE unique_violation USING MESSAGE = format('workflow %s exists', p_id);
         END IF;
     END LOOP;
     INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload, created_at,

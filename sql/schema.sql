@@ -496,19 +496,21 @@ BEGIN
                                business_key, steps)
         VALUES (p_tenant, p_id, p_type, 'pending', p_input, p_at, p_at, p_business_key,
                 p_steps)
-        ON CONFLICT (tenant_id, type, business_key)
-           WHERE business_key IS NOT NULL AND state IN ('pending', 'running')
-        DO NOTHING
+        ON CONFLICT DO NOTHING
         RETURNING * INTO w;
         EXIT WHEN FOUND;
         -- A new statement sees the holder even when it committed while we
         -- waited; if it has ended since, try again.
         SELECT * INTO w FROM workflows
          WHERE tenant_id = p_tenant AND type = p_type AND business_key = p_business_key
-           AND state IN ('pending', 'running');
+           AND state IN ('pending', 'running', 'incident');
         IF FOUND THEN
             RETURN NEXT idemflow_wf_result(NULL, NULL, 'existing', w);
             RETURN;
+        END IF;
+        -- Not the key: the id itself is taken, which no retry changes.
+        IF EXISTS (SELECT 1 FROM workflows WHERE tenant_id = p_tenant AND id = p_id) THEN
+            RAISE unique_violation USING MESSAGE = format('workflow %s exists', p_id);
         END IF;
     END LOOP;
     INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload, created_at,
