@@ -101,7 +101,8 @@ GRANT SELECT, INSERT ON workflows TO idemflow_server;
 GRANT UPDATE (state, step, last_seq, ended_at, updated_at) ON workflows TO idemflow_server;
 GRANT SELECT, INSERT, UPDATE ON jobs TO idemflow_server;
 GRANT SELECT, INSERT ON messages TO idemflow_server;
-GRANT UPDATE (step) ON messages TO idemflow_server;
+GRANT UPDATE (workflow_id, step) ON messages TO idemflow_server;
+GRANT SELECT, INSERT, UPDATE, DELETE ON timers TO idemflow_server;
 -- A command's answer is stored on its claimed key in its transaction.
 GRANT UPDATE (status, headers, body) ON idempotency_keys TO idemflow_server;
 -- Events are written with their workflow; /metrics counts pending and dead.
@@ -126,5 +127,15 @@ GRANT SELECT, DELETE ON outbox TO idemflow_maintenance;
 GRANT UPDATE (last_error) ON outbox TO idemflow_maintenance;
 GRANT SELECT (tenant_id, workflow_id, step, state, due_at) ON jobs TO idemflow_maintenance;
 GRANT UPDATE (state, due_at, updated_at) ON jobs TO idemflow_maintenance;
+-- reap fires timers (sql/010_timers.sql): the workflow moves on to its next
+-- step, writing its events; prune deletes expired unclaimed messages.
+GRANT SELECT, INSERT, UPDATE, DELETE ON timers TO idemflow_maintenance;
+GRANT SELECT ON workflows TO idemflow_maintenance;
+GRANT UPDATE (state, step, last_seq, ended_at, updated_at) ON workflows TO idemflow_maintenance;
+GRANT SELECT, INSERT ON jobs TO idemflow_maintenance;
+GRANT UPDATE (output, error) ON jobs TO idemflow_maintenance;
+GRANT INSERT ON outbox TO idemflow_maintenance;
+GRANT SELECT, DELETE ON messages TO idemflow_maintenance;
+GRANT UPDATE (workflow_id, step) ON messages TO idemflow_maintenance;
 
 COMMIT;

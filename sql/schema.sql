@@ -38,11 +38,14 @@ CREATE FUNCTION public.idemflow_enter_step(p_tenant bigint, p_wf uuid, p_step in
     AS $$
 DECLARE
     v_steps jsonb;
+    v_key text;
     v_def jsonb;
-    v_msg record;
+    v_msg_id text;
+    v_payload text;
     v_step integer := p_step;
 BEGIN
-    SELECT steps INTO v_steps FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
+    SELECT steps, business_key INTO v_steps, v_key
+      FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
     LOOP
         IF v_step > jsonb_array_length(v_steps) THEN
             UPDATE workflows SET state = 'completed', step = v_step - 1, ended_at = now(),
@@ -55,6 +58,14 @@ BEGIN
         v_def := v_steps -> (v_step - 1);
         UPDATE workflows SET step = v_step, updated_at = now()
          WHERE tenant_id = p_tenant AND id = p_wf;
+        IF v_def ? 'sleep' OR v_def ? 'until' THEN
+            INSERT INTO timers (tenant_id, workflow_id, step, kind, due_at, created_at)
+            VALUES (p_tenant, p_wf, v_step, 'sleep',
+                    CASE WHEN v_def ? 'sleep' THEN now() + (v_def ->> 'sleep')::interval
+                         ELSE (v_def ->> 'until')::timestamptz END,
+                    now());
+            RETURN;
+        END IF;
         INSERT INTO jobs (tenant_id, workflow_id, step, name, job_type, wait_for, state,
                           due_at, retries, created_at, updated_at)
         VALUES (p_tenant, p_wf, v_step, v_def ->> 'name', v_def ->> 'job_type',
@@ -65,21 +76,44 @@ BEGIN
         IF NOT v_def ? 'wait_for' THEN
             RETURN;
         END IF;
-        SELECT message_id, payload INTO v_msg FROM messages
+        v_msg_id := NULL;
+        SELECT message_id, payload INTO v_msg_id, v_payload FROM messages
          WHERE tenant_id = p_tenant AND workflow_id = p_wf AND name = v_def ->> 'wait_for'
            AND step IS NULL
          ORDER BY received_at, message_id LIMIT 1;
-        IF NOT FOUND THEN
+        IF v_msg_id IS NULL AND v_key IS NOT NULL THEN
+            -- Another workflow with the key may be taking the same message:
+            -- wait for it, and look again when the row it took drops out
+            -- (LIMIT with FOR UPDATE returns no successor then).
+            LOOP
+                SELECT message_id, payload INTO v_msg_id, v_payload FROM messages
+                 WHERE tenant_id = p_tenant AND workflow_id IS NULL AND business_key = v_key
+                   AND name = v_def ->> 'wait_for' AND expires_at > now()
+                 ORDER BY received_at, message_id LIMIT 1
+                   FOR UPDATE;
+                EXIT WHEN v_msg_id IS NOT NULL;
+                EXIT WHEN NOT EXISTS (
+                    SELECT 1 FROM messages
+                     WHERE tenant_id = p_tenant AND workflow_id IS NULL AND business_key = v_key
+                       AND name = v_def ->> 'wait_for' AND expires_at > now());
+            END LOOP;
+        END IF;
+        IF v_msg_id IS NULL THEN
+            IF v_def ? 'timeout' THEN
+                INSERT INTO timers (tenant_id, workflow_id, step, kind, due_at, created_at)
+                VALUES (p_tenant, p_wf, v_step, 'timeout',
+                        now() + (v_def ->> 'timeout')::interval, now());
+            END IF;
             RETURN;
         END IF;
-        UPDATE messages SET step = v_step
-         WHERE tenant_id = p_tenant AND message_id = v_msg.message_id;
-        UPDATE jobs SET state = 'completed', output = v_msg.payload, updated_at = now()
+        UPDATE messages SET workflow_id = p_wf, step = v_step
+         WHERE tenant_id = p_tenant AND message_id = v_msg_id;
+        UPDATE jobs SET state = 'completed', output = v_payload, updated_at = now()
          WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = v_step;
         PERFORM idemflow_event(p_tenant, p_wf, 'job.completed',
                                jsonb_build_object('step', v_step, 'name', v_def ->> 'name',
-                                                  'message_id', v_msg.message_id,
-                                                  'output', v_msg.payload::jsonb));
+                                                  'message_id', v_msg_id,
+                                                  'output', v_payload::jsonb));
         v_step := v_step + 1;
     END LOOP;
 END
@@ -101,6 +135,81 @@ BEGIN
                                'workflow_id', p_wf, 'seq', v_seq, 'tenant_id', p_tenant,
                                'occurred_at', idemflow_ts(now()), 'data', p_data)::text,
             now(), now());
+END
+$$;
+
+CREATE FUNCTION public.idemflow_fire_timers(p_batch integer, OUT taken integer, OUT fired integer, OUT timed_out integer) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    c record;
+    v_def jsonb;
+    v_job_state text;
+    v_target integer;
+BEGIN
+    taken := 0;
+    fired := 0;
+    timed_out := 0;
+    FOR c IN
+        SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at,
+               w.state, w.step AS wf_step, w.steps
+          FROM timers t
+          JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
+         WHERE t.fired_at IS NULL AND t.due_at <= now()
+         ORDER BY t.due_at
+         LIMIT p_batch
+           FOR UPDATE OF t, w SKIP LOCKED
+    LOOP
+        taken := taken + 1;
+        v_job_state := NULL;
+        IF c.kind = 'timeout' THEN
+            SELECT state INTO v_job_state FROM jobs
+             WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
+        END IF;
+        IF c.state NOT IN ('pending', 'running') OR c.wf_step <> c.step
+           OR (c.kind = 'timeout' AND v_job_state IS DISTINCT FROM 'waiting') THEN
+            DELETE FROM timers
+             WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
+            CONTINUE;
+        END IF;
+        UPDATE timers SET fired_at = now()
+         WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
+        IF c.state = 'pending' THEN
+            UPDATE workflows SET state = 'running'
+             WHERE tenant_id = c.tenant_id AND id = c.workflow_id;
+            PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'workflow.started',
+                                   jsonb_build_object('state', 'running'));
+        END IF;
+        v_def := c.steps -> (c.step - 1);
+        IF c.kind = 'sleep' THEN
+            PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'timer.fired',
+                                   jsonb_build_object('step', c.step, 'name', v_def ->> 'name',
+                                                      'due_at', idemflow_ts(c.due_at)));
+            PERFORM idemflow_enter_step(c.tenant_id, c.workflow_id, c.step + 1);
+            fired := fired + 1;
+            CONTINUE;
+        END IF;
+        UPDATE jobs SET state = 'failed', error = 'timed out', updated_at = now()
+         WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
+        PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'step.timed_out',
+                               jsonb_build_object('step', c.step, 'name', v_def ->> 'name',
+                                                  'wait_for', v_def ->> 'wait_for',
+                                                  'timeout', v_def ->> 'timeout',
+                                                  'on_timeout', v_def -> 'on_timeout'));
+        timed_out := timed_out + 1;
+        IF v_def ? 'on_timeout' THEN
+            SELECT s.i INTO v_target
+              FROM jsonb_array_elements(c.steps) WITH ORDINALITY AS s(d, i)
+             WHERE s.d ->> 'name' = v_def ->> 'on_timeout';
+            PERFORM idemflow_enter_step(c.tenant_id, c.workflow_id, v_target);
+        ELSE
+            UPDATE workflows SET state = 'failed', ended_at = now(), updated_at = now()
+             WHERE tenant_id = c.tenant_id AND id = c.workflow_id;
+            PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'workflow.failed',
+                                   jsonb_build_object('state', 'failed', 'step', c.step,
+                                                      'error', 'timed out'));
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -324,6 +433,78 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_key_lock(p_tenant bigint, p_key text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT hashtextextended(p_tenant || '/' || p_key, 1010)
+$$;
+
+CREATE FUNCTION public.idemflow_message_publish(p_tenant bigint, p_message_id text, p_name text, p_key text, p_ttl interval, p_payload text) RETURNS TABLE(problem text, detail text, outcome text, workflow_id uuid, step integer, expires_at text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    m messages;
+    c record;
+BEGIN
+    PERFORM pg_advisory_xact_lock(idemflow_key_lock(p_tenant, p_key));
+    -- Every active workflow with the key, locked as a command locks it:
+    -- one in the middle of beginning a wait is waited for, and seen.
+    PERFORM 1 FROM workflows
+     WHERE tenant_id = p_tenant AND business_key = p_key AND state IN ('pending', 'running')
+     ORDER BY id
+       FOR UPDATE;
+    INSERT INTO messages (tenant_id, message_id, workflow_id, name, payload, received_at,
+                          business_key, expires_at)
+    VALUES (p_tenant, p_message_id, NULL, p_name, p_payload, now(), p_key, now() + p_ttl)
+    ON CONFLICT (tenant_id, message_id) DO NOTHING;
+    IF NOT FOUND THEN
+        SELECT * INTO m FROM messages
+         WHERE messages.tenant_id = p_tenant AND message_id = p_message_id;
+        IF m.business_key IS DISTINCT FROM p_key OR m.name <> p_name
+           OR m.payload <> p_payload THEN
+            RETURN QUERY SELECT 'message-id-reused',
+                format('message_id "%s" was already used for a different message', p_message_id),
+                NULL::text, NULL::uuid, NULL::integer, NULL::text;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT NULL::text, NULL::text, 'duplicate', m.workflow_id, m.step,
+                            CASE WHEN m.workflow_id IS NULL THEN idemflow_ts(m.expires_at) END;
+        RETURN;
+    END IF;
+    SELECT w.id AS wf, w.state, j.step, j.name INTO c
+      FROM workflows w
+      JOIN jobs j ON j.tenant_id = w.tenant_id AND j.workflow_id = w.id AND j.step = w.step
+     WHERE w.tenant_id = p_tenant AND w.business_key = p_key
+       AND w.state IN ('pending', 'running') AND j.state = 'waiting' AND j.wait_for = p_name
+     ORDER BY j.created_at, w.id
+     LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::text, NULL::text, 'buffered', NULL::uuid, NULL::integer,
+                            idemflow_ts(now() + p_ttl);
+        RETURN;
+    END IF;
+    UPDATE messages SET workflow_id = c.wf, step = c.step
+     WHERE messages.tenant_id = p_tenant AND message_id = p_message_id;
+    UPDATE jobs SET state = 'completed', output = p_payload, updated_at = now()
+     WHERE jobs.tenant_id = p_tenant AND jobs.workflow_id = c.wf AND jobs.step = c.step;
+    DELETE FROM timers
+     WHERE timers.tenant_id = p_tenant AND timers.workflow_id = c.wf AND timers.step = c.step;
+    IF c.state = 'pending' THEN
+        UPDATE workflows SET state = 'running' WHERE tenant_id = p_tenant AND id = c.wf;
+        PERFORM idemflow_event(p_tenant, c.wf, 'workflow.started',
+                               jsonb_build_object('state', 'running'));
+    END IF;
+    PERFORM idemflow_event(p_tenant, c.wf, 'job.completed',
+                           jsonb_build_object('step', c.step, 'name', c.name,
+                                              'message_id', p_message_id,
+                                              'business_key', p_key,
+                                              'output', p_payload::jsonb));
+    PERFORM idemflow_enter_step(p_tenant, c.wf, c.step + 1);
+    RETURN QUERY SELECT NULL::text, NULL::text, 'correlated', c.wf, c.step, NULL::text;
+END
+$$;
+
 CREATE FUNCTION public.idemflow_reap(p_batch integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -356,14 +537,15 @@ CREATE FUNCTION public.idemflow_wf_create(p_tenant bigint, p_id uuid, p_type tex
 DECLARE
     w workflows;
 BEGIN
+    IF p_business_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(idemflow_key_lock(p_tenant, p_business_key));
+    END IF;
     LOOP
         INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at,
                                business_key, steps)
         VALUES (p_tenant, p_id, p_type, 'pending', p_input, p_at, p_at, p_business_key,
                 p_steps)
-        ON CONFLICT (tenant_id, type, business_key)
-           WHERE business_key IS NOT NULL AND state IN ('pending', 'running', 'incident')
-        DO NOTHING
+        ON CONFLICT DO NOTHING
         RETURNING * INTO w;
         EXIT WHEN FOUND;
         -- A new statement sees the holder even when it committed while we
@@ -374,6 +556,10 @@ BEGIN
         IF FOUND THEN
             RETURN NEXT idemflow_wf_result(NULL, NULL, 'existing', w);
             RETURN;
+        END IF;
+        -- Not the key: the id itself is taken, which no retry changes.
+        IF EXISTS (SELECT 1 FROM workflows WHERE tenant_id = p_tenant AND id = p_id) THEN
+            RAISE unique_violation USING MESSAGE = format('workflow %s exists', p_id);
         END IF;
     END LOOP;
     INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload, created_at,
@@ -407,7 +593,8 @@ BEGIN
     IF NOT FOUND THEN
         SELECT * INTO m FROM messages
          WHERE messages.tenant_id = p_tenant AND message_id = p_message_id;
-        IF m.workflow_id <> p_wf OR m.name <> p_name OR m.payload <> p_payload THEN
+        IF m.workflow_id IS DISTINCT FROM p_wf OR m.business_key IS NOT NULL
+           OR m.name <> p_name OR m.payload <> p_payload THEN
             RETURN QUERY SELECT 'message-id-reused',
                 format('message_id "%s" was already used for a different message', p_message_id),
                 NULL::text, NULL::integer;
@@ -427,6 +614,8 @@ BEGIN
      WHERE messages.tenant_id = p_tenant AND message_id = p_message_id;
     UPDATE jobs SET state = 'completed', output = p_payload, updated_at = now()
      WHERE jobs.tenant_id = p_tenant AND workflow_id = p_wf AND jobs.step = j.step;
+    DELETE FROM timers
+     WHERE timers.tenant_id = p_tenant AND workflow_id = p_wf AND timers.step = j.step;
     IF w.state = 'pending' THEN
         UPDATE workflows SET state = 'running' WHERE tenant_id = p_tenant AND id = p_wf;
         PERFORM idemflow_event(p_tenant, p_wf, 'workflow.started',
@@ -615,11 +804,15 @@ COMMENT ON COLUMN public.idempotency_keys.request_bytes_fp IS 'BLAKE2b-256 of th
 CREATE TABLE public.messages (
     tenant_id bigint NOT NULL,
     message_id text NOT NULL,
-    workflow_id uuid NOT NULL,
+    workflow_id uuid,
     name text NOT NULL,
     payload text NOT NULL,
     received_at timestamp with time zone NOT NULL,
     step integer,
+    business_key text,
+    expires_at timestamp with time zone,
+    CONSTRAINT messages_addressed CHECK (((workflow_id IS NOT NULL) OR ((business_key IS NOT NULL) AND (expires_at IS NOT NULL)))),
+    CONSTRAINT messages_business_key_check CHECK (((octet_length(business_key) >= 1) AND (octet_length(business_key) <= 255))),
     CONSTRAINT messages_message_id_check CHECK (((octet_length(message_id) >= 1) AND (octet_length(message_id) <= 255)))
 );
 
@@ -682,6 +875,18 @@ ALTER TABLE public.tenants ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+CREATE TABLE public.timers (
+    tenant_id bigint NOT NULL,
+    workflow_id uuid NOT NULL,
+    step integer NOT NULL,
+    kind text NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    fired_at timestamp with time zone,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT timers_kind_check CHECK ((kind = ANY (ARRAY['sleep'::text, 'timeout'::text]))),
+    CONSTRAINT timers_step_check CHECK ((step >= 1))
+);
+
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
 
@@ -718,6 +923,9 @@ ALTER TABLE ONLY public.tenants
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY public.timers
+    ADD CONSTRAINT timers_pkey PRIMARY KEY (tenant_id, workflow_id, step);
+
 ALTER TABLE ONLY public.workflows
     ADD CONSTRAINT workflows_pkey PRIMARY KEY (tenant_id, id);
 
@@ -727,6 +935,10 @@ CREATE INDEX jobs_due ON public.jobs USING btree (tenant_id, job_type, due_at) W
 
 CREATE INDEX jobs_leases ON public.jobs USING btree (due_at) WHERE (state = 'active'::text);
 
+CREATE INDEX messages_buffered ON public.messages USING btree (tenant_id, business_key, name, received_at) WHERE (workflow_id IS NULL);
+
+CREATE INDEX messages_expiry ON public.messages USING btree (expires_at) WHERE (workflow_id IS NULL);
+
 CREATE INDEX messages_unconsumed ON public.messages USING btree (tenant_id, workflow_id, name, received_at) WHERE (step IS NULL);
 
 CREATE INDEX outbox_dead ON public.outbox USING btree (id) WHERE (dead_at IS NOT NULL);
@@ -734,6 +946,10 @@ CREATE INDEX outbox_dead ON public.outbox USING btree (id) WHERE (dead_at IS NOT
 CREATE INDEX outbox_due ON public.outbox USING btree (next_attempt_at, id) WHERE ((published_at IS NULL) AND (dead_at IS NULL));
 
 CREATE INDEX outbox_published ON public.outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
+
+CREATE INDEX timers_due ON public.timers USING btree (due_at) WHERE (fired_at IS NULL);
+
+CREATE INDEX workflows_active_key ON public.workflows USING btree (tenant_id, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text])));
 
 CREATE UNIQUE INDEX workflows_business_key ON public.workflows USING btree (tenant_id, type, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text])));
 
@@ -752,3 +968,6 @@ ALTER TABLE ONLY public.messages
 
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_tenant_id_workflow_id_fkey FOREIGN KEY (tenant_id, workflow_id) REFERENCES public.workflows(tenant_id, id);
+
+ALTER TABLE ONLY public.timers
+    ADD CONSTRAINT timers_tenant_id_workflow_id_fkey FOREIGN KEY (tenant_id, workflow_id) REFERENCES public.workflows(tenant_id, id);

@@ -1,13 +1,17 @@
 /*
  * prune.c - the CLI's two cron jobs: "idemflow prune" deletes expired
- * idempotency keys (with their counts) and delivered outbox events past
- * outbox_retention; "idemflow reap" hands jobs whose lease ran out back
- * to activation. Both work in batches of prune_batch rows, one short
- * transaction each, until a batch comes back short, and both print what
- * they did even when a later batch failed: every batch before it is
- * committed. Not for the server, which never deletes and only reaps
- * lazily, as it activates a job.
+ * idempotency keys (with their counts), delivered outbox events past
+ * outbox_retention and messages published by business key that expired
+ * unclaimed; "idemflow reap" hands jobs whose lease ran out back to
+ * activation and fires due timers (sleep steps, wait timeouts), once or,
+ * with --loop, every --interval until signalled. Both work in batches of
+ * prune_batch rows, one short transaction each, until a batch comes back
+ * short, and both print what they did even when a later batch failed:
+ * every batch before it is committed. Not for the server, which never
+ * deletes and only reaps lazily, as it activates a job.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +54,19 @@
 	"   WHERE ctid = ANY(ARRAY("                                                               \
 	"           SELECT ctid FROM outbox WHERE published_at < $1::timestamptz"                  \
 	"            ORDER BY published_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                 \
+	"  RETURNING 1"                                                                            \
+	")"                                                                                        \
+	" SELECT count(*), 0 FROM d"
+
+/* Messages published by business key (sql/010_timers.sql) that no
+ * workflow took before they expired; a taken one belongs to its workflow. */
+#define PRUNE_MESSAGES                                                                             \
+	"WITH d AS ("                                                                              \
+	"  DELETE FROM messages"                                                                   \
+	"   WHERE ctid = ANY(ARRAY("                                                               \
+	"           SELECT ctid FROM messages"                                                     \
+	"            WHERE workflow_id IS NULL AND expires_at <= $1::timestamptz"                  \
+	"            ORDER BY expires_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                   \
 	"  RETURNING 1"                                                                            \
 	")"                                                                                        \
 	" SELECT count(*), 0 FROM d"
@@ -123,7 +140,7 @@ static int prune_options(struct conf *c, int argc, char **argv, const char *cons
 int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	static const char *const options[] = { "--outbox-retention", "--prune-batch", NULL };
-	long keys = 0, key_stats = 0, events = 0;
+	long keys = 0, key_stats = 0, events = 0, messages = 0;
 	int statements = 0, rc;
 	char ms[24], batch[16], key_cutoff[64], event_cutoff[64];
 	struct timespec t0, t1;
@@ -149,35 +166,151 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	int failed = prune_batches(conn, PRUNE_KEYS, 2, pk, c->prune_batch, &keys, &key_stats,
 	                           &statements, &e) < 0 ||
 	             prune_batches(conn, PRUNE_EVENTS, 2, pe, c->prune_batch, &events, NULL,
-	                           &statements, &e) < 0;
+	                           &statements, &e) < 0 ||
+	             prune_batches(conn, PRUNE_MESSAGES, 2, pk, c->prune_batch, &messages, NULL,
+	                           NULL, &e) < 0;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f\n", keys,
-	       key_stats, events, statements,
-	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	/* messages= last, its statements not in statements= (keys and
+	 * events): readers of the line as it was keep their fields. */
+	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f "
+	       "messages=%ld\n",
+	       keys, key_stats, events, statements,
+	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, messages);
 	return failed ? cli_db_fail(&e) : EX_OK;
+}
+
+/* --loop: set by SIGTERM and SIGINT, read between rounds. */
+static volatile sig_atomic_t reap_stop;
+
+static void reap_on_signal(int sig)
+{
+	(void)sig;
+	reap_stop = 1;
+}
+
+/*
+ * Fire due timers, prune_batch per statement (sql/010_timers.sql's
+ * idemflow_fire_timers: timers and their workflows taken with SKIP
+ * LOCKED, so reapers never fire one twice nor wait on each other), until
+ * a batch comes back short (a busy workflow's timer is skipped and stays
+ * due, for the next round). Adds to *timers and *timeouts.
+ */
+static int reap_timers(PGconn *conn, const char *batch, int nbatch, long *timers, long *timeouts,
+                       struct err *e)
+{
+	const char *p[1] = { batch };
+
+	for (;;) {
+		PGresult *res = db_exec(conn, "SELECT * FROM idemflow_fire_timers($1)", 1, p, e);
+		long taken;
+
+		if (res == NULL)
+			return -1;
+		taken = atol(PQgetvalue(res, 0, 0));
+		*timers += atol(PQgetvalue(res, 0, 1));
+		*timeouts += atol(PQgetvalue(res, 0, 2));
+		PQclear(res);
+		if (taken < nbatch)
+			return 0;
+	}
+}
+
+/* One round: leases, then timers. Returns 0, or -1 with e. */
+static int reap_round(PGconn *conn, const struct conf *c, long *jobs, long *timers, long *timeouts,
+                      struct err *e)
+{
+	char batch[24];
+	const char *p[1] = { batch };
+
+	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
+	if (prune_batches(conn, "SELECT idemflow_reap($1)", 1, p, c->prune_batch, jobs, NULL, NULL,
+	                  e) < 0)
+		return -1;
+	return reap_timers(conn, batch, c->prune_batch, timers, timeouts, e);
+}
+
+/*
+ * --loop: a round every interval_ms until SIGTERM or SIGINT, a line for
+ * each round that did something. A database error is said on stderr and
+ * the connection is reset: the loop outlives a restart or a failover.
+ */
+static int reap_loop(PGconn *conn, const struct conf *c, long interval_ms)
+{
+	struct sigaction sa;
+	struct timespec ts = { interval_ms / 1000, (interval_ms % 1000) * 1000000L };
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = reap_on_signal; /* no SA_RESTART: the sleep ends at once */
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	while (!reap_stop) {
+		long jobs = 0, timers = 0, timeouts = 0;
+		struct err e;
+
+		if (reap_round(conn, c, &jobs, &timers, &timeouts, &e) < 0) {
+			fprintf(stderr, "idemflow: reap: %s\n", e.msg);
+			if (PQstatus(conn) != CONNECTION_OK)
+				PQreset(conn);
+		}
+		if (jobs + timers + timeouts > 0) {
+			printf("reap: jobs=%ld timers=%ld timeouts=%ld\n", jobs, timers, timeouts);
+			fflush(stdout);
+		}
+		if (!reap_stop)
+			nanosleep(&ts, NULL);
+	}
+	return EX_OK;
 }
 
 /*
  * reap: expired job leases back to activatable, prune_batch jobs per
  * statement (each its own transaction, rows taken with SKIP LOCKED so a
  * concurrent activation is never waited on; sql/005_runs.sql's
- * idemflow_reap), until a batch comes back short.
+ * idemflow_reap), until a batch comes back short; then the due timers.
+ * Prints "reap: jobs=N", and "reap: timers=N timeouts=M" when any fired.
+ * --loop [--interval MS] does it again every MS (default 200) until
+ * signalled.
  */
 int cli_reap(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	static const char *const options[] = { "--prune-batch", NULL };
-	char batch[24];
-	long jobs = 0;
+	long jobs = 0, timers = 0, timeouts = 0, interval_ms = 200;
+	char *rest[16], *end;
+	int nrest = 0, loop = 0, rc, failed;
 	struct err e;
-	int rc, failed;
 
-	rc = prune_options(c, argc, argv, options, 0);
+	if (argc >= (int)(sizeof(rest) / sizeof(rest[0])))
+		return cli_usage_error();
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--loop") == 0) {
+			loop = 1;
+		} else if (strcmp(argv[i], "--interval") == 0 ||
+		           strncmp(argv[i], "--interval=", 11) == 0) {
+			const char *v = argv[i][10] == '=' ? argv[i] + 11 : NULL;
+			if (v == NULL && i + 1 < argc)
+				v = argv[++i];
+			errno = 0;
+			interval_ms = v != NULL ? strtol(v, &end, 10) : -1;
+			if (v == NULL || *end != '\0' || end == v || errno != 0 ||
+			    interval_ms < 10 || interval_ms > 3600000) {
+				fprintf(stderr, "idemflow: --interval takes milliseconds, 10 to "
+				                "3600000\n");
+				return EX_USAGE;
+			}
+		} else {
+			rest[nrest++] = argv[i];
+		}
+	}
+	rest[nrest] = NULL;
+	rc = prune_options(c, nrest, rest, options, 0);
 	if (rc != EX_OK)
 		return rc;
-	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
-	const char *p[1] = { batch };
-	failed = prune_batches(conn, "SELECT idemflow_reap($1)", 1, p, c->prune_batch, &jobs, NULL,
-	                       NULL, &e) < 0;
+	if (loop)
+		return reap_loop(conn, c, interval_ms);
+	failed = reap_round(conn, c, &jobs, &timers, &timeouts, &e) < 0;
 	printf("reap: jobs=%ld\n", jobs);
+	if (timers + timeouts > 0)
+		printf("reap: timers=%ld timeouts=%ld\n", timers, timeouts);
 	return failed ? cli_db_fail(&e) : EX_OK;
 }

@@ -29,6 +29,7 @@ static const struct problem_def defs[P__COUNT] = {
 	[P_INVALID_TRANSITION] = { 422, "invalid-transition", "Invalid Transition" },
 	[P_MESSAGE_REUSED] = { 409, "message-id-reused", "Message Id Reused" },
 	[P_OUTCOME_UNKNOWN] = { 503, "outcome-unknown", "Outcome Unknown" },
+	[P_INVALID_DURATION] = { 400, "invalid-duration", "Invalid Duration" },
 };
 
 const struct problem_def *problem_def(enum problem_kind kind)

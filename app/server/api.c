@@ -150,6 +150,7 @@ static const struct {
 	{ ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail },
 	{ ROUTE_JOB_HEARTBEAT, "POST", TOKEN_KEY, NULL, jobs_heartbeat },
 	{ ROUTE_WF_RESUME, "POST", TOKEN_KEY, NULL, wf_resume },
+	{ ROUTE_MESSAGES, "POST", TOKEN_KEY, wf_publish, NULL },
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 

@@ -223,6 +223,11 @@ const struct db_stmt queries[Q__COUNT] = {
 	[Q_TRACE_SET] = { "trace_set", TS__N,
 	                  "SELECT set_config('idemflow.traceparent', coalesce($1, ''), true),"
 	                  "       set_config('idemflow.tracestate', coalesce($2, ''), true)" },
+
+	/* POST /v1/messages: by business key (sql/010_timers.sql). */
+	[Q_MESSAGE_PUBLISH] = { "message_publish", MP__N,
+	                        "SELECT * FROM idemflow_message_publish($1, $2, $3, $4, "
+	                        "$5::interval, $6)" },
 };
 
 int queries_check(struct err *e)

@@ -104,6 +104,8 @@ enum query_id {
 	/* Set the trace context that the jobs, events and workflows inserted
 	 * later in the same transaction keep (enum trace_set_param). */
 	Q_TRACE_SET,
+	/* -> (problem, detail, outcome, workflow_id, step, expires_at) */
+	Q_MESSAGE_PUBLISH,
 	Q__COUNT
 };
 
@@ -203,6 +205,17 @@ enum wf_transition_param { TR_TENANT, TR_ID, TR_TO, TR_FROM /* or NULL */, TR__N
 
 /* Q_WF_MESSAGE */
 enum wf_message_param { MS_TENANT, MS_ID, MS_MESSAGE_ID, MS_NAME, MS_PAYLOAD, MS__N };
+
+/* Q_MESSAGE_PUBLISH */
+enum message_publish_param {
+	MP_TENANT,
+	MP_MESSAGE_ID,
+	MP_NAME,
+	MP_BUSINESS_KEY,
+	MP_TTL, /* an ISO 8601 duration, checked (wf.c) */
+	MP_PAYLOAD,
+	MP__N
+};
 
 /* Q_JOBS_ACTIVATE */
 enum jobs_activate_param {

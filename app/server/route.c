@@ -21,6 +21,7 @@ static const struct {
 	[ROUTE_STATUS] = { "/status", 0 },
 	[ROUTE_JOB_HEARTBEAT] = { "/v1/jobs/{key}/heartbeat", 1 },
 	[ROUTE_WF_RESUME] = { "/v1/workflows/{id}/resume", 1 },
+	[ROUTE_MESSAGES] = { "/v1/messages", 1 },
 	[ROUTE_OTHER] = { "other", 0 },
 };
 

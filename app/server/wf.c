@@ -31,7 +31,8 @@
 #define WF_RETRIES_MAX      100
 #define WF_PAGE_DEFAULT     100
 #define WF_PAGE_MAX         1000
-#define WF_GET_PROGRESS     8 /* Q_WF_GET's column after the workflow's */
+#define WF_GET_PROGRESS     8      /* Q_WF_GET's column after the workflow's */
+#define WF_MESSAGE_TTL      "PT1H" /* a published message's ttl when none is given */
 
 /* The members of a create body; all borrowed from the parsed body. */
 struct wf_body {
@@ -64,15 +65,186 @@ static int validate_failure(struct json_object *st, const char **on_failure, cha
 	return 0;
 }
 
-/* Check one step definition (index i, 0-based) against the ones before. */
-static int validate_step(struct json_object *steps, size_t i, char *detail, size_t dlen)
+/* The longest wait, sleep or message ttl: about ten years. */
+#define WF_DURATION_MAX_DAYS 3650L
+
+/* Read 1 to maxd digits at *p as a number into *v; advances *p. */
+static int digits(const char **p, int maxd, long *v)
+{
+	int n = 0;
+
+	*v = 0;
+	while (**p >= '0' && **p <= '9' && n < maxd) {
+		*v = *v * 10 + (**p - '0');
+		(*p)++;
+		n++;
+	}
+	return n > 0 && !(**p >= '0' && **p <= '9') ? 0 : -1;
+}
+
+/*
+ * An ISO 8601 duration of the form PnDTnHnMn.nS (each part optional, at
+ * least one present; the seconds may have up to six decimals): what
+ * PostgreSQL's interval reads the same way. Weeks, months and years are
+ * refused: a month has no fixed length. Returns 0, or -1 with why.
+ */
+static int parse_duration(const char *s, char *why, size_t wlen)
+{
+	const char *p = s;
+	long v, days = 0, secs = 0;
+	int parts = 0, in_time = 0;
+	char last = 0;
+
+	if (*p++ != 'P')
+		goto syntax;
+	while (*p != '\0') {
+		if (*p == 'T' && !in_time) {
+			in_time = 1;
+			last = 0;
+			p++;
+			if (*p == '\0')
+				goto syntax;
+			continue;
+		}
+		if (digits(&p, 9, &v) < 0)
+			goto syntax;
+		if (*p == '.' && in_time) {
+			long frac;
+			p++;
+			if (digits(&p, 6, &frac) < 0 || *p != 'S') {
+				snprintf(why, wlen,
+				         "only seconds take a fraction, of 1 to 6 digits");
+				return -1;
+			}
+		}
+		switch (*p) {
+		case 'D':
+			if (in_time || last != 0)
+				goto syntax;
+			days = v;
+			break;
+		case 'H':
+			if (!in_time || last != 0)
+				goto syntax;
+			secs += v * 3600;
+			break;
+		case 'M':
+			if (!in_time) {
+				snprintf(why, wlen, "months have no fixed length: use days");
+				return -1;
+			}
+			if (last != 0 && last != 'H')
+				goto syntax;
+			secs += v * 60;
+			break;
+		case 'S':
+			if (!in_time || last == 'S')
+				goto syntax;
+			secs += v;
+			break;
+		case 'Y':
+		case 'W':
+			snprintf(why, wlen,
+			         "use days, hours, minutes and seconds only (P1DT2H3M4S)");
+			return -1;
+		default: goto syntax;
+		}
+		last = *p++;
+		parts++;
+	}
+	if (parts == 0)
+		goto syntax;
+	if (days + secs / 86400 > WF_DURATION_MAX_DAYS) {
+		snprintf(why, wlen, "at most P%ldD", WF_DURATION_MAX_DAYS);
+		return -1;
+	}
+	return 0;
+syntax:
+	snprintf(why, wlen, "expected an ISO 8601 duration such as \"PT30S\" or \"P1DT2H\"");
+	return -1;
+}
+
+/*
+ * An RFC 3339 date-time, "2026-12-01T20:00:00Z" or with an offset
+ * ("+02:00") and up to six decimals of a second, a real date and time
+ * (no leap second). Returns 0, or -1 with why.
+ */
+static int parse_time(const char *s, char *why, size_t wlen)
+{
+	static const int mdays[12] = { 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+	const char *p = s;
+	long y, mo, d, h, mi, sec, frac, oh, om;
+
+	if (digits(&p, 4, &y) < 0 || p - s != 4 || *p++ != '-' || digits(&p, 2, &mo) < 0 ||
+	    *p++ != '-' || digits(&p, 2, &d) < 0 || *p++ != 'T' || digits(&p, 2, &h) < 0 ||
+	    *p++ != ':' || digits(&p, 2, &mi) < 0 || *p++ != ':' || digits(&p, 2, &sec) < 0 ||
+	    p - s != 19)
+		goto syntax;
+	if (*p == '.' && (p++, digits(&p, 6, &frac) < 0))
+		goto syntax;
+	if (*p == 'Z') {
+		p++;
+	} else if (*p == '+' || *p == '-') {
+		const char *o = ++p;
+		if (digits(&p, 2, &oh) < 0 || p - o != 2 || *p++ != ':' || digits(&p, 2, &om) < 0 ||
+		    p - o != 5 || oh > 23 || om > 59)
+			goto syntax;
+	} else {
+		goto syntax;
+	}
+	if (*p != '\0')
+		goto syntax;
+	if (y < 1 || mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] ||
+	    (mo == 2 && d == 29 && !(y % 4 == 0 && (y % 100 != 0 || y % 400 == 0))) || h > 23 ||
+	    mi > 59 || sec > 59) {
+		snprintf(why, wlen, "no such date or time");
+		return -1;
+	}
+	return 0;
+syntax:
+	snprintf(why, wlen, "expected an RFC 3339 time such as \"2026-12-01T20:00:00Z\"");
+	return -1;
+}
+
+/*
+ * The duration (or, when is_time, the time) member name of st, if present,
+ * into *out (borrowed from st; NULL when absent): 0, or -1 with detail
+ * filled ("<where>: "<name>": why").
+ */
+static int check_time_member(struct json_object *st, const char *name, int is_time,
+                             const char *where, const char **out, char *detail, size_t dlen)
+{
+	const char *v;
+	char why[160];
+
+	*out = NULL;
+	if (cmd_text(st, name, 0, 64, &v, why, sizeof(why)) < 0) {
+		snprintf(detail, dlen, "%s%s%s", where, where[0] ? ": " : "", why);
+		return -1;
+	}
+	*out = v;
+	if (v == NULL)
+		return 0;
+	if ((is_time ? parse_time(v, why, sizeof(why)) : parse_duration(v, why, sizeof(why))) == 0)
+		return 0;
+	snprintf(detail, dlen, "%s%s\"%s\": %s", where, where[0] ? ": " : "", name, why);
+	return -1;
+}
+
+/* Check one step definition (index i, 0-based) against the ones before.
+ * On failure *kind says how: P_INVALID_DURATION for a malformed duration
+ * or time, else it is left alone (P_INVALID_WORKFLOW). */
+static int validate_step(struct json_object *steps, size_t i, enum problem_kind *kind, char *detail,
+                         size_t dlen)
 {
 	static const char *const members[] = { "name",       "job_type",  "wait_for", "retries",
+		                               "sleep",      "until",     "timeout",  "on_timeout",
 		                               "on_failure", "resumable", NULL };
 	struct json_object *st = json_object_array_get_idx(steps, i);
-	const char *name, *job_type, *wait_for, *on_failure;
-	char why[200];
+	const char *name, *job_type, *wait_for, *on_timeout, *on_failure, *v;
+	char why[200], where[24];
 	long retries;
+	int kinds;
 
 	if (!json_object_is_type(st, json_type_object)) {
 		snprintf(detail, dlen, "step %zu must be a JSON object", i + 1);
@@ -82,23 +254,64 @@ static int validate_step(struct json_object *steps, size_t i, char *detail, size
 	    cmd_text(st, "name", 1, WF_NAME_MAX, &name, why, sizeof(why)) < 0 ||
 	    cmd_text(st, "job_type", 0, WF_TYPE_MAX, &job_type, why, sizeof(why)) < 0 ||
 	    cmd_text(st, "wait_for", 0, WF_TYPE_MAX, &wait_for, why, sizeof(why)) < 0 ||
+	    cmd_text(st, "on_timeout", 0, WF_NAME_MAX, &on_timeout, why, sizeof(why)) < 0 ||
 	    cmd_int(st, "retries", 0, WF_RETRIES_MAX, 0, &retries, why, sizeof(why)) < 0 ||
 	    validate_failure(st, &on_failure, why, sizeof(why)) < 0)
 		goto bad;
-	if ((job_type == NULL) == (wait_for == NULL)) {
+	snprintf(where, sizeof(where), "step %zu", i + 1);
+	if (check_time_member(st, "sleep", 0, where, &v, detail, dlen) < 0 ||
+	    check_time_member(st, "until", 1, where, &v, detail, dlen) < 0 ||
+	    check_time_member(st, "timeout", 0, where, &v, detail, dlen) < 0) {
+		*kind = P_INVALID_DURATION;
+		return -1;
+	}
+	kinds = (job_type != NULL) + (wait_for != NULL) +
+	        json_object_object_get_ex(st, "sleep", NULL) +
+	        json_object_object_get_ex(st, "until", NULL);
+	if (kinds != 1) {
 		snprintf(why, sizeof(why),
-		         "a step has exactly one of \"job_type\" and \"wait_for\"");
+		         "a step has exactly one of \"job_type\", \"wait_for\", \"sleep\" and "
+		         "\"until\"");
 		goto bad;
 	}
-	if (wait_for != NULL && json_object_object_get_ex(st, "retries", NULL)) {
-		snprintf(why, sizeof(why), "a wait step has no \"retries\"");
+	if (job_type == NULL && json_object_object_get_ex(st, "retries", NULL)) {
+		snprintf(why, sizeof(why), "only a job step has \"retries\"");
 		goto bad;
 	}
-	if (wait_for != NULL &&
+	if (job_type == NULL &&
 	    (on_failure != NULL || json_object_object_get_ex(st, "resumable", NULL))) {
 		snprintf(why, sizeof(why),
-		         "a wait step has no \"on_failure\" or \"resumable\": only a job fails");
+		         "only a job step has \"on_failure\" and \"resumable\": only a job fails");
 		goto bad;
+	}
+	if (wait_for == NULL && (json_object_object_get_ex(st, "timeout", NULL) ||
+	                         json_object_object_get_ex(st, "on_timeout", NULL))) {
+		snprintf(why, sizeof(why), "only a wait step has \"timeout\" and \"on_timeout\"");
+		goto bad;
+	}
+	if (on_timeout != NULL && !json_object_object_get_ex(st, "timeout", NULL)) {
+		snprintf(why, sizeof(why), "\"on_timeout\" needs a \"timeout\"");
+		goto bad;
+	}
+	if (on_timeout != NULL) {
+		/* A later step: a step begins once, so a workflow only moves on. */
+		size_t n = json_object_array_length(steps), k;
+		for (k = i + 1; k < n; k++) {
+			struct json_object *other = json_object_array_get_idx(steps, k), *nm;
+			if (json_object_is_type(other, json_type_object) &&
+			    json_object_object_get_ex(other, "name", &nm) &&
+			    json_object_is_type(nm, json_type_string) &&
+			    strcmp(json_object_get_string(nm), on_timeout) == 0)
+				break;
+		}
+		if (k == n) {
+			snprintf(
+			    why, sizeof(why),
+			    "\"on_timeout\" names no later step: \"%.64s\" is not the name of a "
+			    "step after this one",
+			    on_timeout);
+			goto bad;
+		}
 	}
 	for (size_t k = 0; k < i; k++) {
 		struct json_object *other, *n;
@@ -117,7 +330,8 @@ bad:
 }
 
 /* Check the parsed body; on failure fill detail and return -1. */
-static int validate(struct json_object *root, struct wf_body *b, char *detail, size_t dlen)
+static int validate(struct json_object *root, struct wf_body *b, enum problem_kind *kind,
+                    char *detail, size_t dlen)
 {
 	static const char *const members[] = { "type", "input", "steps", "business_key", NULL };
 	const char *type;
@@ -143,7 +357,7 @@ static int validate(struct json_object *root, struct wf_body *b, char *detail, s
 		return -1;
 	}
 	for (size_t i = 0; i < n; i++)
-		if (validate_step(b->steps, i, detail, dlen) < 0)
+		if (validate_step(b->steps, i, kind, detail, dlen) < 0)
 			return -1;
 	return 0;
 }
@@ -408,13 +622,14 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	char detail[300], fp_text[IDEM_FP_TEXT];
 	struct create cr = { .b = &b, .fp_text = fp_text, .out = BUF_INIT, .payload = BUF_INIT };
 	size_t input_off, steps_off = 0;
+	enum problem_kind kind = P_INVALID_WORKFLOW;
 	struct err e;
 
 	root = cmd_read_json(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED);
 	if (root == NULL)
 		goto out;
-	if (validate(root, &b, detail, sizeof(detail)) < 0) {
-		handler_problem(resp, req, P_INVALID_WORKFLOW, detail);
+	if (validate(root, &b, &kind, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, kind, detail);
 		goto out;
 	}
 
@@ -914,6 +1129,83 @@ void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_message,
+		                 .arg = (void *)message_id };
+	cmd_run(ctx, req, resp, &cmd);
+out:
+	json_object_put(root);
+}
+
+static int render_publish(struct handler_ctx *ctx, const struct http_req *req,
+                          struct http_resp *resp, const PGresult *res, const struct cmd *c,
+                          struct err *e)
+{
+	const char *message_id = c->arg, *outcome;
+	int delivered;
+
+	(void)ctx;
+	(void)req;
+	if (PQntuples(res) != 1)
+		return err_set(e, ERR_INTERNAL, "idemflow_message_publish returned %d rows",
+		               PQntuples(res));
+	outcome = PQgetvalue(res, 0, 2);
+	delivered = !PQgetisnull(res, 0, 3);
+	resp->status = strcmp(outcome, "buffered") == 0 ? 202 : 200;
+	resp->content_type = "application/json";
+	buf_puts(&resp->body, "{\"message_id\":");
+	canon_write_string(&resp->body, message_id, strlen(message_id));
+	buf_printf(&resp->body, ",\"duplicate\":%s,\"correlated\":%s",
+	           strcmp(outcome, "duplicate") == 0 ? "true" : "false",
+	           delivered ? "true" : "false");
+	if (delivered)
+		buf_printf(&resp->body, ",\"workflow_id\":\"%s\",\"step\":%s",
+		           PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 4));
+	else
+		buf_printf(&resp->body, ",\"expires_at\":\"%s\"", PQgetvalue(res, 0, 5));
+	buf_putc(&resp->body, '}');
+	return 0;
+}
+
+void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	static const char *const members[] = { "name", "business_key", "message_id",
+		                               "ttl",  "payload",      NULL };
+	struct json_object *root, *payload;
+	const char *message_id, *name, *key, *ttl;
+	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
+	size_t off;
+
+	root = cmd_read_json(ctx, req, resp, 0);
+	if (root == NULL)
+		return;
+	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "name", 1, WF_TYPE_MAX, &name, detail, sizeof(detail)) < 0 ||
+	    cmd_text(root, "business_key", 1, WF_BUSINESS_KEY_MAX, &key, detail, sizeof(detail)) <
+	        0 ||
+	    cmd_text(root, "message_id", 1, 255, &message_id, detail, sizeof(detail)) < 0 ||
+	    cmd_object(root, "payload", &payload, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, P_INVALID_REQUEST, detail);
+		goto out;
+	}
+	if (check_time_member(root, "ttl", 0, "", &ttl, detail, sizeof(detail)) < 0) {
+		handler_problem(resp, req, P_INVALID_DURATION, detail);
+		goto out;
+	}
+	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
+		goto out;
+	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
+		goto out;
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	const char *p[MP__N] = { [MP_TENANT] = tenant,
+		                 [MP_MESSAGE_ID] = message_id,
+		                 [MP_NAME] = name,
+		                 [MP_BUSINESS_KEY] = key,
+		                 [MP_TTL] = ttl != NULL ? ttl : WF_MESSAGE_TTL,
+		                 [MP_PAYLOAD] = ctx->scratch.data + off };
+	const struct cmd cmd = { .stmt = Q_MESSAGE_PUBLISH,
+		                 .nparams = MP__N,
+		                 .params = p,
+		                 .fp_text = fp_text,
+		                 .render = render_publish,
 		                 .arg = (void *)message_id };
 	cmd_run(ctx, req, resp, &cmd);
 out:

@@ -373,6 +373,7 @@ def run(c, api):
     FAIL = "/v1/jobs/{key}/fail"
     HB = "/v1/jobs/{key}/heartbeat"
     RES = "/v1/workflows/{id}/resume"
+    PUB = "/v1/messages"
     ghost = "01890000-0000-7000-8000-000000000000"
 
     # --- operations ---------------------------------------------------
@@ -548,6 +549,42 @@ def run(c, api):
     call(MSG, "POST", m, 200, token=T, key=km, body=pay)
     call(MSG, "POST", m, 409, "idempotency-key-reused", token=T, key=km,
          body=dict(pay, name="other"))
+    # --- messages by business key and timers ---------------------------
+    bk = f"ct-{uid()}"
+    call(WFS, "POST", WFS, 201, token=T, key=uid(),
+         body={"type": "ct-pub", "business_key": bk,
+               "steps": [{"name": "w", "wait_for": "pub", "timeout": "PT1H",
+                          "on_timeout": "nap"},
+                         {"name": "nap", "sleep": "PT1H"},
+                         {"name": "then", "until": "2030-01-01T00:00:00Z"}]})
+    pm = {"name": "pub", "business_key": bk, "message_id": f"pub-{uid()}", "ttl": "PT1M",
+          "payload": {"a": 1}}
+    _, _, r = call(PUB, "POST", PUB, 200, token=T, body=pm)
+    if not r["correlated"] or r["duplicate"]:
+        fail(f"the published message was not delivered: {r}")
+    _, _, r = call(PUB, "POST", PUB, 200, token=T, body=pm)
+    if not r["duplicate"]:
+        fail(f"the same publication again is not a duplicate: {r}")
+    early = {"name": "pub", "business_key": f"none-{uid()}", "message_id": f"pub-{uid()}"}
+    call(PUB, "POST", PUB, 202, token=T, body=early)
+    _, _, r = call(PUB, "POST", PUB, 200, token=T, body=early)
+    if not r["duplicate"] or r["correlated"]:
+        fail(f"a buffered message again is not an uncorrelated duplicate: {r}")
+    call(PUB, "POST", PUB, 409, "message-id-reused", token=T, body=dict(pm, payload={"a": 2}))
+    call(PUB, "POST", PUB, 400, "invalid-duration", token=T, body=dict(pm, ttl="1h"))
+    call(PUB, "POST", PUB, 400, "invalid-json", token=T, body="nope")
+    call(PUB, "POST", PUB, 422, "invalid-request", token=T, body={"name": "x"})
+    call(PUB, "POST", PUB, 401, "unauthorized", body=pm)
+    call(PUB, "GET", PUB, 405, "method-not-allowed", token=T)
+    call(PUB, "POST", PUB, 415, "unsupported-media-type", token=T, body=pm, ctype=None)
+    call(PUB, "POST", PUB, 413, "body-too-large", token=T, body=big)
+    kp = uid()
+    call(PUB, "POST", PUB, 202, token=T, key=kp,
+         body={"name": "k", "business_key": f"k-{uid()}", "message_id": f"k-{uid()}"})
+    call(PUB, "POST", PUB, 409, "idempotency-key-reused", token=T, key=kp, body=early)
+    call(WFS, "POST", WFS, 400, "invalid-duration", token=T, key=uid(),
+         body={"type": "ct-bad", "steps": [{"name": "a", "sleep": "soon"}]})
+
     # The last job fails for good: job.failed, workflow.failed.
     _, _, a = call(ACT, "POST", ACT, 200, token=T, body={"job_type": "ct-ship", "worker": "w9"})
     if len(a["jobs"]) != 1:
@@ -681,9 +718,20 @@ def run(c, api):
     call(COMP, "POST", f"/v1/jobs/{a['jobs'][0]['key']}/complete", 200, token=T,
          body={"worker": "w"})
 
+    # Timers: a sleep fires (timer.fired), a wait times out (step.timed_out,
+    # workflow.failed), both by idemflow reap.
+    _, _, wt = call(WFS, "POST", WFS, 201, token=T, key=uid(),
+                    body={"type": "ct-timer", "steps": [
+                        {"name": "nap", "sleep": "PT0S"},
+                        {"name": "w", "wait_for": "never", "timeout": "PT0S"}]})
+    for _ in range(2):
+        cli("reap")
+    if psql(f"SELECT state FROM workflows WHERE id = '{wt['id']}'") != "failed":
+        fail("the timer workflow did not sleep, time out and fail")
+
     # Every event of these workflows against the webhooks' payload schemas
     # (the history holds the payloads the webhooks carry).
-    for wid in (plain_id, w1id, w2["id"], w3["id"], w4id, w5["id"]):
+    for wid in (plain_id, w1id, w2["id"], w3["id"], w4id, w5["id"], wt["id"]):
         _, _, evs = call(EV, "GET", f"{WFS}/{wid}/events?limit=1000", 200, token=T)
         for ev in evs["events"]:
             hook = c.doc["webhooks"].get(ev["type"])
@@ -714,6 +762,8 @@ def run(c, api):
              body={"to": "cancelled"})
         call(MSG, "POST", f"{WFS}/{plain_id}/messages", 503, "unavailable", token=T,
              body={"message_id": f"ro-{uid()}", "name": "x"})
+        call(PUB, "POST", PUB, 503, "unavailable", token=T,
+             body={"message_id": f"ro-{uid()}", "name": "x", "business_key": "ro"})
         call(ACT, "POST", ACT, 503, "unavailable", token=T, key=uid(),
              body={"job_type": "ct-none", "worker": "w"})
         call(COMP, "POST", f"/v1/jobs/{plain_id}.s1/complete", 503, "unavailable", token=T,

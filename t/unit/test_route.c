@@ -41,6 +41,8 @@ Test(route, the_routes_of_running_workflows_are_templates_too)
 		{ "/v1/jobs/0190-abc.s1/fail", "/v1/jobs/{key}/fail" },
 		{ "/v1/jobs/0190-abc.s1", "other" },
 		{ "/v1/jobs/", "other" },
+		{ "/v1/messages", "/v1/messages" },
+		{ "/v1/messages/x", "other" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
