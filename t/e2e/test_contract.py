@@ -45,6 +45,19 @@ DOC_PATH = os.path.join(SRCDIR, "doc", "openapi.yaml")
 TRANSPORT = {"date", "server", "content-type", "content-length", "connection",
              "keep-alive", "transfer-encoding"}
 
+# RFC 9110's reason phrases (section 15) for every status idemflow-fcgi
+# answers: nginx passes the worker's "Status: NNN Reason" on as the status
+# line. nginx's own answers carry nginx's phrases, older names for some.
+REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
+           400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+           404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+           413: "Content Too Large", 414: "URI Too Long",
+           415: "Unsupported Media Type", 422: "Unprocessable Content",
+           429: "Too Many Requests", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+NGINX_REASONS = {413: "Request Entity Too Large", 414: "Request-URI Too Large",
+                 503: "Service Temporarily Unavailable"}
+
 # Documented but not reached here, each with the reason; the test fails if
 # one of them is reached (then it belongs in the coverage) or if anything
 # else documented is not.
@@ -264,6 +277,9 @@ class Api:
             conn.endheaders(body)
             r = conn.getresponse()
             data = r.read()
+            if r.reason not in (REASONS.get(r.status), NGINX_REASONS.get(r.status)):
+                fail(f"{method} {target}: status line {r.status} {r.reason!r}, RFC 9110 "
+                     f"says {REASONS.get(r.status)!r}")
             hdrs = {}
             for name, value in r.getheaders():
                 name = name.lower()

@@ -51,3 +51,9 @@ Test(problem, hostile_values_still_make_valid_json)
 	json_object_put(v);
 	buf_free(&b);
 }
+
+Test(problem, titles_are_rfc9110_reason_phrases_where_they_name_one)
+{
+	cr_assert_str_eq(problem_def(P_BODY_TOO_LARGE)->title, "Content Too Large");
+	cr_assert_eq(problem_def(P_BODY_TOO_LARGE)->status, 413);
+}
