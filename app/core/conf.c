@@ -26,7 +26,8 @@ enum conf_type {
 	T_LOG_LEVEL,
 	T_LOG_FORMAT,
 	T_BOOL,
-	T_WORKERS
+	T_WORKERS,
+	T_KEY_STATUS
 };
 
 struct conf_key {
@@ -58,6 +59,8 @@ static const struct conf_key conf_keys[] = {
 	  "how long a key is remembered" },
 	{ "replay_cache_ttl", T_DURATION, OFF(replay_cache_ttl), "1s", 0, 60000,
 	  "how long a worker answers a replay from memory (0 = always ask the database)" },
+	{ "idempotency_mismatch_status", T_KEY_STATUS, OFF(idempotency_mismatch_status), "409", 0,
+	  0, "409 | 422: the status of a key reused with a different request" },
 	{ "idempotency_wait", T_DURATION, OFF(idempotency_wait), "5s", 1, 0,
 	  "how long a request waits for another one holding its key" },
 	{ "statement_timeout", T_DURATION, OFF(statement_timeout), "30s", 0, 0,
@@ -278,6 +281,16 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 			    "%s: invalid value \"%s\" for \"%s\": expected true or false", origin,
 			    value, k->name);
 		return 0;
+	case T_KEY_STATUS:
+		/* 409 is what idemflow always answered; 422 is the IETF
+		 * draft's. Nothing else: a client tells them by status. */
+		if (strcmp(value, "409") == 0 || strcmp(value, "422") == 0) {
+			*(int *)base = atoi(value);
+			return 0;
+		}
+		return err_set(e, ERR_CONFIG,
+		               "%s: invalid value \"%s\" for \"%s\": expected 409 or 422", origin,
+		               value, k->name);
 	case T_LOG_FORMAT:
 		if (log_format_parse(value, (enum log_format *)base) < 0)
 			return err_set(

@@ -5,7 +5,8 @@
 
 #include "core/canon.h"
 
-static const struct problem_def defs[P__COUNT] = {
+/* Fixed but for the status of P_KEY_REUSED (problem_configure). */
+static struct problem_def defs[P__COUNT] = {
 	[P_NOT_FOUND] = { 404, "not-found", "Not Found" },
 	[P_METHOD_NOT_ALLOWED] = { 405, "method-not-allowed", "Method Not Allowed" },
 	[P_UNAUTHORIZED] = { 401, "unauthorized", "Unauthorized" },
@@ -30,6 +31,11 @@ static const struct problem_def defs[P__COUNT] = {
 	[P_MESSAGE_REUSED] = { 409, "message-id-reused", "Message Id Reused" },
 	[P_OUTCOME_UNKNOWN] = { 503, "outcome-unknown", "Outcome Unknown" },
 };
+
+void problem_configure(int key_reused_status)
+{
+	defs[P_KEY_REUSED].status = key_reused_status;
+}
 
 const struct problem_def *problem_def(enum problem_kind kind)
 {

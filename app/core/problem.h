@@ -43,7 +43,14 @@ struct problem_def {
 	const char *title;
 };
 
-/* The fixed status, slug and title of a kind. Borrowed, static. */
+/*
+ * Set what the configuration decides, once per process before the first
+ * answer (a worker at its start): the status of P_KEY_REUSED, 409 (the
+ * default) or 422 (the IETF draft's).
+ */
+void problem_configure(int key_reused_status);
+
+/* The status, slug and title of a kind. Borrowed, static. */
 const struct problem_def *problem_def(enum problem_kind kind);
 
 /* The kind whose slug is slug (as the database functions name them), or

@@ -231,3 +231,23 @@ Test(conf, a_key_ttl_shorter_than_the_waits_is_refused)
 	cr_assert_not_null(c, "%s", e.msg);
 	conf_free(c);
 }
+
+/* A key reused with a different request: 409 (the default, what idemflow
+ * always answered) or 422 (the IETF draft's), nothing else. */
+Test(conf, idempotency_mismatch_status_is_409_or_422)
+{
+	struct conf *c = conf_new();
+	struct err e = { 0 };
+
+	cr_assert_eq(c->idempotency_mismatch_status, 409);
+	cr_assert_eq(conf_set(c, "idempotency_mismatch_status", "422", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->idempotency_mismatch_status, 422);
+	cr_assert_eq(conf_set(c, "idempotency-mismatch-status", "409", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->idempotency_mismatch_status, 409);
+	cr_assert_eq(conf_set(c, "idempotency_mismatch_status", "400", "test", &e), -1);
+	cr_assert_str_eq(e.msg, "test: invalid value \"400\" for \"idempotency_mismatch_status\": "
+	                        "expected 409 or 422");
+	cr_assert_eq(conf_set(c, "idempotency_mismatch_status", "422 ", "test", &e), -1);
+	cr_assert_eq(c->idempotency_mismatch_status, 409, "a rejected value leaves the old one");
+	conf_free(c);
+}

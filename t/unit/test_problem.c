@@ -57,3 +57,17 @@ Test(problem, titles_are_rfc9110_reason_phrases_where_they_name_one)
 	cr_assert_str_eq(problem_def(P_BODY_TOO_LARGE)->title, "Content Too Large");
 	cr_assert_eq(problem_def(P_BODY_TOO_LARGE)->status, 413);
 }
+
+Test(problem, the_status_of_a_reused_key_is_configured)
+{
+	struct buf b = BUF_INIT;
+
+	cr_assert_eq(problem_def(P_KEY_REUSED)->status, 409, "the default");
+	problem_configure(422);
+	cr_assert_eq(problem_def(P_KEY_REUSED)->status, 422);
+	cr_assert_eq(problem_def(P_KEY_IN_FLIGHT)->status, 409, "in flight stays 409");
+	problem_write(&b, P_KEY_REUSED, NULL, NULL, NULL, NULL, NULL);
+	cr_assert_str_eq(b.data, "{\"type\":\"/problems/idempotency-key-reused\",\"title\":"
+	                         "\"Idempotency-Key Reused\",\"status\":422}");
+	buf_free(&b);
+}
