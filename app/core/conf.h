@@ -35,6 +35,7 @@ struct conf {
 	long idempotency_ttl;            /* ms */
 	long idempotency_wait;           /* ms: how long a same-key request waits for the owner */
 	int idempotency_mismatch_status; /* 409 or 422: a key reused, another request */
+	char *problem_base_uri;          /* absolute; a problem's type is it + slug */
 	long replay_cache_ttl;  /* ms a worker may answer a replay from memory; 0 = never */
 	long statement_timeout; /* ms; 0 = none */
 	long max_body;          /* bytes */

@@ -32,9 +32,21 @@ static struct problem_def defs[P__COUNT] = {
 	[P_OUTCOME_UNKNOWN] = { 503, "outcome-unknown", "Outcome Unknown" },
 };
 
-void problem_configure(int key_reused_status)
+/* conf.c's default: a process that never calls problem_configure (the
+ * CLI, the tests) writes the same types as a default server. */
+#define BASE_DEFAULT "https://idemflow.example/problems/"
+static char base_uri[256] = BASE_DEFAULT;
+
+void problem_configure(int key_reused_status, const char *type_base)
 {
 	defs[P_KEY_REUSED].status = key_reused_status;
+	if (type_base != NULL && strlen(type_base) < sizeof(base_uri))
+		strcpy(base_uri, type_base);
+}
+
+const char *problem_base_uri(void)
+{
+	return base_uri;
 }
 
 const struct problem_def *problem_def(enum problem_kind kind)
@@ -74,7 +86,8 @@ void problem_write(struct buf *out, enum problem_kind kind, const char *detail,
 {
 	const struct problem_def *d = &defs[kind];
 
-	buf_printf(out, "{\"type\":\"/problems/%s\",\"title\":\"%s\",\"status\":%d", d->slug,
+	/* base_uri is JSON-safe: conf.c accepts no '"', '\\' or control. */
+	buf_printf(out, "{\"type\":\"%s%s\",\"title\":\"%s\",\"status\":%d", base_uri, d->slug,
 	           d->title, d->status);
 	if (detail != NULL)
 		member(out, "detail", detail);

@@ -145,6 +145,8 @@ static const struct {
 	{ ROUTE_JOBS_ACTIVATE, "POST", TOKEN_KEY, jobs_activate, NULL },
 	{ ROUTE_JOB_COMPLETE, "POST", TOKEN_KEY, NULL, job_complete },
 	{ ROUTE_JOB_FAIL, "POST", TOKEN_KEY, NULL, job_fail },
+	/* The contract itself: public, like the documentation it is. */
+	{ ROUTE_OPENAPI, "GET", OPEN, ops_openapi, NULL },
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 

@@ -18,6 +18,7 @@ static const struct {
 	[ROUTE_JOBS_ACTIVATE] = { "/v1/jobs/activate", 1 },
 	[ROUTE_JOB_COMPLETE] = { "/v1/jobs/{key}/complete", 1 },
 	[ROUTE_JOB_FAIL] = { "/v1/jobs/{key}/fail", 1 },
+	[ROUTE_OPENAPI] = { "/v1/openapi.json", 0 },
 	[ROUTE_OTHER] = { "other", 0 },
 };
 

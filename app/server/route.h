@@ -24,6 +24,7 @@ enum route {
 	ROUTE_JOBS_ACTIVATE,  /* /v1/jobs/activate */
 	ROUTE_JOB_COMPLETE,   /* /v1/jobs/{key}/complete */
 	ROUTE_JOB_FAIL,       /* /v1/jobs/{key}/fail */
+	ROUTE_OPENAPI,        /* /v1/openapi.json */
 	ROUTE_OTHER,          /* no template matched (404s) */
 	ROUTE__COUNT
 };

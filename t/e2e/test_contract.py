@@ -40,6 +40,9 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRCDIR = os.environ.get("top_srcdir") or os.path.join(HERE, "..", "..")
 DOC_PATH = os.path.join(SRCDIR, "doc", "openapi.yaml")
+API_MD = os.path.join(SRCDIR, "doc", "api.md")
+# The default problem_base_uri (app/core/conf.c): the test stack's types.
+PROBLEMS = "https://idemflow.example/problems/"
 
 # Headers of the transport, not of the API: never documented per answer.
 TRANSPORT = {"date", "server", "content-type", "content-length", "connection",
@@ -318,8 +321,8 @@ class Api:
             self.c.check_request(route, method, target, hdrs, body, status, value)
         if problem is not None:
             got = value.get("type") if isinstance(value, dict) else None
-            if got != f"/problems/{problem}":
-                fail(f"{what}: problem {got}, expected /problems/{problem}")
+            if got != f"{PROBLEMS}{problem}":
+                fail(f"{what}: problem {got}, expected {PROBLEMS}{problem}")
         return status, rh, value
 
 
@@ -390,6 +393,12 @@ def run(c, api):
     ghost = "01890000-0000-7000-8000-000000000000"
 
     # --- operations ---------------------------------------------------
+    # The document itself, without a token: the YAML of this tree as JSON.
+    _, _, served = call("/v1/openapi.json", "GET", "/v1/openapi.json", 200)
+    if json.loads(json.dumps(served)) != json.loads(json.dumps(c.doc, default=str)):
+        fail("GET /v1/openapi.json is not doc/openapi.yaml")
+    call("/v1/openapi.json", "POST", "/v1/openapi.json", 405, "method-not-allowed", token=T,
+         body={})
     call("/healthz", "GET", "/healthz", 204)
     call("/healthz", "POST", "/healthz", 405, "method-not-allowed", body={})
     call("/readyz", "GET", "/readyz", 200)
@@ -735,7 +744,7 @@ def raw_bad(c, host, port):
         hdrs[name.strip().lower()] = value.strip()
     value = c.check_component("BadRequestNginx", "GET /healthz (bad header)", status, hdrs,
                               body)
-    if value["type"] != "/problems/bad-request":
+    if value["type"] != f"{PROBLEMS}bad-request":
         fail(f"nginx's 400 is {value['type']}")
 
 
@@ -794,6 +803,14 @@ def report(c):
         st = sch["allOf"][1]["properties"]["status"] if sch is not None else {}
         if st.get("const", st.get("enum", [None])[0]) != status:
             errors.append(f"problem type {slug}: no Problem-{slug} schema of status {status}")
+    # Each type is documented under a heading of the API reference whose
+    # anchor (GitHub's: lower case, punctuation but '-' dropped, spaces to
+    # '-') is its slug, so problem_base_uri = <api.md's URL># links to it.
+    with open(API_MD, encoding="utf-8") as f:
+        anchors = {re.sub(r"[^a-z0-9 _-]", "", m.group(1).strip().lower()).replace(" ", "-")
+                   for m in re.finditer(r"^#+ (.*)$", f.read(), re.M)}
+    for slug in sorted(types - anchors):
+        errors.append(f"problem type {slug}: no section #{slug} in doc/api.md")
     p_missing = sorted(types - c.problems - set(UNREACHED_PROBLEMS))
     p_stale = sorted(set(UNREACHED_PROBLEMS) & c.problems)
     hooks = set(c.doc["webhooks"])

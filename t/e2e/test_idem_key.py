@@ -11,7 +11,9 @@ every request through nginx. It proves:
   body, and writes nothing;
 - a key reused with a different request is 409 by default, and 422 once
   idempotency_mismatch_status = 422 is in the configuration (reloaded with
-  SIGHUP), with the same problem type; neither writes anything.
+  SIGHUP), with the same problem type; neither writes anything;
+- problem types are absolute, https://idemflow.example/problems/<slug> by
+  default, under problem_base_uri once that is configured.
 """
 
 import http.client
@@ -73,9 +75,13 @@ def expect(what, got, want):
         fail(f"{what}: got {got!r}, expected {want!r}")
 
 
-def problem_bytes(slug, title, status, detail, request_id, key=None):
+DEFAULT_BASE = "https://idemflow.example/problems/"
+DOC_BASE = "https://docs.example.com/idemflow/api.html#"
+
+
+def problem_bytes(slug, title, status, detail, request_id, key=None, base=DEFAULT_BASE):
     """The exact body problem.c writes (members in its order)."""
-    body = (f'{{"type":"/problems/{slug}","title":"{title}","status":{status},'
+    body = (f'{{"type":"{base}{slug}","title":"{title}","status":{status},'
             f'"detail":{json.dumps(detail)},"instance":"{WFS}","request_id":"{request_id}"')
     if key is not None:
         body += f',"idempotency_key":{json.dumps(key)}'
@@ -167,7 +173,7 @@ def malformed_quoting_is_refused():
     print(f"ok - {len(MALFORMED)} malformed values: 400 invalid-idempotency-key, nothing written")
 
 
-def reused(t, status, reason):
+def reused(t, status, reason, base=DEFAULT_BASE):
     key = f"reuse-{uuid.uuid4()}"
     st, _, _, _ = post(t.token, f'"{key}"', {"type": "first"})
     expect("reuse: the first create", st, 201)
@@ -178,7 +184,7 @@ def reused(t, status, reason):
               "new key for a new request")
     expect("reuse: body", body,
            problem_bytes("idempotency-key-reused", "Idempotency-Key Reused", status, detail,
-                         h.get("x-request-id"), key))
+                         h.get("x-request-id"), key, base))
     expect("reuse: rows", t.counts(), before)
 
 
@@ -210,9 +216,10 @@ def mismatch_status_is_configured():
     t = Tenant("mismatch")
     reused(t, 409, "Conflict")
     print("ok - a key reused with a different request: 409 by default")
-    reload_with("idempotency_mismatch_status = 422")
-    reused(t, 422, "Unprocessable Content")
+    reload_with("idempotency_mismatch_status = 422\nproblem_base_uri = " + DOC_BASE)
+    reused(t, 422, "Unprocessable Content", DOC_BASE)
     print("ok - idempotency_mismatch_status = 422: 422, the same problem type")
+    print(f"ok - problem_base_uri = {DOC_BASE}: types under that base")
 
 
 def main():
