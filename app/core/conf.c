@@ -26,7 +26,9 @@ enum conf_type {
 	T_LOG_LEVEL,
 	T_LOG_FORMAT,
 	T_BOOL,
-	T_WORKERS
+	T_WORKERS,
+	T_KEY_STATUS,
+	T_URI
 };
 
 struct conf_key {
@@ -58,6 +60,10 @@ static const struct conf_key conf_keys[] = {
 	  "how long a key is remembered" },
 	{ "replay_cache_ttl", T_DURATION, OFF(replay_cache_ttl), "1s", 0, 60000,
 	  "how long a worker answers a replay from memory (0 = always ask the database)" },
+	{ "idempotency_mismatch_status", T_KEY_STATUS, OFF(idempotency_mismatch_status), "409", 0,
+	  0, "409 | 422: the status of a key reused with a different request" },
+	{ "problem_base_uri", T_URI, OFF(problem_base_uri), "https://idemflow.example/problems/", 0,
+	  0, "absolute URI each problem type's slug is appended to (the API reference)" },
 	{ "idempotency_wait", T_DURATION, OFF(idempotency_wait), "5s", 1, 0,
 	  "how long a request waits for another one holding its key" },
 	{ "statement_timeout", T_DURATION, OFF(statement_timeout), "30s", 0, 0,
@@ -189,6 +195,29 @@ static const struct unit duration_units[] = { { "", 1000 },   { "ms", 1 },      
 static const struct unit size_units[] = { { "", 1 },        { "k", 1024 },    { "K", 1024 },
 	                                  { "M", 1048576 }, { "m", 1048576 }, { NULL, 0 } };
 
+/* An absolute URI (RFC 3986: scheme ":" ...) that can go into a JSON
+ * string and a header unescaped: printable ASCII without space, '"',
+ * '\\', '<' or '>'. Not a full URI parser: a check against typing. */
+#define URI_MAX 200
+static int uri_valid(const char *v)
+{
+	size_t n = 0;
+
+	if (!isalpha((unsigned char)v[0]))
+		return 0;
+	while (isalnum((unsigned char)v[n]) || v[n] == '+' || v[n] == '-' || v[n] == '.')
+		n++;
+	if (v[n] != ':' || v[n + 1] == '\0')
+		return 0;
+	for (n = 0; v[n]; n++) {
+		unsigned char c = (unsigned char)v[n];
+		if (c <= 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' ||
+		    n >= URI_MAX)
+			return 0;
+	}
+	return 1;
+}
+
 int conf_set(struct conf *c, const char *name, const char *value, const char *origin, struct err *e)
 {
 	const struct conf_key *k = key_find(name);
@@ -200,6 +229,16 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 		return err_set(e, ERR_CONFIG, "%s: unknown configuration key \"%s\"", origin, name);
 	base = (char *)c + k->offset;
 	switch (k->type) {
+	case T_URI:
+		if (!uri_valid(value))
+			return err_set(
+			    e, ERR_CONFIG,
+			    "%s: invalid value \"%s\" for \"%s\": expected an absolute "
+			    "URI such as https://example.com/problems/ (scheme, colon, at "
+			    "most %d printable ASCII characters without spaces, quotes, "
+			    "backslashes or angle brackets)",
+			    origin, value, k->name, URI_MAX);
+		__attribute__((fallthrough));
 	case T_STR: {
 		char *dup = strdup(value);
 		if (dup == NULL)
@@ -282,6 +321,16 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 			    "%s: invalid value \"%s\" for \"%s\": expected true or false", origin,
 			    value, k->name);
 		return 0;
+	case T_KEY_STATUS:
+		/* 409 is what idemflow always answered; 422 is the IETF
+		 * draft's. Nothing else: a client tells them by status. */
+		if (strcmp(value, "409") == 0 || strcmp(value, "422") == 0) {
+			*(int *)base = atoi(value);
+			return 0;
+		}
+		return err_set(e, ERR_CONFIG,
+		               "%s: invalid value \"%s\" for \"%s\": expected 409 or 422", origin,
+		               value, k->name);
 	case T_LOG_FORMAT:
 		if (log_format_parse(value, (enum log_format *)base) < 0)
 			return err_set(
@@ -329,7 +378,7 @@ void conf_free(struct conf *c)
 	if (c == NULL)
 		return;
 	for (size_t k = 0; k < NKEYS; k++)
-		if (conf_keys[k].type == T_STR)
+		if (conf_keys[k].type == T_STR || conf_keys[k].type == T_URI)
 			free(*(char **)((char *)c + conf_keys[k].offset));
 	free(c->config_file);
 	free(c);

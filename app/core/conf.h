@@ -32,8 +32,10 @@ struct conf {
 	int max_requests; /* a worker exits after this many requests; 0 = never */
 	char *pid_file;   /* "" = none */
 	enum idem_mode idempotency_key;
-	long idempotency_ttl;   /* ms */
-	long idempotency_wait;  /* ms: how long a same-key request waits for the owner */
+	long idempotency_ttl;            /* ms */
+	long idempotency_wait;           /* ms: how long a same-key request waits for the owner */
+	int idempotency_mismatch_status; /* 409 or 422: a key reused, another request */
+	char *problem_base_uri;          /* absolute; a problem's type is it + slug */
 	long replay_cache_ttl;  /* ms a worker may answer a replay from memory; 0 = never */
 	long statement_timeout; /* ms; 0 = none */
 	long max_body;          /* bytes */

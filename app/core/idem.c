@@ -17,6 +17,45 @@ int idem_key_valid(const char *key)
 	return n >= 1;
 }
 
+int idem_key_parse(const char *value, char out[IDEM_KEY_MAX + 1])
+{
+	const char *p = value;
+	size_t n = 0;
+
+	out[0] = '\0';
+	if (*p != '"') {
+		/* The bare form: the value itself. */
+		n = strlen(p);
+		if (n > IDEM_KEY_MAX)
+			return -1;
+		memcpy(out, p, n + 1);
+		return 0;
+	}
+	/* RFC 8941 4.2.5, Parsing a String. */
+	for (p++;; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (c == '\\') {
+			c = (unsigned char)*++p;
+			if (c != '"' && c != '\\')
+				goto bad;
+		} else if (c == '"') {
+			break;
+		} else if (c < 0x20 || c > 0x7e) {
+			goto bad; /* also the NUL of an unterminated string */
+		}
+		if (n >= IDEM_KEY_MAX)
+			goto bad;
+		out[n++] = (char)c;
+	}
+	if (p[1] != '\0')
+		goto bad; /* parameters, a second item, or garbage */
+	out[n] = '\0';
+	return 0;
+bad:
+	out[0] = '\0';
+	return -1;
+}
+
 void idem_fp_text(char out[IDEM_FP_TEXT], const uint8_t fp[FP_LEN])
 {
 	out[0] = '\\';

@@ -27,6 +27,22 @@ enum idem_outcome {
 /* 1 when key is 1..255 printable ASCII characters, no space (0x21..0x7e). */
 int idem_key_valid(const char *key);
 
+/*
+ * The key an Idempotency-Key header value names. The IETF draft makes the
+ * header an RFC 8941 sf-string, "abc": the key is what is inside the
+ * quotes, \" and \\ the only escapes, every character printable ASCII
+ * (0x20..0x7e), nothing after the closing quote (a ;parameter is refused:
+ * the draft defines none). A value that does not start with a quote is
+ * the bare form idemflow accepted before, kept for existing clients: the
+ * key is the value as it is. Either way the key then has to pass
+ * idem_key_valid(), so "abc" and abc are the same key.
+ *
+ * Writes the key, NUL-terminated, to out (IDEM_KEY_MAX + 1 bytes) and
+ * returns 0; returns -1, out holding "", when the quoting is malformed or
+ * the key is longer than IDEM_KEY_MAX.
+ */
+int idem_key_parse(const char *value, char out[IDEM_KEY_MAX + 1]);
+
 /* Text form of a fingerprint as PostgreSQL prints bytea: "\x" + 64 hex
  * digits. out has IDEM_FP_TEXT bytes. */
 #define IDEM_FP_TEXT (2 + 2 * FP_LEN + 1)

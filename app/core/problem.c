@@ -5,12 +5,13 @@
 
 #include "core/canon.h"
 
-static const struct problem_def defs[P__COUNT] = {
+/* Fixed but for the status of P_KEY_REUSED (problem_configure). */
+static struct problem_def defs[P__COUNT] = {
 	[P_NOT_FOUND] = { 404, "not-found", "Not Found" },
 	[P_METHOD_NOT_ALLOWED] = { 405, "method-not-allowed", "Method Not Allowed" },
 	[P_UNAUTHORIZED] = { 401, "unauthorized", "Unauthorized" },
 	[P_UNSUPPORTED_MEDIA_TYPE] = { 415, "unsupported-media-type", "Unsupported Media Type" },
-	[P_BODY_TOO_LARGE] = { 413, "body-too-large", "Payload Too Large" },
+	[P_BODY_TOO_LARGE] = { 413, "body-too-large", "Content Too Large" },
 	[P_BAD_BODY] = { 400, "bad-body", "Incomplete Request Body" },
 	[P_MISSING_KEY] = { 400, "missing-idempotency-key", "Idempotency-Key Required" },
 	[P_INVALID_KEY] = { 400, "invalid-idempotency-key", "Invalid Idempotency-Key" },
@@ -31,6 +32,23 @@ static const struct problem_def defs[P__COUNT] = {
 	[P_OUTCOME_UNKNOWN] = { 503, "outcome-unknown", "Outcome Unknown" },
 	[P_INVALID_DURATION] = { 400, "invalid-duration", "Invalid Duration" },
 };
+
+/* conf.c's default: a process that never calls problem_configure (the
+ * CLI, the tests) writes the same types as a default server. */
+#define BASE_DEFAULT "https://idemflow.example/problems/"
+static char base_uri[256] = BASE_DEFAULT;
+
+void problem_configure(int key_reused_status, const char *type_base)
+{
+	defs[P_KEY_REUSED].status = key_reused_status;
+	if (type_base != NULL && strlen(type_base) < sizeof(base_uri))
+		strcpy(base_uri, type_base);
+}
+
+const char *problem_base_uri(void)
+{
+	return base_uri;
+}
 
 const struct problem_def *problem_def(enum problem_kind kind)
 {
@@ -69,7 +87,8 @@ void problem_write(struct buf *out, enum problem_kind kind, const char *detail,
 {
 	const struct problem_def *d = &defs[kind];
 
-	buf_printf(out, "{\"type\":\"/problems/%s\",\"title\":\"%s\",\"status\":%d", d->slug,
+	/* base_uri is JSON-safe: conf.c accepts no '"', '\\' or control. */
+	buf_printf(out, "{\"type\":\"%s%s\",\"title\":\"%s\",\"status\":%d", base_uri, d->slug,
 	           d->title, d->status);
 	if (detail != NULL)
 		member(out, "detail", detail);

@@ -3,7 +3,9 @@
  *
  * Every error answer of the API is application/problem+json with type,
  * title, status, detail, instance (the request path) and request_id. The
- * type is a relative URI, "/problems/<slug>", documented in the README.
+ * type is an absolute URI, problem_base_uri + "<slug>"
+ * (https://idemflow.example/problems/<slug> by default), each documented
+ * under a heading named after its slug in doc/api.md.
  */
 #ifndef IDF_PROBLEM_H
 #define IDF_PROBLEM_H
@@ -44,7 +46,19 @@ struct problem_def {
 	const char *title;
 };
 
-/* The fixed status, slug and title of a kind. Borrowed, static. */
+/*
+ * Set what the configuration decides, once per process before the first
+ * answer (a worker at its start): the status of P_KEY_REUSED, 409 (the
+ * default) or 422 (the IETF draft's), and the base URI of every type
+ * (copied; NULL or one of 256 bytes or more keeps the current base;
+ * conf.c checks that it is an absolute URI safe inside a JSON string).
+ */
+void problem_configure(int key_reused_status, const char *type_base);
+
+/* The base URI types are written under. Borrowed, static. */
+const char *problem_base_uri(void);
+
+/* The status, slug and title of a kind. Borrowed, static. */
 const struct problem_def *problem_def(enum problem_kind kind);
 
 /* The kind whose slug is slug (as the database functions name them), or

@@ -151,6 +151,8 @@ static const struct {
 	{ ROUTE_JOB_HEARTBEAT, "POST", TOKEN_KEY, NULL, jobs_heartbeat },
 	{ ROUTE_WF_RESUME, "POST", TOKEN_KEY, NULL, wf_resume },
 	{ ROUTE_MESSAGES, "POST", TOKEN_KEY, wf_publish, NULL },
+	/* The contract itself: public, like the documentation it is. */
+	{ ROUTE_OPENAPI, "GET", OPEN, ops_openapi, NULL },
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 

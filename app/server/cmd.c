@@ -92,8 +92,9 @@ static int read_body(struct handler_ctx *ctx, struct http_req *req, struct http_
 	if (req->idem_key != NULL && !idem_key_valid(req->idem_key)) {
 		handler_problem(
 		    resp, req, P_INVALID_KEY,
-		    "an Idempotency-Key is 1 to 255 printable ASCII characters, without "
-		    "spaces");
+		    "an Idempotency-Key is an RFC 8941 string, \"key\" (\\\" and \\\\ the only "
+		    "escapes, nothing after the closing quote), or the bare key; the key is 1 "
+		    "to 255 printable ASCII characters, without spaces");
 		return -1;
 	}
 	buf_reset(&ctx->body);

@@ -33,7 +33,7 @@ void http_req_init(struct http_req *r, FCGX_Request *f)
 		if (env[0] == 'H') {
 			if ((v = PARAM(env, "HTTP_IDEMPOTENCY_KEY")) != NULL) {
 				if (r->idem_key_count++ == 0)
-					r->idem_key = v;
+					r->idem_key_raw = v;
 			} else if ((v = PARAM(env, "HTTP_AUTHORIZATION")) != NULL) {
 				r->authorization = v;
 			}
@@ -52,6 +52,12 @@ void http_req_init(struct http_req *r, FCGX_Request *f)
 		} else if ((v = PARAM(env, "REMOTE_ADDR")) != NULL) {
 			r->remote_addr = v;
 		}
+	}
+	if (r->idem_key_raw != NULL) {
+		/* A malformed value leaves "": idem_key_valid() refuses it,
+		 * so the request gets 400 invalid-idempotency-key. */
+		(void)idem_key_parse(r->idem_key_raw, r->idem_key_buf);
+		r->idem_key = r->idem_key_buf;
 	}
 	if (cl != NULL && *cl) {
 		char *end;
@@ -180,6 +186,7 @@ const char *http_reason(int status)
 	switch (status) {
 	case 200: return "OK";
 	case 201: return "Created";
+	case 202: return "Accepted";
 	case 204: return "No Content";
 	case 400: return "Bad Request";
 	case 401: return "Unauthorized";

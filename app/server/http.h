@@ -12,6 +12,7 @@
 
 #include "core/buf.h"
 #include "core/err.h"
+#include "core/idem.h"
 
 struct http_req {
 	FCGX_Request *fcgi;       /* borrowed */
@@ -20,11 +21,16 @@ struct http_req {
 	const char *query;        /* QUERY_STRING, still encoded, or "" */
 	const char *content_type; /* NULL when absent */
 	const char *authorization;
-	const char *idem_key;    /* the first Idempotency-Key header, or NULL */
-	int idem_key_count;      /* how many Idempotency-Key headers came */
-	const char *request_id;  /* nginx $request_id, or "" */
-	const char *remote_addr; /* REMOTE_ADDR: the client as nginx saw it, or "" */
-	long content_length;     /* -1 when absent or unparsable */
+	const char *idem_key;                /* the key the first Idempotency-Key header names
+	                                      * (idem_key_parse: "abc" and abc are both abc),
+	                                      * "" when its quoting is malformed, or NULL */
+	const char *idem_key_raw;            /* that header's value as sent, or NULL */
+	int idem_key_count;                  /* how many Idempotency-Key headers came */
+	const char *request_id;              /* nginx $request_id, or "" */
+	const char *remote_addr;             /* REMOTE_ADDR: the client as nginx saw it, or "" */
+	long content_length;                 /* -1 when absent or unparsable */
+	char idem_key_buf[IDEM_KEY_MAX + 1]; /* idem_key points here: the struct is
+	                                      * not to be copied */
 };
 
 /* A response being built. Reused across requests: http_resp_reset(). */

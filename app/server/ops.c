@@ -1,4 +1,4 @@
-/* ops.c - /healthz, /readyz, /metrics and /status (see ops.h). */
+/* ops.c - /healthz, /readyz, /metrics, /status and /v1/openapi.json (see ops.h). */
 #include "server/ops.h"
 
 #include <stdio.h>
@@ -8,6 +8,7 @@
 #include "core/fp.h"
 #include "core/migrate.h"
 #include "server/metrics.h"
+#include "server/openapi.h"
 #include "server/queries.h"
 #include "server/scoreboard.h"
 
@@ -18,6 +19,17 @@ void ops_healthz(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 	(void)ctx;
 	(void)req;
 	resp->status = 204;
+}
+
+/* The contract, embedded at build time: no file to read, nothing to fail
+ * but memory. */
+void ops_openapi(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	(void)ctx;
+	(void)req;
+	resp->status = 200;
+	resp->content_type = "application/json";
+	buf_append(&resp->body, openapi_json, openapi_json_len);
 }
 
 /*

@@ -18,6 +18,10 @@ void ops_healthz(struct handler_ctx *ctx, struct http_req *req, struct http_resp
  * schema this build needs; 503 with Retry-After otherwise. */
 void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
 
+/* GET /v1/openapi.json: the API's contract (openapi.h) as JSON, 200, to
+ * anyone, with no database statement. */
+void ops_openapi(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
+
 /* /metrics, any method: 403 problem unless the client's address is in
  * metrics_allow or it sent the metrics token; then 405 for methods other
  * than GET; else the exposition of the pool's counters. */

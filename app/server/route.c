@@ -22,6 +22,7 @@ static const struct {
 	[ROUTE_JOB_HEARTBEAT] = { "/v1/jobs/{key}/heartbeat", 1 },
 	[ROUTE_WF_RESUME] = { "/v1/workflows/{id}/resume", 1 },
 	[ROUTE_MESSAGES] = { "/v1/messages", 1 },
+	[ROUTE_OPENAPI] = { "/v1/openapi.json", 0 },
 	[ROUTE_OTHER] = { "other", 0 },
 };
 

@@ -28,6 +28,7 @@ enum route {
 	ROUTE_JOB_HEARTBEAT,  /* /v1/jobs/{key}/heartbeat */
 	ROUTE_WF_RESUME,      /* /v1/workflows/{id}/resume */
 	ROUTE_MESSAGES,       /* /v1/messages */
+	ROUTE_OPENAPI,        /* /v1/openapi.json */
 	ROUTE_OTHER,          /* no template matched (404s) */
 	ROUTE__COUNT
 };

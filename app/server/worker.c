@@ -13,6 +13,7 @@
 #include "core/db.h"
 #include "core/fp.h"
 #include "core/log.h"
+#include "core/problem.h"
 #include "server/api.h"
 #include "server/http.h"
 #include "server/keystats.h"
@@ -269,6 +270,7 @@ int worker_run(const struct conf *c, int listen_fd)
 	int rc = 0, ep = -1;
 
 	log_set_component("worker");
+	problem_configure(c->idempotency_mismatch_status, c->problem_base_uri);
 	mallopt(M_MMAP_THRESHOLD, MMAP_FLOOR); /* also fixes it: no dynamic raise */
 	/* No SA_RESTART: a stop must interrupt epoll_pwait(). */
 	memset(&sa, 0, sizeof(sa));

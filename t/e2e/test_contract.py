@@ -40,10 +40,26 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRCDIR = os.environ.get("top_srcdir") or os.path.join(HERE, "..", "..")
 DOC_PATH = os.path.join(SRCDIR, "doc", "openapi.yaml")
+API_MD = os.path.join(SRCDIR, "doc", "api.md")
+# The default problem_base_uri (app/core/conf.c): the test stack's types.
+PROBLEMS = "https://idemflow.example/problems/"
 
 # Headers of the transport, not of the API: never documented per answer.
 TRANSPORT = {"date", "server", "content-type", "content-length", "connection",
              "keep-alive", "transfer-encoding"}
+
+# RFC 9110's reason phrases (section 15) for every status idemflow-fcgi
+# answers: nginx passes the worker's "Status: NNN Reason" on as the status
+# line. nginx's own answers carry nginx's phrases, older names for some.
+REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
+           400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+           404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+           413: "Content Too Large", 414: "URI Too Long",
+           415: "Unsupported Media Type", 422: "Unprocessable Content",
+           429: "Too Many Requests", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+NGINX_REASONS = {413: "Request Entity Too Large", 414: "Request-URI Too Large",
+                 503: "Service Temporarily Unavailable"}
 
 # Documented but not reached here, each with the reason; the test fails if
 # one of them is reached (then it belongs in the coverage) or if anything
@@ -264,6 +280,9 @@ class Api:
             conn.endheaders(body)
             r = conn.getresponse()
             data = r.read()
+            if r.reason not in (REASONS.get(r.status), NGINX_REASONS.get(r.status)):
+                fail(f"{method} {target}: status line {r.status} {r.reason!r}, RFC 9110 "
+                     f"says {REASONS.get(r.status)!r}")
             hdrs = {}
             for name, value in r.getheaders():
                 name = name.lower()
@@ -302,8 +321,8 @@ class Api:
             self.c.check_request(route, method, target, hdrs, body, status, value)
         if problem is not None:
             got = value.get("type") if isinstance(value, dict) else None
-            if got != f"/problems/{problem}":
-                fail(f"{what}: problem {got}, expected /problems/{problem}")
+            if got != f"{PROBLEMS}{problem}":
+                fail(f"{what}: problem {got}, expected {PROBLEMS}{problem}")
         return status, rh, value
 
 
@@ -377,6 +396,12 @@ def run(c, api):
     ghost = "01890000-0000-7000-8000-000000000000"
 
     # --- operations ---------------------------------------------------
+    # The document itself, without a token: the YAML of this tree as JSON.
+    _, _, served = call("/v1/openapi.json", "GET", "/v1/openapi.json", 200)
+    if json.loads(json.dumps(served)) != json.loads(json.dumps(c.doc, default=str)):
+        fail("GET /v1/openapi.json is not doc/openapi.yaml")
+    call("/v1/openapi.json", "POST", "/v1/openapi.json", 405, "method-not-allowed", token=T,
+         body={})
     call("/healthz", "GET", "/healthz", 204)
     call("/healthz", "POST", "/healthz", 405, "method-not-allowed", body={})
     call("/readyz", "GET", "/readyz", 200)
@@ -417,6 +442,12 @@ def run(c, api):
         fail("a replayed create lacks Idempotent-Replayed: true")
     call(WFS, "POST", WFS, 409, "idempotency-key-reused", token=T, key=k1,
          body={"type": "other"})
+    # The IETF draft's form, an RFC 8941 string, names the same key.
+    _, h, _ = call(WFS, "POST", WFS, 201, token=T, key=f'"{k1}"', body=body1)
+    if h.get("idempotent-replayed") != "true":
+        fail("the quoted form of a key does not replay the bare form's answer")
+    call(WFS, "POST", WFS, 400, "invalid-idempotency-key", token=T, key=f'"{k1}";v=1',
+         body=body1)
     call(WFS, "POST", WFS, 400, "missing-idempotency-key", token=T, body=body1)
     call(WFS, "POST", WFS, 400, "invalid-idempotency-key", token=T, key="a b", body=body1)
     call(WFS, "POST", WFS, 400, "invalid-idempotency-key", token=T, body=body1,
@@ -867,7 +898,7 @@ def raw_bad(c, host, port):
         hdrs[name.strip().lower()] = value.strip()
     value = c.check_component("BadRequestNginx", "GET /healthz (bad header)", status, hdrs,
                               body)
-    if value["type"] != "/problems/bad-request":
+    if value["type"] != f"{PROBLEMS}bad-request":
         fail(f"nginx's 400 is {value['type']}")
 
 
@@ -921,8 +952,19 @@ def report(c):
                       f"{sorted(types ^ schema_types)}")
     for slug, status in c.doc["x-problem-types"].items():
         sch = c.doc["components"]["schemas"].get(f"Problem-{slug}")
-        if sch is None or sch["allOf"][1]["properties"]["status"]["const"] != status:
+        # A configurable status (idempotency-key-reused) is an enum whose
+        # first member is the default.
+        st = sch["allOf"][1]["properties"]["status"] if sch is not None else {}
+        if st.get("const", st.get("enum", [None])[0]) != status:
             errors.append(f"problem type {slug}: no Problem-{slug} schema of status {status}")
+    # Each type is documented under a heading of the API reference whose
+    # anchor (GitHub's: lower case, punctuation but '-' dropped, spaces to
+    # '-') is its slug, so problem_base_uri = <api.md's URL># links to it.
+    with open(API_MD, encoding="utf-8") as f:
+        anchors = {re.sub(r"[^a-z0-9 _-]", "", m.group(1).strip().lower()).replace(" ", "-")
+                   for m in re.finditer(r"^#+ (.*)$", f.read(), re.M)}
+    for slug in sorted(types - anchors):
+        errors.append(f"problem type {slug}: no section #{slug} in doc/api.md")
     p_missing = sorted(types - c.problems - set(UNREACHED_PROBLEMS))
     p_stale = sorted(set(UNREACHED_PROBLEMS) & c.problems)
     hooks = set(c.doc["webhooks"])

@@ -667,7 +667,7 @@ static void expect_not_ready(const struct http_response *r, const char *detail)
 	tstack_expect_header(r, "Retry-After", "1");
 	v = json_tokener_parse(r->body);
 	cr_assert_not_null(v, "not JSON: %s", r->body);
-	cr_assert_str_eq(str(v, "type"), "/problems/unavailable");
+	cr_assert_str_eq(str(v, "type"), "https://idemflow.example/problems/unavailable");
 	cr_assert_eq(num(v, "status"), 503);
 	cr_assert_str_eq(str(v, "detail"), detail);
 	cr_assert_str_eq(str(v, "instance"), "/readyz");

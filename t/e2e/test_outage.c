@@ -49,7 +49,8 @@ static void expect_unavailable(const struct http_response *r)
 	v = json_tokener_parse(r->body);
 	cr_assert_not_null(v, "not JSON: %s", r->body);
 	cr_assert(json_object_object_get_ex(v, "type", &m));
-	cr_assert_str_eq(json_object_get_string(m), "/problems/unavailable");
+	cr_assert_str_eq(json_object_get_string(m),
+	                 "https://idemflow.example/problems/unavailable");
 	cr_assert(json_object_object_get_ex(v, "status", &m));
 	cr_assert_eq(json_object_get_int(m), 503);
 	cr_assert(json_object_object_get_ex(v, "request_id", &m));

@@ -439,20 +439,23 @@ Test(errors, with_postgresql_down_503_bodies_name_nothing_of_the_connection, .fi
 	const char *get_h[] = { t.auth, NULL };
 	for (int i = 0; i < 3; i++) {
 		r = post_as(t.auth, BODY);
-		expect_problem_offline(r, 503, "/problems/unavailable", COLLECTION);
+		expect_problem_offline(r, 503, "https://idemflow.example/problems/unavailable",
+		                       COLLECTION);
 		tstack_expect_header(r, "Retry-After", "1");
 		expect_no_internals(r, secrets);
 		http_response_free(r);
 
 		r = http_request("GET", path, get_h, NULL, 0);
 		cr_assert_not_null(r, "%s", http_error());
-		expect_problem_offline(r, 503, "/problems/unavailable", path);
+		expect_problem_offline(r, 503, "https://idemflow.example/problems/unavailable",
+		                       path);
 		expect_no_internals(r, secrets);
 		http_response_free(r);
 
 		r = http_request("GET", "/readyz", NULL, NULL, 0);
 		cr_assert_not_null(r, "%s", http_error());
-		expect_problem_offline(r, 503, "/problems/unavailable", "/readyz");
+		expect_problem_offline(r, 503, "https://idemflow.example/problems/unavailable",
+		                       "/readyz");
 		expect_no_internals(r, secrets);
 		http_response_free(r);
 	}

@@ -214,11 +214,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		char **e = envp;
 		while (strncmp(*e, "HTTP_IDEMPOTENCY_KEY=", n) != 0)
 			e++;
-		FUZZ_CHECK(r.idem_key == *e + n, "not the first key");
+		FUZZ_CHECK(r.idem_key_raw == *e + n, "not the first key");
+		FUZZ_CHECK(r.idem_key == r.idem_key_buf, "the key is not the parsed one");
 		FUZZ_CHECK(idem_key_valid(r.idem_key) == key_valid_ref(r.idem_key),
 		           "idem_key_valid(\"%s\")", r.idem_key);
 	} else {
-		FUZZ_CHECK(r.idem_key == NULL, "a key from nowhere");
+		FUZZ_CHECK(r.idem_key == NULL && r.idem_key_raw == NULL, "a key from nowhere");
 	}
 	v = last_param(envp, "CONTENT_LENGTH");
 	if (r.content_length >= 0) {

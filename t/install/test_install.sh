@@ -66,6 +66,17 @@ for f in "$top_srcdir"/sql/[0-9]*.sql; do
 done
 # The least-privilege roles, to run with psql.
 expect_file "$inst_pkgdatadir/sql/roles.sql" 644
+# The API's contract, as written and as the JSON the server answers with.
+expect_file "$inst_pkgdatadir/openapi.yaml" 644
+expect_file "$inst_pkgdatadir/openapi.json" 644
+if [[ -f $DEST$inst_pkgdatadir/openapi.json ]] &&
+	! python3 -c 'import json, sys, yaml
+y = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+j = json.load(open(sys.argv[2], encoding="ascii"))
+sys.exit(0 if j["openapi"] == y["openapi"] and j["paths"].keys() == y["paths"].keys() else 1)' \
+		"$DEST$inst_pkgdatadir/openapi.yaml" "$DEST$inst_pkgdatadir/openapi.json"; then
+	fail "$inst_pkgdatadir/openapi.json is not openapi.yaml as JSON"
+fi
 expect_file "$inst_sysconfdir/idemflow/idemflow.conf.example" 644
 expect_file "$inst_sysconfdir/idemflow/idemflow.conf" 644
 expect_file "$inst_sysconfdir/idemflow/pg_service.conf" 644
@@ -108,7 +119,8 @@ want=$(
 		"$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" \
 		"$inst_pkgdatadir/grafana/idemflow-dashboard.json" \
 		"$inst_docdir/README.md" "$inst_docdir/ChangeLog" \
-		"$inst_pkgdatadir/sql/roles.sql"
+		"$inst_pkgdatadir/sql/roles.sql" \
+		"$inst_pkgdatadir/openapi.yaml" "$inst_pkgdatadir/openapi.json"
 	for d in "${DOCS[@]}"; do echo "$inst_docdir/$d"; done
 	for f in "$top_srcdir"/sql/[0-9]*.sql; do echo "$inst_pkgdatadir/sql/${f##*/}"; done
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done

@@ -51,7 +51,9 @@ void tstack_key(char *out, size_t outsz, const char *label);
 
 /* Assertions shared by the e2e suites. */
 void tstack_expect_header(const struct http_response *r, const char *name, const char *value);
-/* A problem+json response; type NULL accepts any "/problems/..." type. */
+/* A problem+json response. type "/problems/<slug>" is the slug under the
+ * default problem_base_uri (https://idemflow.example/problems/<slug>);
+ * NULL accepts any type under it. */
 void tstack_expect_problem(const struct http_response *r, int status, const char *type,
                            const char *instance);
 /* s matches the extended regular expression pattern. */

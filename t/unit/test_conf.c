@@ -231,3 +231,54 @@ Test(conf, a_key_ttl_shorter_than_the_waits_is_refused)
 	cr_assert_not_null(c, "%s", e.msg);
 	conf_free(c);
 }
+
+/* A key reused with a different request: 409 (the default, what idemflow
+ * always answered) or 422 (the IETF draft's), nothing else. */
+Test(conf, idempotency_mismatch_status_is_409_or_422)
+{
+	struct conf *c = conf_new();
+	struct err e = { 0 };
+
+	cr_assert_eq(c->idempotency_mismatch_status, 409);
+	cr_assert_eq(conf_set(c, "idempotency_mismatch_status", "422", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->idempotency_mismatch_status, 422);
+	cr_assert_eq(conf_set(c, "idempotency-mismatch-status", "409", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(c->idempotency_mismatch_status, 409);
+	cr_assert_eq(conf_set(c, "idempotency_mismatch_status", "400", "test", &e), -1);
+	cr_assert_str_eq(e.msg, "test: invalid value \"400\" for \"idempotency_mismatch_status\": "
+	                        "expected 409 or 422");
+	cr_assert_eq(conf_set(c, "idempotency_mismatch_status", "422 ", "test", &e), -1);
+	cr_assert_eq(c->idempotency_mismatch_status, 409, "a rejected value leaves the old one");
+	conf_free(c);
+}
+
+/* problem_base_uri: an absolute URI that goes into JSON unescaped. */
+Test(conf, problem_base_uri_is_an_absolute_uri)
+{
+	struct conf *c = conf_new();
+	struct err e = { 0 };
+	static const char *const bad[] = { "/problems/",
+		                           "problems/",
+		                           "https:",
+		                           "1http://x/",
+		                           "https://x/\"y",
+		                           "https://x/\\y",
+		                           "https://x/ y",
+		                           "https://x/<y>",
+		                           "https://x/\xc3\xa9",
+		                           "" };
+
+	cr_assert_str_eq(c->problem_base_uri, "https://idemflow.example/problems/");
+	cr_assert_eq(
+	    conf_set(c, "problem_base_uri", "https://docs.example.com/api.html#", "test", &e), 0,
+	    "%s", e.msg);
+	cr_assert_str_eq(c->problem_base_uri, "https://docs.example.com/api.html#");
+	cr_assert_eq(conf_set(c, "problem_base_uri", "urn:example:problem:", "test", &e), 0, "%s",
+	             e.msg);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(conf_set(c, "problem_base_uri", bad[i], "test", &e), -1, "%s", bad[i]);
+	cr_assert(strstr(e.msg, "expected an absolute URI") != NULL, "%s", e.msg);
+	cr_assert_str_eq(c->problem_base_uri,
+	                 "urn:example:problem:", "a rejected value leaves the old one");
+	conf_free(c);
+}

@@ -107,3 +107,74 @@ Test(ids, uuid7s_made_in_sequence_by_two_processes_sort_in_that_order)
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
+
+/* The key a header value names: parse, then the key rules. */
+static const char *key_of(const char *value)
+{
+	static char out[IDEM_KEY_MAX + 1];
+
+	return idem_key_parse(value, out) == 0 && idem_key_valid(out) ? out : NULL;
+}
+
+Test(idem, quoted_and_bare_forms_name_the_same_key)
+{
+	cr_assert_str_eq(key_of("\"8e03978e-40d5-43e8-bc93-6894a57f9324\""),
+	                 "8e03978e-40d5-43e8-bc93-6894a57f9324");
+	cr_assert_str_eq(key_of("8e03978e-40d5-43e8-bc93-6894a57f9324"),
+	                 "8e03978e-40d5-43e8-bc93-6894a57f9324");
+	cr_assert_str_eq(key_of("\"abc\""), "abc");
+	cr_assert_str_eq(key_of("abc"), "abc");
+	/* The two escapes of RFC 8941. */
+	cr_assert_str_eq(key_of("\"a\\\"b\""), "a\"b");
+	cr_assert_str_eq(key_of("\"a\\\\b\""), "a\\b");
+	/* Bare keys keep their quotes and backslashes where they were. */
+	cr_assert_str_eq(key_of("a\"b"), "a\"b");
+	cr_assert_str_eq(key_of("a\\b"), "a\\b");
+	cr_assert_str_eq(key_of("abc\""), "abc\"");
+}
+
+Test(idem, malformed_quoting_is_refused)
+{
+	char out[IDEM_KEY_MAX + 1];
+	static const char *const bad[] = {
+		"\"",              /* unterminated */
+		"\"abc",           /* unterminated */
+		"\"abc\\\"",       /* the closing quote escaped: unterminated */
+		"\"a\\nb\"",       /* an escape RFC 8941 does not have */
+		"\"a\\",           /* a backslash at the end */
+		"\"caf\xc3\xa9\"", /* outside printable ASCII */
+		"\"a\tb\"",        /* a control character */
+		"\"a\x7f\"",       /* DEL */
+		"\"abc\";v=1",     /* parameters */
+		"\"abc\";v",       /* a parameter without value */
+		"\"abc\" ",        /* anything after the closing quote */
+		"\"abc\"x",        /* garbage */
+		"\"abc\", \"d\"",  /* a list, not an item */
+		"\"\"\"",          /* a quote after the string */
+	};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		strcpy(out, "untouched");
+		cr_assert_eq(idem_key_parse(bad[i], out), -1, "%s", bad[i]);
+		cr_assert_str_eq(out, "", "%s leaves no key", bad[i]);
+	}
+}
+
+Test(idem, the_key_rules_apply_to_the_unquoted_value)
+{
+	char k[300];
+
+	cr_assert_null(key_of("\"\""), "an empty string is an empty key");
+	cr_assert_null(key_of("\"a b\""), "a space is a valid sf-string character, not key one");
+	k[0] = '"';
+	memset(k + 1, 'k', 255);
+	strcpy(k + 256, "\"");
+	cr_assert_not_null(key_of(k), "255 characters inside the quotes");
+	cr_assert_eq(strlen(key_of(k)), 255);
+	k[256] = 'k';
+	strcpy(k + 257, "\"");
+	cr_assert_null(key_of(k), "256 characters inside the quotes");
+	memset(k, 'k', 256);
+	k[256] = '\0';
+	cr_assert_null(key_of(k), "256 characters bare");
+}

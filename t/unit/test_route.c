@@ -135,3 +135,12 @@ Test(job_key, refuses_anything_else)
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		cr_assert_eq(jobs_parse_key(bad[i], strlen(bad[i]), wf, &step), -1, "%s", bad[i]);
 }
+
+Test(route, the_contract_has_a_route_of_its_own)
+{
+	cr_assert_eq(route_match("/v1/openapi.json", NULL, NULL), ROUTE_OPENAPI);
+	cr_assert_str_eq(route_name(ROUTE_OPENAPI), "/v1/openapi.json");
+	cr_assert_not(route_keyed(ROUTE_OPENAPI));
+	cr_assert_str_eq(route_name(route_match("/v1/openapi.yaml", NULL, NULL)), "other");
+	cr_assert_str_eq(route_name(route_match("/v1/openapi.json/", NULL, NULL)), "other");
+}

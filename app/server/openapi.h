@@ -1,0 +1,18 @@
+/*
+ * openapi.h - the API's contract, doc/openapi.yaml, as JSON: the bytes
+ * GET /v1/openapi.json answers with.
+ *
+ * Made at build time by scripts/embed-openapi (app/server/openapi_json.c,
+ * generated): the server carries the document, so it answers without a
+ * data directory, and always with the contract of the build it runs.
+ */
+#ifndef IDF_OPENAPI_H
+#define IDF_OPENAPI_H
+
+#include <stddef.h>
+
+/* The document, openapi_json_len bytes of ASCII JSON (NUL-terminated). */
+extern const char openapi_json[];
+extern const size_t openapi_json_len;
+
+#endif
