@@ -389,6 +389,53 @@ def parse_pgbench(text, logprefix):
     }
 
 
+class PoolSampler:
+    """Reads the pool's status page (GET /status?json on nginx's metrics
+    listener) every 0.1 s while a load runs, and checks each answer:
+    every field the status page promises is there, and idle + active =
+    total. Keeps the reads, the bad ones, and the most busy workers and
+    waiting connections seen."""
+
+    FIELDS = ("pool", "start_time", "start_since", "accepted_conn", "listen_queue",
+              "max_listen_queue", "listen_queue_len", "idle_processes", "active_processes",
+              "total_processes", "max_children_reached", "slow_requests",
+              "terminated_requests")
+
+    def __init__(self, url):
+        import threading
+        self.url, self.stop_ev = url, threading.Event()
+        self.got = {"reads": 0, "bad": 0, "max_active": 0, "total": 0, "max_queue": -1,
+                    "accepted": 0}
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        import urllib.request
+        g = self.got
+        while not self.stop_ev.wait(0.1):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as resp:
+                    doc = json.loads(resp.read())
+            except (OSError, ValueError):
+                g["bad"] += 1
+                continue
+            g["reads"] += 1
+            if any(k not in doc for k in self.FIELDS) or (
+                    doc["idle_processes"] + doc["active_processes"] != doc["total_processes"]) or (
+                    doc["accepted_conn"] < g["accepted"]):
+                g["bad"] += 1
+                continue
+            g["accepted"] = doc["accepted_conn"]
+            g["max_active"] = max(g["max_active"], doc["active_processes"])
+            g["total"] = doc["total_processes"]
+            g["max_queue"] = max(g["max_queue"], doc["listen_queue"])
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join(10)
+        return dict(self.got)
+
+
 def cmd_measure(argv):
     import argparse
     ap = argparse.ArgumentParser(prog="bench.py measure")
@@ -402,6 +449,7 @@ def cmd_measure(argv):
     ap.add_argument("--group", action="append", default=[], help="NAME=ROOTPID")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE, stored as is")
+    ap.add_argument("--status-url", help="the pool's /status?json, read during the run")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
@@ -409,6 +457,7 @@ def cmd_measure(argv):
     for g in a.group:
         name, _, pid = g.partition("=")
         groups[name] = int(pid) if pid.isdigit() else 0
+    sampler = PoolSampler(a.status_url) if a.status_url else None
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     before = cpu_snapshot(groups)
     try:
@@ -420,6 +469,7 @@ def cmd_measure(argv):
         rc = 124
     after = cpu_snapshot(groups)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    pool = sampler.stop() if sampler else None
     with open(a.out, "w") as f:
         f.write(out)
     res = parse_wrk(out) if a.kind == "wrk" else parse_pgbench(out, a.logprefix or "")
@@ -440,6 +490,8 @@ def cmd_measure(argv):
         k, _, v = kv.partition("=")
         rec[k] = v
     rec.update(res)
+    if pool is not None:
+        rec["pool"] = pool
     with open(a.records, "a") as f:
         f.write(json.dumps(rec) + "\n")
     print(json.dumps({k: rec.get(k) for k in ("rate", "p50_ms", "p99_ms", "requests", "failed")}))
@@ -593,6 +645,8 @@ def _merge(recs):
             m["cpu_s"] = dict(r.get("cpu_s", {}))
             m["errors"] = dict(r.get("errors", {}))
             m["status"] = dict(r.get("status", {}))
+            if "pool" in r:
+                m["pool"] = dict(r["pool"])
             if "rows" in r:
                 m["rows"] = dict(r["rows"])
             out.append(m)
@@ -615,6 +669,14 @@ def _merge(recs):
             m["errors"][k] = m["errors"].get(k, 0) + v
         for k, v in r.get("status", {}).items():
             m["status"][k] = m["status"].get(k, 0) + v
+        if "pool" in r and "pool" not in m:
+            m["pool"] = dict(r["pool"])
+        elif "pool" in r:
+            p0, p1 = m["pool"], r["pool"]
+            for k in ("reads", "bad"):
+                p0[k] = p0.get(k, 0) + p1.get(k, 0)
+            for k in ("max_active", "total", "max_queue", "accepted"):
+                p0[k] = max(p0.get(k, 0), p1.get(k, 0))
         m["sent"] = (m.get("sent") or 0) + (r.get("sent") or 0)
         if "rows" in r and "rows" in m:
             m["rows"] = {k: m["rows"][k] + v if k != "ok" else m["rows"]["ok"] and v
@@ -640,7 +702,7 @@ def _slim(r):
         return None
     keys = ("rate", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "mean_ms", "max_ms", "requests",
             "seconds", "rounds", "failed", "errors", "cpu_s", "others_pct", "rows", "sent",
-            "status", "tool")
+            "status", "tool", "pool")
     return {k: r[k] for k in keys if k in r}
 
 
@@ -1028,6 +1090,16 @@ def render_table(res):
         for x in res.get(meas, []):
             if x["conns"] == TARGET_CONNS:
                 cpu_line(label, x["conns"], x["http"])
+    pools = [(x["conns"], x["http"]["pool"]) for x in res["creates"]
+             if x.get("http") and x["http"].get("pool")]
+    if pools:
+        L.append("")
+        L.append("The pool's status page (GET /status?json every 0.1 s) during the creates:")
+        for c, pl in pools:
+            L.append("  c=%-3d %5d reads, %d bad; busy up to %d of %d workers; up to %s "
+                     "connections waiting" % (c, pl["reads"], pl["bad"], pl["max_active"],
+                                              pl["total"], pl["max_queue"]
+                                              if pl["max_queue"] >= 0 else "? (not told)"))
     if cpu:
         L.append("")
         L.append("CPU per request, ms, by process (load = wrk or pgbench; other = the rest of "
