@@ -3,92 +3,22 @@
  *
  * Order of checks: route and method (404/405, no database), then the
  * bearer token (401), then the handler's own validation. A request that
- * fails any check writes nothing. The route is matched once (route.h) and
+ * fails any check writes nothing. A create checks its token in its own
+ * statement (auth.h), answering as if the token had been checked first.
+ * The route is matched once (route.h) and
  * kept on the request's context for the counters and the log line.
  */
 #include "server/api.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "core/fp.h"
+#include "server/auth.h"
 #include "server/jobs.h"
 #include "server/ops.h"
 #include "server/queries.h"
-#include "server/rcache.h"
 #include "server/route.h"
-#include "server/scoreboard.h"
 #include "server/wf.h"
-
-/* Resolve the bearer token to a tenant (and, when want_key, fetch the
- * request's Idempotency-Key row into ctx->key_row). Returns 1 when
- * authenticated, 0 when resp now holds the answer (401 or 503). */
-static int authenticate(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                        int want_key)
-{
-	const char *tok = http_bearer_token(req->authorization);
-	uint8_t hash[FP_LEN];
-	char hex[2 + 2 * FP_LEN + 1];
-	struct err e;
-	PGresult *res;
-	int ok;
-
-	if (tok == NULL) {
-		http_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"idemflow\"");
-		handler_problem(resp, req, P_UNAUTHORIZED,
-		                "send Authorization: Bearer <token> with a token issued by "
-		                "\"idemflow token create\"");
-		return 0;
-	}
-	fp_token(hash, tok, strlen(tok));
-	hex[0] = '\\';
-	hex[1] = 'x';
-	fp_hex(hex + 2, hash, FP_LEN);
-	/* A keyed POST learns in the same round trip whether its key was
-	 * used before: a replay then needs no other statement. */
-	int keyed = want_key && req->idem_key_count == 1 && idem_key_valid(req->idem_key);
-	const long ttl = ctx->conf->replay_cache_ttl;
-	const int use_cache = keyed && ttl > 0 && ctx->rcache != NULL;
-	long long asked_at = 0;
-	if (use_cache) {
-		/* A retry this worker answered in the last replay_cache_ttl
-		 * needs no round trip at all (rcache.h says what that risks). */
-		asked_at = rcache_now_ms();
-		ctx->key_row = rcache_get(ctx->rcache, hash, req->idem_key, asked_at);
-		if (ctx->key_row != NULL) {
-			ctx->cached = 1;
-			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, KEY_COL_TENANT));
-			return 1;
-		}
-	}
-	const char *p[AK__N] = { [AK_TOKEN_HASH] = hex, [AK_KEY] = req->idem_key };
-	_Static_assert((int)AK_TOKEN_HASH == (int)AU_TOKEN_HASH, "Q_AUTH's $1 is Q_AUTH_KEY's");
-	scoreboard_stage(SB_IN_DB);
-	res = db_run(ctx->db, keyed ? Q_AUTH_KEY : Q_AUTH, keyed ? AK__N : AU__N, p, &e);
-	if (res == NULL) {
-		e.outcome_unknown = 0; /* it only reads */
-		handler_db_error(ctx, resp, req, &e);
-		return 0;
-	}
-	ok = PQntuples(res) == 1;
-	if (ok)
-		ctx->tenant_id = atol(PQgetvalue(res, 0, KEY_COL_TENANT));
-	if (ok && keyed && !PQgetisnull(res, 0, KEY_COL_FP)) {
-		if (use_cache)
-			rcache_put(ctx->rcache, hash, req->idem_key, res, ttl, asked_at);
-		ctx->key_row = res;
-		res = NULL;
-	}
-	PQclear(res);
-	if (!ok) {
-		http_resp_header(resp, "WWW-Authenticate",
-		                 "Bearer realm=\"idemflow\", error=\"invalid_token\"");
-		handler_problem(resp, req, P_UNAUTHORIZED,
-		                "the token is unknown or has been revoked");
-	}
-	return ok;
-}
 
 static void not_allowed(struct http_resp *resp, const struct http_req *req, const char *allow)
 {
@@ -117,6 +47,10 @@ enum access {
 	OPEN,      /* anyone: no token, no database before the handler */
 	TOKEN,     /* a tenant's bearer token */
 	TOKEN_KEY, /* a tenant's bearer token, and the Idempotency-Key's row */
+	/* TOKEN_KEY, begun before the handler and settled by its statement
+	 * (a plain keyed create checks the token in its one round trip) or,
+	 * when it answers without one, after it (auth.h) */
+	TOKEN_KEY_LATE,
 };
 
 /*
@@ -140,7 +74,7 @@ static const struct {
 	{ ROUTE_METRICS, NULL, OPEN, ops_metrics, NULL },
 	{ ROUTE_STATUS, NULL, OPEN, ops_status, NULL },
 	{ ROUTE_WORKFLOWS, "GET", TOKEN, wf_list, NULL },
-	{ ROUTE_WORKFLOWS, "POST", TOKEN_KEY, wf_create, NULL },
+	{ ROUTE_WORKFLOWS, "POST", TOKEN_KEY_LATE, wf_create, NULL },
 	{ ROUTE_WORKFLOW, "GET", TOKEN, NULL, wf_get },
 	{ ROUTE_WF_EVENTS, "GET", TOKEN, NULL, wf_events },
 	{ ROUTE_WF_TRANSITIONS, "POST", TOKEN_KEY, NULL, wf_transition },
@@ -163,6 +97,7 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	char id[64], allow[48];
 
 	ctx->tenant_id = 0;
+	ctx->auth_pending = 0;
 	PQclear(ctx->key_row);
 	ctx->key_row = NULL;
 	ctx->bytes_fp[0] = '\0';
@@ -204,11 +139,23 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		not_allowed(resp, req, allow);
 		return;
 	}
-	if (table[row].access != OPEN &&
-	    !authenticate(ctx, req, resp, table[row].access == TOKEN_KEY))
-		return;
+	switch (table[row].access) {
+	case OPEN: break;
+	case TOKEN:
+	case TOKEN_KEY:
+		if (!auth_check(ctx, req, resp, table[row].access == TOKEN_KEY))
+			return;
+		break;
+	case TOKEN_KEY_LATE:
+		if (!auth_begin(ctx, req, resp, 1))
+			return;
+		break;
+	}
 	if (table[row].by_id != NULL)
 		table[row].by_id(ctx, req, id, resp);
 	else
 		table[row].plain(ctx, req, resp);
+	/* Answered without the database (a request the handler refused):
+	 * a bad token's 401 comes first. */
+	auth_settle(ctx, req, resp);
 }

@@ -8,6 +8,7 @@
 
 #include "core/canon.h"
 #include "core/fp.h"
+#include "server/auth.h"
 #include "server/queries.h"
 #include "server/scoreboard.h"
 
@@ -121,20 +122,35 @@ static int read_body(struct handler_ctx *ctx, struct http_req *req, struct http_
 	return 0;
 }
 
+/* The request is the one that made key row k when k was stored from
+ * exactly these bytes (a row from before the column has no bytes). */
+static int same_bytes(const struct handler_ctx *ctx, const PGresult *k)
+{
+	return ctx->bytes_fp[0] != '\0' && PQnfields(k) > KEY_COL_BYTES_FP &&
+	       !PQgetisnull(k, 0, KEY_COL_BYTES_FP) &&
+	       strcmp(PQgetvalue(k, 0, KEY_COL_BYTES_FP), ctx->bytes_fp) == 0;
+}
+
+/* Answer a live key row: a replay when the request is the one that made it
+ * (the same bytes, or the same canonical fingerprint), else a conflict. */
+static void answer_row(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                       const PGresult *k, const char *fp_text)
+{
+	answer_existing(ctx, resp, req, k,
+	                same_bytes(ctx, k) ? PQgetvalue(k, 0, KEY_COL_FP) : fp_text);
+}
+
 /*
- * The request is the one that made its key row when the row (fetched with
- * the token, ctx->key_row) is live and was stored from exactly these bytes:
- * answer the stored response without parsing the body, and return 1. 0
- * otherwise (no row, expired, other bytes, a row from before the column):
- * the canonical comparison follows.
+ * The key row fetched with the token (ctx->key_row) is live and was stored
+ * from exactly these bytes: answer the stored response without parsing the
+ * body, and return 1. 0 otherwise (no row, expired, other bytes, a row
+ * from before the column): the canonical comparison follows.
  */
 static int replay_same_bytes(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	const PGresult *k = ctx->key_row;
 
-	if (k == NULL || ctx->bytes_fp[0] == '\0' || PQnfields(k) <= KEY_COL_BYTES_FP ||
-	    PQgetisnull(k, 0, KEY_COL_BYTES_FP) || key_expired(k) ||
-	    strcmp(PQgetvalue(k, 0, KEY_COL_BYTES_FP), ctx->bytes_fp) != 0)
+	if (k == NULL || key_expired(k) || !same_bytes(ctx, k))
 		return 0;
 	answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, KEY_COL_FP));
 	return 1;
@@ -411,27 +427,47 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
 	return ATTEMPT_DONE;
 }
 
-/* CMD_TX_SINGLE: the statement claims, works and stores in one round
- * trip. It stores only its success: every refusal of a create is a
- * validation error, answered before the key is claimed. */
+/* CMD_TX_SINGLE: the statement checks the token, claims, works and stores
+ * in one round trip, the request's trace context among its parameters. It
+ * stores only its success: every refusal of a create is a validation
+ * error, answered before the key is claimed. */
 static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_req *req,
                                    struct http_resp *resp, const struct cmd *c, PGresult **row,
                                    int *in_flight, struct err *e)
 {
-	PGresult *res = run_traced(ctx, c->stmt, c->nparams, c->params, e);
+	PGresult *res = db_run(ctx->db, c->stmt, c->nparams, c->params, e);
+	const char *outcome;
 
 	if (res == NULL) {
 		*in_flight = e->code == ERR_LOCK_TIMEOUT;
+		/* A failure is answered as one whatever the token (a bad one
+		 * writes nothing, so it cannot have caused it); a wait on the
+		 * key was a good token's, whose tenant the answer reads. */
+		if (!*in_flight)
+			ctx->auth_pending = 0;
 		return ATTEMPT_FAILED;
 	}
-	if (PQntuples(res) == 0) {
+	if (PQntuples(res) != 1 || PQnfields(res) != CREATE_COL_OUTCOME + 1) {
+		err_set(e, ERR_INTERNAL, "the keyed statement returned %d rows of %d columns",
+		        PQntuples(res), PQnfields(res));
+		PQclear(res);
+		return ATTEMPT_FAILED;
+	}
+	outcome = PQgetvalue(res, 0, CREATE_COL_OUTCOME);
+	if (strcmp(outcome, "unauthorized") == 0) {
+		PQclear(res);
+		auth_refused(ctx, req, resp);
+		return ATTEMPT_DONE;
+	}
+	auth_passed(ctx, req, res);
+	if (strcmp(outcome, "taken") == 0) {
 		/* A concurrent owner committed while we waited on the unique
 		 * index: its row is visible to a new statement. */
 		PQclear(res);
 		*row = NULL;
 		return ATTEMPT_TAKEN;
 	}
-	if (strcmp(PQgetvalue(res, 0, KEY_COL_OUTCOME), "created") != 0) {
+	if (strcmp(outcome, "created") != 0) {
 		*row = res; /* 'existing' */
 		return ATTEMPT_TAKEN;
 	}
@@ -456,6 +492,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 	struct err e;
 	int in_flight;
 
+	/* 0 until a create's statement has checked its token. */
 	snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
 	snprintf(k.ttl, sizeof(k.ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
 	k.kc[KC_TENANT] = k.kg[KG_TENANT] = k.tenant;
@@ -483,6 +520,8 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 			return;
 		if (a == ATTEMPT_FAILED)
 			goto failed;
+		/* The tenant is known now, from the token or the statement. */
+		snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
 		if (row == NULL) {
 			row = db_run(ctx->db, Q_KEY_GET, KG__N, k.kg, &e);
 			if (row == NULL)
@@ -493,7 +532,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 			}
 		}
 		if (!key_expired(row)) {
-			answer_existing(ctx, resp, req, row, c->fp_text);
+			answer_row(ctx, resp, req, row, c->fp_text);
 			PQclear(row);
 			return;
 		}
@@ -512,6 +551,8 @@ failed_waiting:
 	/* Reading or deleting the key row waits only on its owner. */
 	in_flight = e.code == ERR_LOCK_TIMEOUT;
 failed:
+	if (in_flight && !auth_settle(ctx, req, resp))
+		return;
 	if (in_flight)
 		key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
 	else
@@ -521,6 +562,9 @@ failed:
 void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
              const struct cmd *c)
 {
+	/* Only the keyed single statement checks the token itself. */
+	if ((c->tx != CMD_TX_SINGLE || req->idem_key == NULL) && !auth_settle(ctx, req, resp))
+		return;
 	/* The key's row came with the authentication: a replay or a
 	 * conflict is answered now, without another statement. Expired:
 	 * the claim finds it again and takes it over. */

@@ -15,8 +15,8 @@
  *
  *   CMD_TX_PIPELINE  BEGIN; claim the key; the command   -- one round trip
  *                    store the rendered answer on the key; COMMIT
- *   CMD_TX_SINGLE    one statement claims, works and stores (a plain
- *                    create, Q_CREATE_KEYED)              -- one round trip
+ *   CMD_TX_SINGLE    one statement checks the token, claims, works and
+ *                    stores (a plain create, Q_CREATE_KEYED) -- one round trip
  *
  * so the key, the work's effects and its stored answer commit together or
  * not at all. A command is one statement (a database function,
@@ -54,7 +54,9 @@ typedef int (*cmd_prepare_fn)(struct handler_ctx *ctx, const struct http_req *re
 /* How a keyed request's claim and work share one transaction. */
 enum cmd_tx {
 	CMD_TX_PIPELINE, /* BEGIN; Q_KEY_CLAIM; stmt, then Q_KEY_STORE; COMMIT */
-	CMD_TX_SINGLE,   /* stmt claims, works and stores: rows as Q_CREATE_KEYED */
+	CMD_TX_SINGLE,   /* stmt checks the token, claims, works and stores, the
+	                  * trace context among its parameters: a row as
+	                  * Q_CREATE_KEYED's */
 };
 
 struct cmd {
@@ -89,6 +91,8 @@ int cmd_stores(int kind);
  * The keyed-command runner: run c for req, at most once per
  * Idempotency-Key, and answer it in resp. Sets ctx->idem and ctx->created
  * for the log and the metrics. Never fails: errors become problem answers.
+ * A token check still pending (auth.h) is settled first, unless the keyed
+ * single statement settles it.
  */
 void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
              const struct cmd *c);

@@ -14,6 +14,7 @@
 #include "core/conf.h"
 #include "core/db.h"
 #include "core/err.h"
+#include "core/fp.h"
 #include "core/idem.h"
 #include "core/problem.h"
 #include "core/trace.h"
@@ -28,13 +29,19 @@ struct handler_ctx {
 	struct buf body;         /* the request body */
 	struct buf scratch;      /* canonical forms, payloads */
 	/* Per request, for the access log: */
-	enum route route;            /* matched once, by the router, before anything
-	                              * else; the counters and the log line read it */
-	long tenant_id;              /* 0 until authenticated */
-	PGresult *key_row;           /* a keyed POST's stored key row, found while
-	                              * authenticating (Q_AUTH_KEY), or NULL; owned */
-	char bytes_fp[IDEM_FP_TEXT]; /* a keyed command's request as received
-	                              * (cmd_read_json), stored with its key */
+	enum route route; /* matched once, by the router, before anything
+	                   * else; the counters and the log line read it */
+	long tenant_id;   /* 0 until authenticated */
+	/* The bearer token's check (auth.h): */
+	uint8_t token_fp[FP_LEN];           /* the token's digest */
+	char token_hex[2 + 2 * FP_LEN + 1]; /* the same as a bytea parameter */
+	int auth_pending;                   /* begun, not yet settled */
+	int auth_keyed;                     /* with the key's row (Q_AUTH_KEY) */
+	long long auth_asked_at;            /* rcache_now_ms() at the check's start */
+	PGresult *key_row;                  /* a keyed POST's stored key row, found while
+	                                     * authenticating (Q_AUTH_KEY), or NULL; owned */
+	char bytes_fp[IDEM_FP_TEXT];        /* a keyed command's request as received
+	                                     * (cmd_read_json), stored with its key */
 	enum idem_outcome idem;
 	int cached;         /* the key row came from the replay cache */
 	int created;        /* this request wrote an outbox event */

@@ -4,31 +4,43 @@
 
 #define TS_UTC(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
-/* The keyed create; fail_clause is "" or, for the fault-injection variant,
- * a condition that fails only once the rows are written. */
+/* The keyed create, authenticating its own token: a plain keyed create is
+ * one round trip. fail_clause is "" or, for the fault-injection variant, a
+ * condition that fails only once the rows are written. The event's payload
+ * comes in two parts around the tenant id, which only the token tells. */
 #define CREATE_KEYED(fail_clause)                                                                  \
-	"WITH k AS ("                                                                              \
+	"WITH t AS ("                                                                              \
+	"  SELECT tenant_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL"          \
+	"), k AS ("                                                                                \
 	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"       \
 	"                                headers, body, created_at, expires_at, request_bytes_fp)" \
-	"  VALUES ($1, $2, $3, $4, $5, 201, $6, $7, now(), now() + coalesce("                      \
-	"    (SELECT idempotency_ttl FROM tenants WHERE id = $1), $9::interval), $15)"             \
+	"  SELECT tenant_id, $2, $3, $4, $5, 201, $6, $7, now(), now() + coalesce("                \
+	"    (SELECT idempotency_ttl FROM tenants WHERE id = t.tenant_id), $9::interval), $15"     \
+	"    FROM t"                                                                               \
 	"  ON CONFLICT (tenant_id, key) DO NOTHING"                                                \
 	"  RETURNING tenant_id"                                                                    \
 	"), w AS ("                                                                                \
-	"  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at)"      \
-	"  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8 FROM k"                              \
+	"  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at,"      \
+	"                         traceparent, tracestate)"                                        \
+	"  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8, $17, $18 FROM k"                    \
 	"  RETURNING tenant_id, id"                                                                \
 	"), o AS ("                                                                                \
 	"  INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"              \
-	"                      created_at, next_attempt_at)"                                       \
-	"  SELECT $13, tenant_id, id, 1, 'workflow.created', $14, $8, now() FROM w"                \
+	"                      created_at, next_attempt_at, traceparent, tracestate)"              \
+	"  SELECT $13, tenant_id, id, 1, 'workflow.created', $14::text || tenant_id || $16::text," \
+	"         $8, now(), $17, $18 FROM w"                                                      \
 	"  RETURNING 1"                                                                            \
 	")"                                                                                        \
-	" SELECT 'created', NULL::bytea, NULL::smallint, NULL::text, NULL::text, false FROM "      \
-	"o" fail_clause " UNION ALL"                                                               \
-	" SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"              \
-	"   FROM idempotency_keys"                                                                 \
-	"  WHERE tenant_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM k)"
+	" SELECT t.tenant_id, x.fingerprint, x.status, x.headers, x.body, x.expires_at <= now(),"  \
+	"        x.request_bytes_fp,"                                                              \
+	"        floor(extract(epoch FROM x.expires_at - now()) * 1000)::bigint,"                  \
+	"        CASE WHEN t.tenant_id IS NULL THEN 'unauthorized'"                                \
+	"             WHEN EXISTS (SELECT 1 FROM o) THEN 'created'"                                \
+	"             WHEN x.key IS NULL THEN 'taken' ELSE 'existing' END"                         \
+	"   FROM (VALUES (1)) AS one (n)"                                                          \
+	"   LEFT JOIN t ON true"                                                                   \
+	"   LEFT JOIN idempotency_keys x ON x.tenant_id = t.tenant_id AND x.key = $2"              \
+	"                               AND NOT EXISTS (SELECT 1 FROM k)" fail_clause
 
 /* A workflow as the server renders it (wf.c, wf_write_row). */
 #define WF_COLUMNS                                                                                 \
@@ -78,8 +90,7 @@ const struct db_stmt queries[Q__COUNT] = {
 	                           "  WHERE s.tenant_id = d.tenant_id AND s.key = d.key" },
 
 	[Q_CREATE_KEYED_FAIL] = { "create_keyed_fail", CK__N,
-	                          CREATE_KEYED(
-	                              " WHERE 1 / (SELECT count(*) - count(*) FROM o) = 1") },
+	                          CREATE_KEYED(" WHERE 1 / (1 - (SELECT count(*) FROM o)) = 1") },
 
 	/* Rows in (tenant_id, key) order, so two workers flushing the same
 	 * keys lock them in the same order and cannot deadlock. */

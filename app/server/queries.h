@@ -25,22 +25,25 @@ enum query_id {
 	 */
 	Q_AUTH_KEY,
 	/*
-	 * One statement, hence one transaction: claim the key, insert the
-	 * workflow and its workflow.created event, store the response (enum
+	 * One statement, hence one transaction and one round trip: check the
+	 * token, claim the key, insert the workflow and its workflow.created
+	 * event with the request's trace context, store the response (enum
 	 * create_keyed_param). The key's lifetime and the event's due time
 	 * count from the database's now(): no worker's clock decides a
-	 * lifetime.
-	 * -> rows of the key row's first KEY_COL_SHARED columns, outcome
-	 *    first: one 'created' row when this request owned the key; one
-	 *    'existing' row when the key was committed before this statement
-	 *    began; none when it was committed by a concurrent owner while we
-	 *    waited.
+	 * lifetime. Nothing is written for an unknown or revoked token.
+	 * -> one row laid out as Q_AUTH_KEY's (enum key_col: the tenant, NULL
+	 *    for a bad token, then the key's columns), and the outcome
+	 *    (CREATE_COL_OUTCOME): 'unauthorized'; 'created' when this request
+	 *    owned the key (the key's columns NULL); 'existing' when the key
+	 *    was committed before this statement began; 'taken' when it was
+	 *    committed by a concurrent owner while we waited (not visible to
+	 *    this statement: Q_KEY_GET reads it).
 	 */
 	Q_CREATE_KEYED,
 	/* Unkeyed create (idempotency_key = optional), workflow and event
 	 * only (the event is due at the database's now()). */
 	Q_CREATE_UNKEYED,
-	/* -> the 'existing' row of Q_CREATE_KEYED (KEY_COL_SHARED columns) */
+	/* -> the key row's first KEY_COL_SHARED columns ('existing' first) */
 	Q_KEY_GET,
 	/* Removes the row (and its counts) only if it has expired. */
 	Q_KEY_DELETE_EXPIRED,
@@ -126,7 +129,7 @@ enum auth_key_param { AK_TOKEN_HASH /* bytea hex */, AK_KEY, AK__N };
 
 /* Q_CREATE_KEYED, Q_CREATE_KEYED_FAIL */
 enum create_keyed_param {
-	CK_TENANT,
+	CK_TOKEN_HASH, /* bytea hex, as Q_AUTH_KEY's */
 	CK_KEY,
 	CK_METHOD,
 	CK_PATH,
@@ -139,8 +142,11 @@ enum create_keyed_param {
 	CK_TYPE,
 	CK_INPUT, /* canonical JSON */
 	CK_EVENT_ID,
-	CK_PAYLOAD,  /* the workflow.created event's */
-	CK_BYTES_FP, /* the fingerprint of the request's bytes, bytea hex */
+	CK_PAYLOAD_HEAD, /* the workflow.created event's, up to its tenant id */
+	CK_BYTES_FP,     /* the fingerprint of the request's bytes, bytea hex */
+	CK_PAYLOAD_TAIL, /* the event's payload after its tenant id */
+	CK_TRACEPARENT,  /* of the workflow and its event, or NULL */
+	CK_TRACESTATE,   /* or NULL */
 	CK__N
 };
 
@@ -272,14 +278,14 @@ enum wf_resume_param { RS_TENANT, RS_ID, RS_RETRIES /* or NULL: the step's own *
 
 /*
  * The key row: what Q_AUTH_KEY, Q_CREATE_KEYED and Q_KEY_GET return for a
- * key, read by name by every reader (cmd.c, wf.c, api.c's authenticate,
- * rcache.c). Column 0 differs: the tenant (Q_AUTH_KEY, as Q_AUTH's) or
- * the outcome, 'created' or 'existing' (Q_CREATE_KEYED, Q_KEY_GET). The
- * next five are the same in all three; Q_AUTH_KEY alone has the last two.
+ * key, read by name by every reader (cmd.c, wf.c, auth.c, rcache.c).
+ * Column 0 differs: the tenant (Q_AUTH_KEY, as Q_AUTH's, and
+ * Q_CREATE_KEYED) or 'existing' (Q_KEY_GET). The next five are the same in
+ * all three; Q_AUTH_KEY and Q_CREATE_KEYED have the last two, and
+ * Q_CREATE_KEYED its outcome after them.
  */
 enum key_col {
 	KEY_COL_TENANT = 0,
-	KEY_COL_OUTCOME = 0,
 	KEY_COL_FP,                        /* the fingerprint of the request that made the key */
 	KEY_COL_STATUS,                    /* of the stored answer; 0 while still being written */
 	KEY_COL_HEADERS,                   /* of the stored answer */
@@ -288,7 +294,8 @@ enum key_col {
 	KEY_COL_SHARED,                    /* the columns every key row has */
 	KEY_COL_BYTES_FP = KEY_COL_SHARED, /* of the request's bytes, or NULL */
 	KEY_COL_MS_LEFT,                   /* whole milliseconds until the key expires */
-	KEY_COL__N                         /* Q_AUTH_KEY's columns */
+	KEY_COL__N,                        /* Q_AUTH_KEY's columns */
+	CREATE_COL_OUTCOME = KEY_COL__N,   /* Q_CREATE_KEYED's last */
 };
 
 extern const struct db_stmt queries[Q__COUNT];

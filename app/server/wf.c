@@ -481,6 +481,13 @@ struct create {
 	const char *run[CR__N];     /* Q_WF_CREATE_RUN */
 };
 
+/* The workflow.created event's payload: EVENT_HEAD, the tenant id,
+ * EVENT_TAIL, the workflow as answered, "}". */
+#define EVENT_HEAD                                                                                 \
+	"{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\",\"seq\":1,\"tenant_"  \
+	"id\":"
+#define EVENT_TAIL ",\"occurred_at\":\"%s\",\"data\":"
+
 static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
                           struct http_resp *resp, const struct cmd *c)
 {
@@ -512,19 +519,32 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 		             .steps_len = cr->steps_len,
 		             .step = 1 };
 	wf_write(&cr->out, &w);
-	buf_printf(&cr->payload,
-	           "{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\",\"seq\":1,"
-	           "\"tenant_id\":%ld,\"occurred_at\":\"%s\",\"data\":",
-	           cr->event_id, cr->id, ctx->tenant_id, cr->now);
-	buf_append(&cr->payload, cr->out.data, cr->out.len);
-	buf_putc(&cr->payload, '}');
-	if (cr->out.oom || cr->payload.oom) {
+	/* The event's payload around its tenant id, each part a parameter
+	 * (the keyed statement knows the tenant from the token), and whole
+	 * when the tenant is known. */
+	struct buf *pl = &cr->payload;
+	size_t tail, whole = 0;
+	buf_printf(pl, EVENT_HEAD, cr->event_id, cr->id);
+	buf_putc(pl, '\0');
+	tail = pl->len;
+	buf_printf(pl, EVENT_TAIL, cr->now);
+	buf_append(pl, cr->out.data, cr->out.len);
+	buf_puts(pl, "}");
+	buf_putc(pl, '\0');
+	if (!ctx->auth_pending) {
+		whole = pl->len;
+		buf_printf(pl, EVENT_HEAD "%ld" EVENT_TAIL, cr->event_id, cr->id, ctx->tenant_id,
+		           cr->now);
+		buf_append(pl, cr->out.data, cr->out.len);
+		buf_puts(pl, "}");
+	}
+	if (cr->out.oom || pl->oom) {
 		err_set(&e, ERR_INTERNAL, "out of memory");
 		handler_db_error(ctx, resp, req, &e);
 		return -1;
 	}
 
-	cr->keyed[CK_TENANT] = cr->tenant;
+	cr->keyed[CK_TOKEN_HASH] = ctx->token_hex;
 	cr->keyed[CK_KEY] = req->idem_key;
 	cr->keyed[CK_METHOD] = req->method;
 	cr->keyed[CK_PATH] = req->path;
@@ -537,8 +557,11 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 	cr->keyed[CK_TYPE] = type;
 	cr->keyed[CK_INPUT] = cr->input;
 	cr->keyed[CK_EVENT_ID] = cr->event_id;
-	cr->keyed[CK_PAYLOAD] = cr->payload.data;
+	cr->keyed[CK_PAYLOAD_HEAD] = pl->data;
 	cr->keyed[CK_BYTES_FP] = ctx->bytes_fp;
+	cr->keyed[CK_PAYLOAD_TAIL] = pl->data + tail;
+	cr->keyed[CK_TRACEPARENT] = handler_traceparent(ctx);
+	cr->keyed[CK_TRACESTATE] = handler_tracestate(ctx);
 
 	cr->unkeyed[CU_TENANT] = cr->tenant;
 	cr->unkeyed[CU_CREATED_AT] = cr->now;
@@ -546,7 +569,7 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 	cr->unkeyed[CU_TYPE] = type;
 	cr->unkeyed[CU_INPUT] = cr->input;
 	cr->unkeyed[CU_EVENT_ID] = cr->event_id;
-	cr->unkeyed[CU_PAYLOAD] = cr->payload.data;
+	cr->unkeyed[CU_PAYLOAD] = pl->data + whole;
 
 	cr->run[CR_TENANT] = cr->tenant;
 	cr->run[CR_ID] = cr->id;
@@ -555,7 +578,7 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 	cr->run[CR_CREATED_AT] = cr->now;
 	cr->run[CR_STEPS] = cr->steps != NULL ? cr->steps : "[]";
 	cr->run[CR_BUSINESS_KEY] = b->business_key;
-	cr->run[CR_PAYLOAD] = cr->payload.data;
+	cr->run[CR_PAYLOAD] = pl->data + whole;
 	return 0;
 }
 

@@ -27,6 +27,7 @@
 
 static PGconn *admin;
 static char tenant[24];
+static char token_hex[2 + 2 * FP_LEN + 1]; /* the tenant's token's digest, a bytea parameter */
 
 static long count(const char *sql)
 {
@@ -55,6 +56,17 @@ static void setup(void)
 	cr_assert_not_null(res, "%s", e.msg);
 	snprintf(tenant, sizeof(tenant), "%s", PQgetvalue(res, 0, 0));
 	PQclear(res);
+	/* A token of its own: the keyed create checks it. */
+	uint8_t digest[FP_LEN];
+	fp_token(digest, name, strlen(name));
+	token_hex[0] = '\\';
+	token_hex[1] = 'x';
+	fp_hex(token_hex + 2, digest, FP_LEN);
+	const char *tp[2] = { token_hex, tenant };
+	res = db_exec(admin, "INSERT INTO api_tokens (token_hash, tenant_id) VALUES ($1, $2)", 2,
+	              tp, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
 }
 
 static void teardown(void)
@@ -77,12 +89,22 @@ static struct db *open_db(long lock_timeout_ms)
 	return db;
 }
 
-/* Parameters of Q_CREATE_KEYED for key, with a fresh workflow id. */
+/* Parameters of Q_CREATE_KEYED for key, with a fresh workflow id, and
+ * of Q_KEY_GET and Q_KEY_DELETE_EXPIRED for the same key. */
 struct claim {
 	char id[IDS_UUID_LEN + 1], event[IDS_UUID_LEN + 8], now[IDS_TS_LEN + 1];
 	char fp[IDEM_FP_TEXT], bytes_fp[IDEM_FP_TEXT];
-	const char *p[15];
+	const char *p[CK__N];
+	const char *kg[KG__N];
 };
+
+/* The outcome of a Q_CREATE_KEYED row. */
+static const char *outcome(const PGresult *res)
+{
+	cr_assert_eq(PQntuples(res), 1);
+	cr_assert_eq(PQnfields(res), CREATE_COL_OUTCOME + 1);
+	return PQgetvalue(res, 0, CREATE_COL_OUTCOME);
+}
 
 static void claim_init(struct claim *c, const char *key, const char *body, const char *ttl)
 {
@@ -95,11 +117,27 @@ static void claim_init(struct claim *c, const char *key, const char *body, const
 	idem_fp_text(c->fp, d);
 	fp_request_bytes(d, "POST", "/v1/workflows", body, strlen(body));
 	idem_fp_text(c->bytes_fp, d);
-	const char *p[15] = {
-		tenant, key, "POST", "/v1/workflows", c->fp, "Location: x\r\n", body, c->now, ttl,
-		c->id,  "t", "{}",   c->event,        "{}",  c->bytes_fp
-	};
+	const char *p[CK__N] = { [CK_TOKEN_HASH] = token_hex,
+		                 [CK_KEY] = key,
+		                 [CK_METHOD] = "POST",
+		                 [CK_PATH] = "/v1/workflows",
+		                 [CK_FP] = c->fp,
+		                 [CK_HEADERS] = "Location: x\r\n",
+		                 [CK_BODY] = body,
+		                 [CK_CREATED_AT] = c->now,
+		                 [CK_TTL] = ttl,
+		                 [CK_ID] = c->id,
+		                 [CK_TYPE] = "t",
+		                 [CK_INPUT] = "{}",
+		                 [CK_EVENT_ID] = c->event,
+		                 [CK_PAYLOAD_HEAD] = "{\"tenant_id\":",
+		                 [CK_BYTES_FP] = c->bytes_fp,
+		                 [CK_PAYLOAD_TAIL] = "}",
+		                 [CK_TRACEPARENT] = NULL,
+		                 [CK_TRACESTATE] = NULL };
 	memcpy(c->p, p, sizeof(p));
+	c->kg[KG_TENANT] = tenant;
+	c->kg[KG_KEY] = key;
 }
 
 #define N 20
@@ -121,12 +159,12 @@ static void *race(void *arg)
 
 	claim_init(&c, r->key, "{\"type\":\"t\"}", "1 hour");
 	pthread_barrier_wait(r->go);
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	if (res == NULL)
 		snprintf(r->error, sizeof(r->error), "%s", e.msg);
-	else if (PQntuples(res) == 0)
+	else if (strcmp(PQgetvalue(res, 0, CREATE_COL_OUTCOME), "taken") == 0)
 		r->waited = 1; /* the owner committed while we waited */
-	else if (strcmp(PQgetvalue(res, 0, 0), "created") == 0)
+	else if (strcmp(PQgetvalue(res, 0, CREATE_COL_OUTCOME), "created") == 0)
 		r->created = 1;
 	else
 		r->existing = 1;
@@ -174,13 +212,13 @@ Test(db, a_failure_after_the_rows_are_written_leaves_none_of_them)
 	 * event id is taken already. The key and workflow rows were written
 	 * by then, in the same transaction. */
 	claim_init(&c, "doomed-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	struct claim d;
 	claim_init(&d, "doomed-key-2", "{\"type\":\"t\"}", "1 hour");
-	d.p[12] = c.event;
-	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
+	d.p[CK_EVENT_ID] = c.event;
+	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
 	cr_assert_null(res, "a duplicate event id must fail the statement");
 	cr_assert_str_eq(e.sqlstate, "23505");
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 1);
@@ -190,9 +228,9 @@ Test(db, a_failure_after_the_rows_are_written_leaves_none_of_them)
 
 	/* Its retry under the same key executes again and succeeds. */
 	claim_init(&d, "doomed-key-2", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
-	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 2);
 	db_close(db);
@@ -209,9 +247,9 @@ Test(db, a_rolled_back_transaction_leaves_no_workflow_event_or_key)
 	cr_assert_not_null(res);
 	PQclear(res);
 	claim_init(&c, "rollback-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
-	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
 	res = db_exec(db_conn(db), "ROLLBACK", 0, NULL, &e);
 	PQclear(res);
@@ -231,11 +269,11 @@ Test(db, a_key_held_past_the_wait_is_a_lock_timeout)
 	res = db_exec(db_conn(holder), "BEGIN", 0, NULL, &e);
 	PQclear(res);
 	claim_init(&c, "held-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(holder, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(holder, Q_CREATE_KEYED, CK__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	claim_init(&d, "held-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(waiter, Q_CREATE_KEYED, 15, d.p, &e);
+	res = db_run(waiter, Q_CREATE_KEYED, CK__N, d.p, &e);
 	cr_assert_null(res);
 	cr_assert_eq(e.code, ERR_LOCK_TIMEOUT, "got %d (%s) %s", e.code, e.sqlstate, e.msg);
 	res = db_exec(db_conn(holder), "ROLLBACK", 0, NULL, &e);
@@ -252,24 +290,118 @@ Test(db, an_expired_key_is_reported_as_expired)
 	PGresult *res;
 
 	claim_init(&c, "old-key", "{\"type\":\"t\"}", "-1 second");
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	claim_init(&d, "old-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
-	cr_assert_eq(PQntuples(res), 1);
-	cr_assert_str_eq(PQgetvalue(res, 0, 0), "existing");
-	cr_assert_str_eq(PQgetvalue(res, 0, 5), "t", "expired");
+	cr_assert_str_eq(outcome(res), "existing");
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TENANT), tenant);
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_EXPIRED), "t", "expired");
 	PQclear(res);
-	res = db_run(db, Q_KEY_DELETE_EXPIRED, 2, d.p, &e);
+	res = db_run(db, Q_KEY_DELETE_EXPIRED, KG__N, d.kg, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0,
 	             "the expired row is gone");
-	res = db_run(db, Q_CREATE_KEYED, 15, d.p, &e);
-	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created", "the key is claimed afresh");
+	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
+	cr_assert_str_eq(outcome(res), "created", "the key is claimed afresh");
 	PQclear(res);
+	db_close(db);
+}
+
+Test(db, an_unknown_or_revoked_token_writes_nothing)
+{
+	struct db *db = open_db(5000);
+	struct claim c;
+	struct err e;
+	PGresult *res;
+	const char *unknown = "\\x0000000000000000000000000000000000000000000000000000000000000000";
+
+	claim_init(&c, "stranger-key", "{\"type\":\"t\"}", "1 hour");
+	c.p[CK_TOKEN_HASH] = unknown;
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(outcome(res), "unauthorized");
+	cr_assert(PQgetisnull(res, 0, KEY_COL_TENANT));
+	PQclear(res);
+
+	/* The tenant's own token, revoked: the same, even for a key the
+	 * tenant has used. */
+	claim_init(&c, "revoked-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_str_eq(outcome(res), "created");
+	PQclear(res);
+	const char *tp[1] = { token_hex };
+	PQclear(db_exec(admin, "UPDATE api_tokens SET revoked_at = now() WHERE token_hash = $1", 1,
+	                tp, &e));
+	claim_init(&c, "revoked-key-2", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_str_eq(outcome(res), "unauthorized");
+	PQclear(res);
+	claim_init(&c, "revoked-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_str_eq(outcome(res), "unauthorized", "no stored answer for a revoked token");
+	cr_assert(PQgetisnull(res, 0, KEY_COL_FP));
+	PQclear(res);
+	PQclear(db_exec(admin, "UPDATE api_tokens SET revoked_at = NULL WHERE token_hash = $1", 1,
+	                tp, &e));
+	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 1);
+	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"), 1);
+	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 1);
+	db_close(db);
+}
+
+Test(db, the_created_rows_carry_the_tenant_the_token_names_and_the_trace)
+{
+	struct db *db = open_db(5000);
+	struct claim c;
+	struct err e;
+	PGresult *res;
+	char want[128];
+	const char *tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+	claim_init(&c, "traced-key", "{\"type\":\"t\"}", "1 hour");
+	c.p[CK_PAYLOAD_HEAD] = "{\"seq\":1,\"tenant_id\":";
+	c.p[CK_PAYLOAD_TAIL] = ",\"data\":{}}";
+	c.p[CK_TRACEPARENT] = tp;
+	c.p[CK_TRACESTATE] = "vendor=1";
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(outcome(res), "created");
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TENANT), tenant);
+	cr_assert(PQgetisnull(res, 0, KEY_COL_FP), "a created row has no stored key row");
+	PQclear(res);
+	snprintf(want, sizeof(want), "{\"seq\":1,\"tenant_id\":%s,\"data\":{}}", tenant);
+	const char *p[2] = { tenant, c.id };
+	res = db_exec(admin,
+	              "SELECT o.payload, o.traceparent, o.tracestate, w.traceparent, w.tracestate"
+	              "  FROM outbox o JOIN workflows w ON w.id = o.workflow_id"
+	              " WHERE o.tenant_id = $1 AND w.id = $2",
+	              2, p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_eq(PQntuples(res), 1);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), want, "the payload's bytes");
+	cr_assert_str_eq(PQgetvalue(res, 0, 1), tp);
+	cr_assert_str_eq(PQgetvalue(res, 0, 2), "vendor=1");
+	cr_assert_str_eq(PQgetvalue(res, 0, 3), tp);
+	cr_assert_str_eq(PQgetvalue(res, 0, 4), "vendor=1");
+	PQclear(res);
+
+	/* Its retry reads the key row as Q_AUTH_KEY does, for the replay
+	 * cache: the bytes' fingerprint and the milliseconds left. */
+	claim_init(&c, "traced-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_str_eq(outcome(res), "existing");
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TENANT), tenant);
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_STATUS), "201");
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_EXPIRED), "f");
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_BYTES_FP), c.bytes_fp);
+	long left = atol(PQgetvalue(res, 0, KEY_COL_MS_LEFT));
+	cr_assert(left > 3590000 && left <= 3600000, "ms left: %ld", left);
+	PQclear(res);
+	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 1);
 	db_close(db);
 }
 
@@ -289,15 +421,15 @@ Test(db, lost_connection_is_classified_as_down_and_reconnects)
 	usleep(100000);
 	claim_init(&c, "after-kill", "{\"type\":\"t\"}", "1 hour");
 	db_check(db);
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	if (res == NULL) {
 		/* Not noticed while idle: the statement failed as "down"... */
 		cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
 		sleep(1); /* reconnects are paced */
-		res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+		res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	}
 	cr_assert_not_null(res, "reconnected: %s", e.msg);
-	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	cr_assert_str_eq(outcome(res), "created");
 	cr_assert_eq(db_reconnects(db), 1);
 	PQclear(res);
 	db_close(db);
@@ -314,16 +446,16 @@ Test(db, the_fault_injection_statement_fails_after_writing_and_leaves_nothing)
 	 * rows are inserted, then the statement fails, inside one
 	 * transaction. */
 	claim_init(&c, "fault-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED_FAIL, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED_FAIL, CK__N, c.p, &e);
 	cr_assert_null(res, "the statement must fail");
 	cr_assert_str_eq(e.sqlstate, "22012", "division by zero, got %s: %s", e.sqlstate, e.msg);
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 0);
 	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"), 0);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0);
 	/* The retry of the same request then creates it once. */
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
-	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
 	db_close(db);
 }
@@ -528,7 +660,7 @@ Test(db, a_read_only_server_is_unavailable_and_the_connection_is_dropped)
 	cr_assert_not_null(db);
 	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
 	claim_init(&c, "ro-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	cr_assert_null(res);
 	cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
 	cr_assert_str_eq(e.sqlstate, "25006");
@@ -557,9 +689,9 @@ Test(db, lifetimes_and_due_times_come_from_the_database_clock)
 	/* A worker two days slow: its key would be born expired. */
 	claim_init(&c, "slow-clock", "{\"type\":\"t\"}", "1 hour");
 	c.p[7] = "2000-01-01T00:00:00.000000Z";
-	res = db_run(db, Q_CREATE_KEYED, 15, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
-	cr_assert_str_eq(PQgetvalue(res, 0, 0), "created");
+	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"
 	                   " AND expires_at > now() + interval '59 minutes'"

@@ -695,6 +695,57 @@ Test(auth, missing_unknown_or_malformed_credentials_are_401)
 	}
 }
 
+/*
+ * A create checks its token in its own statement, yet a bad token is
+ * answered first whatever else is wrong with the request, as if it had
+ * been checked before the body: 401, and nothing written.
+ */
+Test(auth, a_bad_token_is_401_before_anything_wrong_with_the_create)
+{
+	static const struct {
+		const char *ct; /* Content-Type line, or NULL */
+		int keyed;      /* 0: no key, 1: a key, 2: an invalid key */
+		const char *body;
+	} cases[] = {
+		{ JSON_CT, 1, MIN_BODY },                    /* nothing else wrong */
+		{ JSON_CT, 1, "{\"type\":" },                /* invalid JSON */
+		{ JSON_CT, 1, "{\"input\":{}}" },            /* no type */
+		{ JSON_CT, 1, "[1]" },                       /* not an object */
+		{ "Content-Type: text/plain", 1, MIN_BODY }, /* unsupported media type */
+		{ JSON_CT, 0, MIN_BODY },                    /* no Idempotency-Key */
+		/* valid runs: the token is checked before their statements */
+		{ JSON_CT, 1, "{\"type\":\"x\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}" },
+		{ JSON_CT, 1, "{\"type\":\"x\",\"business_key\":\"b\"}" },
+		/* an invalid key */
+		{ JSON_CT, 2, MIN_BODY },
+	};
+	char unknown[80], hex[33], key[128], kh[1024];
+
+	tstack_random_hex(hex, 16);
+	snprintf(unknown, sizeof(unknown), "Authorization: Bearer %s", hex);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *h[4] = { unknown }, **p = h + 1;
+		struct http_response *r;
+
+		tstack_key(key, sizeof(key), "badtok");
+		if (cases[i].ct != NULL)
+			*p++ = cases[i].ct;
+		if (cases[i].keyed == 1)
+			*p++ = key_header(kh, sizeof(kh), key);
+		else if (cases[i].keyed == 2)
+			*p++ = "Idempotency-Key: \"unterminated";
+		*p = NULL;
+		r = request("POST", COLLECTION, h, cases[i].body, strlen(cases[i].body));
+		cr_assert_eq(r->status, 401, "case %zu: %d %s", i, r->status, r->body);
+		tstack_expect_problem(r, 401, "/problems/unauthorized", COLLECTION);
+		tstack_expect_header(r, "WWW-Authenticate", CHALLENGE_BAD_TOKEN);
+		cr_assert_eq(
+		    tstack_count("SELECT count(*) FROM idempotency_keys WHERE key = $1", key), 0,
+		    "case %zu stored its key", i);
+		http_response_free(r);
+	}
+}
+
 struct replays {
 	const struct tstack_tenant *t;
 	const char *key;

@@ -18,7 +18,7 @@ Test(queries, the_servers_table_matches_its_sql)
 
 	err_clear(&e);
 	cr_assert_eq(queries_check(&e), 0, "%s", e.msg);
-	cr_assert_eq(queries[Q_CREATE_KEYED].nparams, 15);
+	cr_assert_eq(queries[Q_CREATE_KEYED].nparams, 18);
 	cr_assert_eq(queries[Q_KEY_CLAIM].nparams, 7);
 	cr_assert_eq(queries[Q_BEGIN].nparams, 0);
 }
@@ -33,7 +33,7 @@ Test(queries, a_count_that_drifted_from_the_sql_fails)
 	cr_assert_eq(db_stmt_check(&fewer, &e), -1);
 	cr_assert_eq(e.code, ERR_INTERNAL);
 	cr_assert_str_eq(e.msg,
-	                 "statement \"create_keyed\" declares 14 parameters but its SQL uses $15");
+	                 "statement \"create_keyed\" declares 17 parameters but its SQL uses $18");
 	cr_assert_eq(db_stmt_check(&more, &e), -1);
 	cr_assert_str_eq(e.msg, "statement \"key_get\" declares 3 parameters but its SQL uses $2");
 	cr_assert_eq(db_stmt_check(&none, &e), -1);

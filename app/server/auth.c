@@ -1,0 +1,118 @@
+/*
+ * auth.c - the bearer token resolved to a tenant (auth.h).
+ */
+#include "server/auth.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fp.h"
+#include "server/queries.h"
+#include "server/rcache.h"
+#include "server/scoreboard.h"
+
+static void refuse(struct http_resp *resp, const struct http_req *req)
+{
+	http_resp_reset(resp);
+	http_resp_header(resp, "WWW-Authenticate",
+	                 "Bearer realm=\"idemflow\", error=\"invalid_token\"");
+	handler_problem(resp, req, P_UNAUTHORIZED, "the token is unknown or has been revoked");
+}
+
+/* Whether the replay cache may hold this request's key row. */
+static int cacheable(const struct handler_ctx *ctx)
+{
+	return ctx->auth_keyed && ctx->conf->replay_cache_ttl > 0 && ctx->rcache != NULL;
+}
+
+int auth_begin(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp, int want_key)
+{
+	const char *tok = http_bearer_token(req->authorization);
+	uint8_t hash[FP_LEN];
+
+	ctx->auth_pending = 0;
+	if (tok == NULL) {
+		http_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"idemflow\"");
+		handler_problem(resp, req, P_UNAUTHORIZED,
+		                "send Authorization: Bearer <token> with a token issued by "
+		                "\"idemflow token create\"");
+		return 0;
+	}
+	fp_token(hash, tok, strlen(tok));
+	memcpy(ctx->token_fp, hash, FP_LEN);
+	ctx->token_hex[0] = '\\';
+	ctx->token_hex[1] = 'x';
+	fp_hex(ctx->token_hex + 2, hash, FP_LEN);
+	/* A keyed POST learns in the same round trip whether its key was
+	 * used before: a replay then needs no other statement. */
+	ctx->auth_keyed = want_key && req->idem_key_count == 1 && idem_key_valid(req->idem_key);
+	if (cacheable(ctx)) {
+		/* A retry this worker answered in the last replay_cache_ttl
+		 * needs no round trip at all (rcache.h says what that risks). */
+		ctx->auth_asked_at = rcache_now_ms();
+		ctx->key_row = rcache_get(ctx->rcache, hash, req->idem_key, ctx->auth_asked_at);
+		if (ctx->key_row != NULL) {
+			ctx->cached = 1;
+			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, KEY_COL_TENANT));
+			return 1;
+		}
+	}
+	ctx->auth_pending = 1;
+	return 1;
+}
+
+int auth_settle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+{
+	const char *p[AK__N] = { [AK_TOKEN_HASH] = ctx->token_hex, [AK_KEY] = req->idem_key };
+	struct err e;
+	PGresult *res;
+	int ok;
+
+	if (!ctx->auth_pending)
+		return 1;
+	ctx->auth_pending = 0;
+	_Static_assert((int)AK_TOKEN_HASH == (int)AU_TOKEN_HASH, "Q_AUTH's $1 is Q_AUTH_KEY's");
+	scoreboard_stage(SB_IN_DB);
+	res = db_run(ctx->db, ctx->auth_keyed ? Q_AUTH_KEY : Q_AUTH,
+	             ctx->auth_keyed ? AK__N : AU__N, p, &e);
+	if (res == NULL) {
+		e.outcome_unknown = 0; /* it only reads */
+		http_resp_reset(resp);
+		handler_db_error(ctx, resp, req, &e);
+		return 0;
+	}
+	ok = PQntuples(res) == 1;
+	if (ok)
+		ctx->tenant_id = atol(PQgetvalue(res, 0, KEY_COL_TENANT));
+	if (ok && ctx->auth_keyed && !PQgetisnull(res, 0, KEY_COL_FP)) {
+		if (cacheable(ctx))
+			rcache_put(ctx->rcache, ctx->token_fp, req->idem_key, res,
+			           ctx->conf->replay_cache_ttl, ctx->auth_asked_at);
+		ctx->key_row = res;
+		res = NULL;
+	}
+	PQclear(res);
+	if (!ok)
+		refuse(resp, req);
+	return ok;
+}
+
+int auth_check(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp, int want_key)
+{
+	return auth_begin(ctx, req, resp, want_key) && auth_settle(ctx, req, resp);
+}
+
+void auth_refused(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp)
+{
+	ctx->auth_pending = 0;
+	refuse(resp, req);
+}
+
+void auth_passed(struct handler_ctx *ctx, const struct http_req *req, const PGresult *row)
+{
+	ctx->auth_pending = 0;
+	ctx->tenant_id = atol(PQgetvalue(row, 0, KEY_COL_TENANT));
+	if (cacheable(ctx) && !PQgetisnull(row, 0, KEY_COL_FP))
+		rcache_put(ctx->rcache, ctx->token_fp, req->idem_key, row,
+		           ctx->conf->replay_cache_ttl, ctx->auth_asked_at);
+}
