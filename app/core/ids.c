@@ -6,9 +6,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 int ids_random(void *buf, size_t n)
 {
@@ -28,6 +30,69 @@ int ids_random(void *buf, size_t n)
 }
 
 /*
+ * The random bits of ids come from a pool read POOL_BYTES at a time, one
+ * getrandom(2) per 32 workflow ids (or 10 requests' trace and span ids)
+ * instead of one per id. The pool is a page of its
+ * own that a fork leaves zeroed in the child (MADV_WIPEONFORK, Linux 4.14):
+ * a worker forked from the supervisor, or from a worker, finds it empty
+ * and reads its own, so no two processes ever hand out the same bytes.
+ * Bytes are erased once taken. Where the page cannot be had, each id
+ * reads its own bytes.
+ */
+#define POOL_BYTES 256
+struct pool {
+	size_t left; /* unread bytes, at the end of bytes[]; 0 after a fork */
+	uint8_t bytes[POOL_BYTES];
+};
+
+static struct pool *pool;
+static int no_pool;
+
+static struct pool *pool_get(void)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	void *p;
+
+	if (pool != NULL || no_pool)
+		return pool;
+	if (page < (long)sizeof(struct pool)) {
+		no_pool = 1;
+		return NULL;
+	}
+	p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		no_pool = 1;
+		return NULL;
+	}
+	if (madvise(p, (size_t)page, MADV_WIPEONFORK) != 0) {
+		munmap(p, (size_t)page);
+		no_pool = 1;
+		return NULL;
+	}
+	pool = p;
+	return pool;
+}
+
+int ids_random_id(void *buf, size_t n)
+{
+	struct pool *pl = pool_get();
+	uint8_t *from;
+
+	if (pl == NULL || n > IDS_RANDOM_ID_MAX)
+		return ids_random(buf, n);
+	if (pl->left < n) {
+		if (ids_random(pl->bytes, sizeof(pl->bytes)) < 0)
+			return -1;
+		pl->left = sizeof(pl->bytes);
+	}
+	from = pl->bytes + sizeof(pl->bytes) - pl->left;
+	memcpy(buf, from, n);
+	memset(from, 0, n);
+	pl->left -= n;
+	return 0;
+}
+
+/*
  * The 12 bits after the version hold the fraction of the millisecond
  * (RFC 9562, 6.2 method 3, in steps of 1/4096 ms, about 244 ns), and the
  * process never hands out the same or a smaller timestamp twice. Ids made
@@ -43,7 +108,8 @@ int ids_uuid7(char *out)
 	struct timespec ts;
 	uint64_t t;
 
-	if (ids_random(b, sizeof(b)) < 0)
+	/* Bytes 0 to 7 are the time and the version; 8 to 15 random. */
+	if (ids_random_id(b + 8, 8) < 0)
 		return -1;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	t = ((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000) << 12 |

@@ -1,6 +1,7 @@
 /*
  * ids.h - identifiers made by the service: workflow ids, bearer tokens,
- * timestamps. Randomness comes from getrandom(2).
+ * timestamps. Randomness comes from getrandom(2), for workflow ids through
+ * a small per-process pool that a fork empties (ids.c).
  */
 #ifndef IDF_IDS_H
 #define IDF_IDS_H
@@ -15,6 +16,12 @@
 
 /* Fill buf with n random bytes. */
 int ids_random(void *buf, size_t n) MUSTCHECK;
+
+/* The same, for an identifier (a workflow id, a trace or span id): from
+ * the process's pool, which a fork empties, when n is at most
+ * IDS_RANDOM_ID_MAX. Not for secrets: a token reads its own. */
+#define IDS_RANDOM_ID_MAX 32
+int ids_random_id(void *buf, size_t n) MUSTCHECK;
 
 /* A new UUIDv7 (time-ordered, so inserts stay at the right edge of the
  * primary key index) in canonical text form: out has IDS_UUID_LEN + 1 bytes.

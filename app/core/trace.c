@@ -173,7 +173,7 @@ static int random_hex(char *out, size_t n)
 {
 	uint8_t b[16];
 
-	if (ids_random(b, n) < 0)
+	if (ids_random_id(b, n) < 0)
 		return -1;
 	uint8_t any = 0;
 	for (size_t i = 0; i < n; i++)

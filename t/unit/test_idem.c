@@ -108,6 +108,55 @@ Test(ids, uuid7s_made_in_sequence_by_two_processes_sort_in_that_order)
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/*
+ * The random bits of ids come from a per-process pool: a child forked with
+ * the pool half used must not hand out the bytes its parent hands out next
+ * (the supervisor forks every worker), nor the bytes of another child.
+ */
+Test(ids, a_fork_never_shares_the_random_bits_of_ids)
+{
+	char mine[3][IDS_UUID_LEN + 1], theirs[2][3][IDS_UUID_LEN + 1];
+	int fds[2][2];
+	pid_t pid[2];
+	int status;
+
+	cr_assert_eq(ids_uuid7(mine[0]), 0); /* the pool is read */
+	for (int c = 0; c < 2; c++) {
+		cr_assert_eq(pipe(fds[c]), 0);
+		pid[c] = fork();
+		cr_assert_neq(pid[c], -1);
+		if (pid[c] == 0) {
+			char id[IDS_UUID_LEN + 1];
+			for (int i = 0; i < 3; i++)
+				if (ids_uuid7(id) < 0 ||
+				    write(fds[c][1], id, sizeof(id)) != (ssize_t)sizeof(id))
+					_exit(1);
+			_exit(0);
+		}
+		close(fds[c][1]);
+	}
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(ids_uuid7(mine[i]), 0);
+	for (int c = 0; c < 2; c++) {
+		for (int i = 0; i < 3; i++)
+			cr_assert_eq(read(fds[c][0], theirs[c][i], sizeof(theirs[c][i])),
+			             (ssize_t)sizeof(theirs[c][i]));
+		close(fds[c][0]);
+		cr_assert_eq(waitpid(pid[c], &status, 0), pid[c]);
+		cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	}
+	/* Characters 19 on are the 62 random bits (and the variant). */
+	for (int i = 0; i < 3; i++)
+		for (int j = 0; j < 3; j++) {
+			cr_assert_str_neq(mine[i] + 19, theirs[0][j] + 19, "parent %s, child %s",
+			                  mine[i], theirs[0][j]);
+			cr_assert_str_neq(mine[i] + 19, theirs[1][j] + 19, "parent %s, child %s",
+			                  mine[i], theirs[1][j]);
+			cr_assert_str_neq(theirs[0][i] + 19, theirs[1][j] + 19, "children %s, %s",
+			                  theirs[0][i], theirs[1][j]);
+		}
+}
+
 /* The key a header value names: parse, then the key rules. */
 static const char *key_of(const char *value)
 {
