@@ -1208,8 +1208,8 @@ def doc_section(res, table, pngs, doc=None):
         "| measure | load | ceiling |",
         "|---|---|---|",
         "| keyed creates | `wrk`, a new `Idempotency-Key` per request, 4/16/64 connections | "
-        "`pgbench -M prepared` running the statements a worker runs per create (the token "
-        "check with the key lookup, then `Q_CREATE_KEYED`, taken from `app/server/queries.c`) over "
+        "`pgbench -M prepared` running the statement a worker runs per create "
+        "(`Q_CREATE_KEYED`, which checks the token too, taken from `app/server/queries.c`) over "
         "the same unix socket: at the same client count, and its best over all counts (more "
         "backends slow a small machine down; the pool keeps its own); the combined ceiling "
         "1 / (1/healthz + 1/pgbench's best) |",
