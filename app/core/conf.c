@@ -50,7 +50,7 @@ static const struct conf_key conf_keys[] = {
 	{ "listen_mode", T_OCTAL, OFF(listen_mode), "0660", 0, 0777,
 	  "permissions of the unix socket" },
 	{ "workers", T_WORKERS, OFF(workers), "auto", 1, 256,
-	  "number of pre-forked workers, or auto: two per online CPU, 2 to 32" },
+	  "number of pre-forked workers, or auto: four per online CPU, 2 to 32" },
 	{ "max_requests", T_INT, OFF(max_requests), "0", 0, INT_MAX,
 	  "requests a worker serves before it is replaced (0 = never)" },
 	{ "pid_file", T_STR, OFF(pid_file), "", 0, 0, "file to write the supervisor's pid to" },
@@ -248,13 +248,14 @@ int conf_set(struct conf *c, const char *name, const char *value, const char *or
 		return 0;
 	}
 	case T_WORKERS:
-		/* Two per CPU: a worker waits on PostgreSQL for most of a
-		 * request, and more than that only adds backends contending
-		 * for the same cores (README, "Performance"). At most
+		/* Four per CPU: a worker waits on PostgreSQL for most of a
+		 * create, its commit above all, and on a disk that takes a
+		 * millisecond to commit two per CPU leave the cores idle
+		 * (doc/performance.md, "A create's CPU"). At most
 		 * WORKERS_AUTO_MAX: each worker holds a connection, and
 		 * PostgreSQL allows 100 by default. */
 		if (strcmp(value, "auto") == 0) {
-			v = 2 * sysconf(_SC_NPROCESSORS_ONLN);
+			v = 4 * sysconf(_SC_NPROCESSORS_ONLN);
 			*(int *)base = (int)(v < 2                  ? 2
 			                     : v > WORKERS_AUTO_MAX ? WORKERS_AUTO_MAX
 			                                            : v);

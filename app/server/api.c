@@ -5,8 +5,8 @@
  * bearer token (401), then the handler's own validation. A request that
  * fails any check writes nothing. A create checks its token in its own
  * statement (auth.h), answering as if the token had been checked first.
- * The route is matched once (route.h) and
- * kept on the request's context for the counters and the log line.
+ * The route is matched once (route.h) and kept on the request's context
+ * for the counters and the log line.
  */
 #include "server/api.h"
 

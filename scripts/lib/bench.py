@@ -1203,7 +1203,7 @@ def doc_section(res, table, pngs, doc=None):
         "limits, each measure next to its ceiling in the same run, and prints the ratios.",
         "It starts a private stack on loopback (PostgreSQL with its default durable",
         "settings, `fsync` and `synchronous_commit` on; `idemflow-fcgi` with its default",
-        "workers (two per CPU); nginx from `nginx/idemflow-local.conf.in`) and removes it at the end.",
+        "workers (four per CPU); nginx from `nginx/idemflow-local.conf.in`) and removes it at the end.",
         "",
         "| measure | load | ceiling |",
         "|---|---|---|",
@@ -1217,7 +1217,7 @@ def doc_section(res, table, pngs, doc=None):
         "with `replay_cache_ttl = 0` (every replay asks PostgreSQL) | `GET /healthz` "
         "(204, no database) through the same nginx |",
         "| memory | RSS of each worker of a fresh pool, and the requests it served, after "
-        "10k and 100k requests: 4,096 keys with 6 KB inputs, then creates, replays and reuse "
+        "2,500 and 25,000 requests per worker: 4,096 keys with 6 KB inputs, then creates, replays and reuse "
         "conflicts of them (fills the replay cache and the per-key statistics) | no growth "
         "beyond noise |",
         "| scale (`--large`) | creates at 16 connections with random keys on a second "

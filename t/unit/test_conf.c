@@ -23,7 +23,7 @@ static void write_conf(const char *text)
 /* What workers = auto (the default) comes to on this machine. */
 static int auto_workers(void)
 {
-	long n = 2 * sysconf(_SC_NPROCESSORS_ONLN);
+	long n = 4 * sysconf(_SC_NPROCESSORS_ONLN);
 
 	return n < 2 ? 2 : n > 32 ? 32 : (int)n;
 }
@@ -112,9 +112,9 @@ Test(conf, replay_cache_ttl_is_zero_to_one_minute)
 	conf_free(c);
 }
 
-/* workers = auto is two per online CPU, at least two; a number is taken as
+/* workers = auto is four per online CPU, at least two; a number is taken as
  * it is, and anything else is refused with both forms named. */
-Test(conf, workers_auto_is_two_per_cpu)
+Test(conf, workers_auto_is_four_per_cpu)
 {
 	struct conf *c = conf_new();
 	struct err e = { 0 };
