@@ -32,12 +32,11 @@ int ids_random(void *buf, size_t n)
 /*
  * The random bits of ids come from a pool read POOL_BYTES at a time, one
  * getrandom(2) per 32 workflow ids (or 10 requests' trace and span ids)
- * instead of one per id. The pool is a page of its
- * own that a fork leaves zeroed in the child (MADV_WIPEONFORK, Linux 4.14):
- * a worker forked from the supervisor, or from a worker, finds it empty
- * and reads its own, so no two processes ever hand out the same bytes.
- * Bytes are erased once taken. Where the page cannot be had, each id
- * reads its own bytes.
+ * instead of one per id. The pool is a page of its own that a fork leaves
+ * zeroed in the child (MADV_WIPEONFORK, Linux 4.14): a worker forked from
+ * the supervisor, or from a worker, finds it empty and reads its own, so
+ * no two processes ever hand out the same bytes. Bytes are erased once
+ * taken. Where the page cannot be had, each id reads its own bytes.
  */
 #define POOL_BYTES 256
 struct pool {

@@ -484,8 +484,8 @@ struct create {
 /* The workflow.created event's payload: EVENT_HEAD, the tenant id,
  * EVENT_TAIL, the workflow as answered, "}". */
 #define EVENT_HEAD                                                                                 \
-	"{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\",\"seq\":1,\"tenant_"  \
-	"id\":"
+	"{\"id\":\"%s\",\"type\":\"workflow.created\",\"workflow_id\":\"%s\","                     \
+	"\"seq\":1,\"tenant_id\":"
 #define EVENT_TAIL ",\"occurred_at\":\"%s\",\"data\":"
 
 static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
@@ -521,7 +521,8 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 	wf_write(&cr->out, &w);
 	/* The event's payload around its tenant id, each part a parameter
 	 * (the keyed statement knows the tenant from the token), and whole
-	 * when the tenant is known. */
+	 * when the tenant is known: runs and unkeyed creates have their
+	 * token checked before they are prepared (cmd_run). */
 	struct buf *pl = &cr->payload;
 	size_t tail, whole = 0;
 	buf_printf(pl, EVENT_HEAD, cr->event_id, cr->id);
