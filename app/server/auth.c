@@ -28,7 +28,6 @@ static int cacheable(const struct handler_ctx *ctx)
 int auth_begin(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp, int want_key)
 {
 	const char *tok = http_bearer_token(req->authorization);
-	uint8_t hash[FP_LEN];
 
 	ctx->auth_pending = 0;
 	if (tok == NULL) {
@@ -38,11 +37,10 @@ int auth_begin(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 		                "\"idemflow token create\"");
 		return 0;
 	}
-	fp_token(hash, tok, strlen(tok));
-	memcpy(ctx->token_fp, hash, FP_LEN);
+	fp_token(ctx->token_fp, tok, strlen(tok));
 	ctx->token_hex[0] = '\\';
 	ctx->token_hex[1] = 'x';
-	fp_hex(ctx->token_hex + 2, hash, FP_LEN);
+	fp_hex(ctx->token_hex + 2, ctx->token_fp, FP_LEN);
 	/* A keyed POST learns in the same round trip whether its key was
 	 * used before: a replay then needs no other statement. */
 	ctx->auth_keyed = want_key && req->idem_key_count == 1 && idem_key_valid(req->idem_key);
@@ -50,7 +48,8 @@ int auth_begin(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 		/* A retry this worker answered in the last replay_cache_ttl
 		 * needs no round trip at all (rcache.h says what that risks). */
 		ctx->auth_asked_at = rcache_now_ms();
-		ctx->key_row = rcache_get(ctx->rcache, hash, req->idem_key, ctx->auth_asked_at);
+		ctx->key_row =
+		    rcache_get(ctx->rcache, ctx->token_fp, req->idem_key, ctx->auth_asked_at);
 		if (ctx->key_row != NULL) {
 			ctx->cached = 1;
 			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, KEY_COL_TENANT));

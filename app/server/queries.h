@@ -19,9 +19,9 @@ enum query_id {
 	 * Authentication and the key's stored row in one read-only round
 	 * trip, for a keyed POST -> no row when the token is unknown or
 	 * revoked, else the key row (enum key_col, all KEY_COL__N columns)
-	 * with the key's columns NULL when the key is new. Its columns
-	 * KEY_COL_FP to KEY_COL_EXPIRED are laid out as Q_CREATE_KEYED's
-	 * 'existing' row, so a replay needs no other statement.
+	 * with the key's columns NULL when the key is new. Q_CREATE_KEYED's
+	 * row has the same KEY_COL__N columns first, so a replay needs no
+	 * other statement and either row can go into the replay cache.
 	 */
 	Q_AUTH_KEY,
 	/*
