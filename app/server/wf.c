@@ -14,6 +14,7 @@
 
 #include "config.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include "core/canon.h"
 #include "core/fp.h"
 #include "core/ids.h"
+#include "core/iso8601.h"
 #include "server/cmd.h"
 #include "server/queries.h"
 
@@ -68,142 +70,24 @@ static int validate_failure(struct json_object *st, const char **on_failure, cha
 /* The longest wait, sleep or message ttl: about ten years. */
 #define WF_DURATION_MAX_DAYS 3650L
 
-/* Read 1 to maxd digits at *p as a number into *v; advances *p. */
-static int digits(const char **p, int maxd, long *v)
-{
-	int n = 0;
-
-	*v = 0;
-	while (**p >= '0' && **p <= '9' && n < maxd) {
-		*v = *v * 10 + (**p - '0');
-		(*p)++;
-		n++;
-	}
-	return n > 0 && !(**p >= '0' && **p <= '9') ? 0 : -1;
-}
-
 /*
- * An ISO 8601 duration of the form PnDTnHnMn.nS (each part optional, at
- * least one present; the seconds may have up to six decimals): what
- * PostgreSQL's interval reads the same way. Weeks, months and years are
- * refused: a month has no fixed length. Returns 0, or -1 with why.
+ * A duration of at most WF_DURATION_MAX_DAYS (whole days: P3650DT23H
+ * passes), or an RFC 3339 time: what iso8601.h reads, which PostgreSQL
+ * reads too. Returns 0, or -1 with why.
  */
-static int parse_duration(const char *s, char *why, size_t wlen)
+static int check_time(const char *v, int is_time, char *why, size_t wlen)
 {
-	const char *p = s;
-	long v, days = 0, secs = 0;
-	int parts = 0, in_time = 0;
-	char last = 0;
+	int64_t us;
 
-	if (*p++ != 'P')
-		goto syntax;
-	while (*p != '\0') {
-		if (*p == 'T' && !in_time) {
-			in_time = 1;
-			last = 0;
-			p++;
-			if (*p == '\0')
-				goto syntax;
-			continue;
-		}
-		if (digits(&p, 9, &v) < 0)
-			goto syntax;
-		if (*p == '.' && in_time) {
-			long frac;
-			p++;
-			if (digits(&p, 6, &frac) < 0 || *p != 'S') {
-				snprintf(why, wlen,
-				         "only seconds take a fraction, of 1 to 6 digits");
-				return -1;
-			}
-		}
-		switch (*p) {
-		case 'D':
-			if (in_time || last != 0)
-				goto syntax;
-			days = v;
-			break;
-		case 'H':
-			if (!in_time || last != 0)
-				goto syntax;
-			secs += v * 3600;
-			break;
-		case 'M':
-			if (!in_time) {
-				snprintf(why, wlen, "months have no fixed length: use days");
-				return -1;
-			}
-			if (last != 0 && last != 'H')
-				goto syntax;
-			secs += v * 60;
-			break;
-		case 'S':
-			if (!in_time || last == 'S')
-				goto syntax;
-			secs += v;
-			break;
-		case 'Y':
-		case 'W':
-			snprintf(why, wlen,
-			         "use days, hours, minutes and seconds only (P1DT2H3M4S)");
-			return -1;
-		default: goto syntax;
-		}
-		last = *p++;
-		parts++;
-	}
-	if (parts == 0)
-		goto syntax;
-	if (days + secs / 86400 > WF_DURATION_MAX_DAYS) {
+	if (is_time)
+		return iso8601_time(v, NULL, why, wlen);
+	if (iso8601_duration(v, &us, why, wlen) < 0)
+		return -1;
+	if (us / (86400LL * 1000000LL) > WF_DURATION_MAX_DAYS) {
 		snprintf(why, wlen, "at most P%ldD", WF_DURATION_MAX_DAYS);
 		return -1;
 	}
 	return 0;
-syntax:
-	snprintf(why, wlen, "expected an ISO 8601 duration such as \"PT30S\" or \"P1DT2H\"");
-	return -1;
-}
-
-/*
- * An RFC 3339 date-time, "2026-12-01T20:00:00Z" or with an offset
- * ("+02:00") and up to six decimals of a second, a real date and time
- * (no leap second). Returns 0, or -1 with why.
- */
-static int parse_time(const char *s, char *why, size_t wlen)
-{
-	static const int mdays[12] = { 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
-	const char *p = s;
-	long y, mo, d, h, mi, sec, frac, oh, om;
-
-	if (digits(&p, 4, &y) < 0 || p - s != 4 || *p++ != '-' || digits(&p, 2, &mo) < 0 ||
-	    *p++ != '-' || digits(&p, 2, &d) < 0 || *p++ != 'T' || digits(&p, 2, &h) < 0 ||
-	    *p++ != ':' || digits(&p, 2, &mi) < 0 || *p++ != ':' || digits(&p, 2, &sec) < 0 ||
-	    p - s != 19)
-		goto syntax;
-	if (*p == '.' && (p++, digits(&p, 6, &frac) < 0))
-		goto syntax;
-	if (*p == 'Z') {
-		p++;
-	} else if (*p == '+' || *p == '-') {
-		const char *o = ++p;
-		if (digits(&p, 2, &oh) < 0 || p - o != 2 || *p++ != ':' || digits(&p, 2, &om) < 0 ||
-		    p - o != 5 || oh > 23 || om > 59)
-			goto syntax;
-	} else {
-		goto syntax;
-	}
-	if (*p != '\0')
-		goto syntax;
-	if (y < 1 || mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] ||
-	    (mo == 2 && d == 29 && !(y % 4 == 0 && (y % 100 != 0 || y % 400 == 0))) || h > 23 ||
-	    mi > 59 || sec > 59) {
-		snprintf(why, wlen, "no such date or time");
-		return -1;
-	}
-	return 0;
-syntax:
-	snprintf(why, wlen, "expected an RFC 3339 time such as \"2026-12-01T20:00:00Z\"");
-	return -1;
 }
 
 /*
@@ -225,7 +109,7 @@ static int check_time_member(struct json_object *st, const char *name, int is_ti
 	*out = v;
 	if (v == NULL)
 		return 0;
-	if ((is_time ? parse_time(v, why, sizeof(why)) : parse_duration(v, why, sizeof(why))) == 0)
+	if (check_time(v, is_time, why, sizeof(why)) == 0)
 		return 0;
 	snprintf(detail, dlen, "%s%s\"%s\": %s", where, where[0] ? ": " : "", name, why);
 	return -1;

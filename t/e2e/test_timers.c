@@ -522,6 +522,19 @@ Test(bad_timers, malformed_durations_and_times_are_400_and_change_nothing)
 		  "step 1: \"until\": expected an RFC 3339 time such as \"2026-12-01T20:00:00Z\"" },
 		{ "{\"name\":\"a\",\"until\":\"2026-12-01T20:00:00\"}",
 		  "step 1: \"until\": expected an RFC 3339 time such as \"2026-12-01T20:00:00Z\"" },
+		/* Offsets past 15:59 and instants past the years 0001-9999 are
+		 * what PostgreSQL refuses when the timer is set: as the first
+		 * step, a 500; as a later one, a reaper batch that fails for
+		 * every tenant. */
+		{ "{\"name\":\"a\",\"until\":\"2026-01-01T00:00:00+16:00\"}",
+		  "step 1: \"until\": the offset must be within -15:59 and +15:59" },
+		{ "{\"name\":\"a\",\"job_type\":\"x\"},{\"name\":\"b\",\"until\":"
+		  "\"2026-01-01T00:00:00-23:59\"}",
+		  "step 2: \"until\": the offset must be within -15:59 and +15:59" },
+		{ "{\"name\":\"a\",\"until\":\"0001-01-01T00:00:00+01:00\"}",
+		  "step 1: \"until\": the time must fall within the years 0001 and 9999 in UTC" },
+		{ "{\"name\":\"a\",\"sleep\":\"P999999999D\"}",
+		  "step 1: \"sleep\": too long a duration" },
 		{ "{\"name\":\"a\",\"job_type\":\"x\"},{\"name\":\"b\",\"wait_for\":\"m\","
 		  "\"timeout\":\"1 hour\"}",
 		  "step 2: \"timeout\": expected an ISO 8601 duration such as \"PT30S\" or "
