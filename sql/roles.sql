@@ -130,6 +130,9 @@ GRANT UPDATE (state, due_at, updated_at) ON jobs TO idemflow_maintenance;
 -- reap fires timers (sql/010_timers.sql): the workflow moves on to its next
 -- step, writing its events; prune deletes expired unclaimed messages.
 GRANT SELECT, INSERT, UPDATE, DELETE ON timers TO idemflow_maintenance;
+-- A batch of timers is shared among the tenants that have due ones
+-- (sql/011_timer_isolation.sql): their ids only.
+GRANT SELECT (id) ON tenants TO idemflow_maintenance;
 GRANT SELECT ON workflows TO idemflow_maintenance;
 GRANT UPDATE (state, step, last_seq, ended_at, updated_at) ON workflows TO idemflow_maintenance;
 GRANT SELECT, INSERT ON jobs TO idemflow_maintenance;

@@ -33,6 +33,38 @@ CREATE TYPE public.idemflow_wf_row AS (
 	step integer
 );
 
+CREATE FUNCTION public.idemflow_due_timers(p_batch integer) RETURNS TABLE(tenant_id bigint, workflow_id uuid, step integer, kind text, due_at timestamp with time zone, state text, wf_step integer, steps jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_share integer;
+BEGIN
+    SELECT greatest(1, ceil(p_batch::numeric / greatest(count(*), 1)))::integer INTO v_share
+      FROM tenants tn
+     WHERE EXISTS (SELECT 1 FROM timers x
+                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now());
+    RETURN QUERY
+    SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at, w.state, w.step, w.steps
+      FROM (SELECT c.tenant_id, c.workflow_id, c.step, c.due_at, c.turn
+              FROM tenants tn
+             CROSS JOIN LATERAL (
+                   SELECT x.tenant_id, x.workflow_id, x.step, x.due_at,
+                          row_number() OVER (ORDER BY x.due_at) AS turn
+                     FROM timers x
+                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now()
+                    ORDER BY x.due_at
+                    LIMIT v_share) c) d
+      JOIN timers t ON t.tenant_id = d.tenant_id AND t.workflow_id = d.workflow_id
+                   AND t.step = d.step
+      JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
+     WHERE t.fired_at IS NULL
+     ORDER BY d.turn, d.due_at
+     LIMIT p_batch
+       FOR UPDATE OF t, w SKIP LOCKED;
+END
+$$;
+
 CREATE FUNCTION public.idemflow_enter_step(p_tenant bigint, p_wf uuid, p_step integer) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -138,77 +170,113 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.idemflow_fire_timers(p_batch integer, OUT taken integer, OUT fired integer, OUT timed_out integer) RETURNS record
+CREATE FUNCTION public.idemflow_fire_timer(p_tenant bigint, p_wf uuid, p_step integer, p_kind text, p_due timestamp with time zone, p_state text, p_wf_step integer, p_steps jsonb) RETURNS text
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    c record;
     v_def jsonb;
     v_job_state text;
     v_target integer;
 BEGIN
+    IF p_kind = 'timeout' THEN
+        SELECT state INTO v_job_state FROM jobs
+         WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step;
+    END IF;
+    IF p_state NOT IN ('pending', 'running') OR p_wf_step <> p_step
+       OR (p_kind = 'timeout' AND v_job_state IS DISTINCT FROM 'waiting') THEN
+        DELETE FROM timers WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step;
+        RETURN 'dropped';
+    END IF;
+    UPDATE timers SET fired_at = now()
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step;
+    IF p_state = 'pending' THEN
+        UPDATE workflows SET state = 'running' WHERE tenant_id = p_tenant AND id = p_wf;
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.started',
+                               jsonb_build_object('state', 'running'));
+    END IF;
+    v_def := p_steps -> (p_step - 1);
+    IF p_kind = 'sleep' THEN
+        PERFORM idemflow_event(p_tenant, p_wf, 'timer.fired',
+                               jsonb_build_object('step', p_step, 'name', v_def ->> 'name',
+                                                  'due_at', idemflow_ts(p_due)));
+        PERFORM idemflow_enter_step(p_tenant, p_wf, p_step + 1);
+        RETURN 'fired';
+    END IF;
+    UPDATE jobs SET state = 'failed', error = 'timed out', updated_at = now()
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step;
+    PERFORM idemflow_event(p_tenant, p_wf, 'step.timed_out',
+                           jsonb_build_object('step', p_step, 'name', v_def ->> 'name',
+                                              'wait_for', v_def ->> 'wait_for',
+                                              'timeout', v_def ->> 'timeout',
+                                              'on_timeout', v_def -> 'on_timeout'));
+    IF v_def ? 'on_timeout' THEN
+        SELECT s.i INTO v_target
+          FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS s(d, i)
+         WHERE s.d ->> 'name' = v_def ->> 'on_timeout';
+        PERFORM idemflow_enter_step(p_tenant, p_wf, v_target);
+    ELSE
+        UPDATE workflows SET state = 'failed', ended_at = now(), updated_at = now()
+         WHERE tenant_id = p_tenant AND id = p_wf;
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.failed',
+                               jsonb_build_object('state', 'failed', 'step', p_step,
+                                                  'error', 'timed out'));
+    END IF;
+    RETURN 'timed_out';
+END
+$$;
+
+CREATE FUNCTION public.idemflow_fire_timers(p_batch integer, OUT taken integer, OUT fired integer, OUT timed_out integer, OUT incidents integer) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    c record;
+    v_outcome text;
+    v_state text;
+    v_msg text;
+BEGIN
     taken := 0;
     fired := 0;
     timed_out := 0;
-    FOR c IN
-        SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at,
-               w.state, w.step AS wf_step, w.steps
-          FROM timers t
-          JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
-         WHERE t.fired_at IS NULL AND t.due_at <= now()
-         ORDER BY t.due_at
-         LIMIT p_batch
-           FOR UPDATE OF t, w SKIP LOCKED
-    LOOP
+    incidents := 0;
+    -- The quick path: the whole batch in one subtransaction.
+    BEGIN
+        FOR c IN SELECT * FROM idemflow_due_timers(p_batch) LOOP
+            v_outcome := idemflow_fire_timer(c.tenant_id, c.workflow_id, c.step, c.kind,
+                                             c.due_at, c.state, c.wf_step, c.steps);
+            taken := taken + 1;
+            fired := fired + (v_outcome = 'fired')::integer;
+            timed_out := timed_out + (v_outcome = 'timed_out')::integer;
+        END LOOP;
+        RETURN;
+    EXCEPTION WHEN OTHERS THEN
+        IF idemflow_transient(SQLSTATE) THEN
+            RAISE;
+        END IF;
+    END;
+    -- A timer failed: everything above rolled back (its row locks too).
+    -- Again, a timer at a time.
+    taken := 0;
+    fired := 0;
+    timed_out := 0;
+    FOR c IN SELECT * FROM idemflow_due_timers(p_batch) LOOP
         taken := taken + 1;
-        v_job_state := NULL;
-        IF c.kind = 'timeout' THEN
-            SELECT state INTO v_job_state FROM jobs
-             WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
-        END IF;
-        IF c.state NOT IN ('pending', 'running') OR c.wf_step <> c.step
-           OR (c.kind = 'timeout' AND v_job_state IS DISTINCT FROM 'waiting') THEN
-            DELETE FROM timers
-             WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
-            CONTINUE;
-        END IF;
-        UPDATE timers SET fired_at = now()
-         WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
-        IF c.state = 'pending' THEN
-            UPDATE workflows SET state = 'running'
-             WHERE tenant_id = c.tenant_id AND id = c.workflow_id;
-            PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'workflow.started',
-                                   jsonb_build_object('state', 'running'));
-        END IF;
-        v_def := c.steps -> (c.step - 1);
-        IF c.kind = 'sleep' THEN
-            PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'timer.fired',
-                                   jsonb_build_object('step', c.step, 'name', v_def ->> 'name',
-                                                      'due_at', idemflow_ts(c.due_at)));
-            PERFORM idemflow_enter_step(c.tenant_id, c.workflow_id, c.step + 1);
-            fired := fired + 1;
-            CONTINUE;
-        END IF;
-        UPDATE jobs SET state = 'failed', error = 'timed out', updated_at = now()
-         WHERE tenant_id = c.tenant_id AND workflow_id = c.workflow_id AND step = c.step;
-        PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'step.timed_out',
-                               jsonb_build_object('step', c.step, 'name', v_def ->> 'name',
-                                                  'wait_for', v_def ->> 'wait_for',
-                                                  'timeout', v_def ->> 'timeout',
-                                                  'on_timeout', v_def -> 'on_timeout'));
-        timed_out := timed_out + 1;
-        IF v_def ? 'on_timeout' THEN
-            SELECT s.i INTO v_target
-              FROM jsonb_array_elements(c.steps) WITH ORDINALITY AS s(d, i)
-             WHERE s.d ->> 'name' = v_def ->> 'on_timeout';
-            PERFORM idemflow_enter_step(c.tenant_id, c.workflow_id, v_target);
-        ELSE
-            UPDATE workflows SET state = 'failed', ended_at = now(), updated_at = now()
-             WHERE tenant_id = c.tenant_id AND id = c.workflow_id;
-            PERFORM idemflow_event(c.tenant_id, c.workflow_id, 'workflow.failed',
-                                   jsonb_build_object('state', 'failed', 'step', c.step,
-                                                      'error', 'timed out'));
-        END IF;
+        BEGIN
+            v_outcome := idemflow_fire_timer(c.tenant_id, c.workflow_id, c.step, c.kind,
+                                             c.due_at, c.state, c.wf_step, c.steps);
+        EXCEPTION WHEN OTHERS THEN
+            v_state := SQLSTATE;
+            GET STACKED DIAGNOSTICS v_msg = MESSAGE_TEXT;
+            IF idemflow_transient(v_state) THEN
+                RAISE;
+            END IF;
+            PERFORM idemflow_timer_incident(c.tenant_id, c.workflow_id, c.step,
+                                            format('the %s timer could not fire: %s (SQLSTATE %s)',
+                                                   c.kind, v_msg, v_state));
+            v_outcome := 'incident';
+        END;
+        fired := fired + (v_outcome = 'fired')::integer;
+        timed_out := timed_out + (v_outcome = 'timed_out')::integer;
+        incidents := incidents + (v_outcome = 'incident')::integer;
     END LOOP;
 END
 $$;
@@ -525,6 +593,34 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_timer_incident(p_tenant bigint, p_wf uuid, p_step integer, p_error text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE timers SET fired_at = now(), error = p_error
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step;
+    IF (SELECT state FROM workflows WHERE tenant_id = p_tenant AND id = p_wf) = 'pending' THEN
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.started',
+                               jsonb_build_object('state', 'running'));
+    END IF;
+    UPDATE workflows SET state = 'incident', updated_at = now()
+     WHERE tenant_id = p_tenant AND id = p_wf;
+    PERFORM idemflow_event(p_tenant, p_wf, 'workflow.incident',
+                           jsonb_build_object('state', 'incident', 'step', p_step,
+                                              'name', (SELECT steps -> (p_step - 1) ->> 'name'
+                                                         FROM workflows
+                                                        WHERE tenant_id = p_tenant
+                                                          AND id = p_wf),
+                                              'error', p_error));
+END
+$$;
+
+CREATE FUNCTION public.idemflow_transient(p_sqlstate text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT left(p_sqlstate, 2) IN ('40', '53', '57', '58', '08', 'XX') OR p_sqlstate = '55P03'
+$$;
+
 CREATE FUNCTION public.idemflow_ts(t timestamp with time zone) RETURNS text
     LANGUAGE sql STABLE
     AS $$
@@ -670,6 +766,7 @@ DECLARE
     j jobs;
     v_def jsonb;
     v_retries integer;
+    v_timer boolean;
 BEGIN
     SELECT * INTO w FROM workflows WHERE tenant_id = p_tenant AND id = p_wf FOR UPDATE;
     IF NOT FOUND THEN
@@ -684,10 +781,14 @@ BEGIN
         RETURN;
     END IF;
     v_def := w.steps -> (w.step - 1);
+    v_timer := w.state = 'incident' AND EXISTS (
+        SELECT 1 FROM timers
+         WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = w.step
+           AND error IS NOT NULL);
     SELECT * INTO j FROM jobs
      WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = w.step;
-    IF NOT FOUND OR j.job_type IS NULL OR j.state <> 'failed'
-       OR (w.state = 'failed' AND (v_def -> 'resumable') IS DISTINCT FROM 'true'::jsonb) THEN
+    IF NOT v_timer AND (NOT FOUND OR j.job_type IS NULL OR j.state <> 'failed'
+       OR (w.state = 'failed' AND (v_def -> 'resumable') IS DISTINCT FROM 'true'::jsonb)) THEN
         RETURN NEXT idemflow_wf_result('invalid-transition',
             format('the workflow failed at step %s ("%s"), whose definition does not say '
                    '"resumable": true; nothing was changed', w.step, v_def ->> 'name'),
@@ -705,12 +806,20 @@ BEGIN
             NULL, w);
         RETURN;
     END;
-    UPDATE jobs SET state = 'activatable', retries = v_retries, worker = NULL, due_at = now(),
-                    updated_at = now()
-     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = w.step;
-    PERFORM idemflow_event(p_tenant, p_wf, 'workflow.resumed',
-                           jsonb_build_object('state', 'running', 'from', w.state,
-                                              'step', w.step, 'retries', v_retries));
+    IF v_timer THEN
+        UPDATE timers SET fired_at = NULL, error = NULL, due_at = least(due_at, now())
+         WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = w.step;
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.resumed',
+                               jsonb_build_object('state', 'running', 'from', w.state,
+                                                  'step', w.step, 'timer', true));
+    ELSE
+        UPDATE jobs SET state = 'activatable', retries = v_retries, worker = NULL,
+                        due_at = now(), updated_at = now()
+         WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = w.step;
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.resumed',
+                               jsonb_build_object('state', 'running', 'from', w.state,
+                                                  'step', w.step, 'retries', v_retries));
+    END IF;
     SELECT * INTO w FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
     RETURN NEXT idemflow_wf_result(NULL, NULL, 'resumed', w);
 END
@@ -883,6 +992,7 @@ CREATE TABLE public.timers (
     due_at timestamp with time zone NOT NULL,
     fired_at timestamp with time zone,
     created_at timestamp with time zone NOT NULL,
+    error text,
     CONSTRAINT timers_kind_check CHECK ((kind = ANY (ARRAY['sleep'::text, 'timeout'::text]))),
     CONSTRAINT timers_step_check CHECK ((step >= 1))
 );
@@ -948,6 +1058,8 @@ CREATE INDEX outbox_due ON public.outbox USING btree (next_attempt_at, id) WHERE
 CREATE INDEX outbox_published ON public.outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
 
 CREATE INDEX timers_due ON public.timers USING btree (due_at) WHERE (fired_at IS NULL);
+
+CREATE INDEX timers_tenant_due ON public.timers USING btree (tenant_id, due_at) WHERE (fired_at IS NULL);
 
 CREATE INDEX workflows_active_key ON public.workflows USING btree (tenant_id, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text])));
 

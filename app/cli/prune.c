@@ -188,15 +188,24 @@ static void reap_on_signal(int sig)
 	reap_stop = 1;
 }
 
+/* What one reap round did. */
+struct reap_counts {
+	long jobs;      /* leases that ran out, made activatable */
+	long timers;    /* sleeps fired */
+	long timeouts;  /* waits timed out */
+	long incidents; /* timers that could not fire: their workflows parked */
+};
+
 /*
- * Fire due timers, prune_batch per statement (sql/010_timers.sql's
- * idemflow_fire_timers: timers and their workflows taken with SKIP
- * LOCKED, so reapers never fire one twice nor wait on each other), until
- * a batch comes back short (a busy workflow's timer is skipped and stays
- * due, for the next round). Adds to *timers and *timeouts.
+ * Fire due timers, prune_batch per statement (idemflow_fire_timers: each
+ * tenant in turn, timers and their workflows taken with SKIP LOCKED, so
+ * reapers never fire one twice nor wait on each other; a timer that fails
+ * parks its workflow and the rest go on), until a batch takes none (a
+ * batch is shared fairly among tenants, so a short one need not be the
+ * last; a busy workflow's timer is skipped and stays due, for the next
+ * round). Adds to n.
  */
-static int reap_timers(PGconn *conn, const char *batch, int nbatch, long *timers, long *timeouts,
-                       struct err *e)
+static int reap_timers(PGconn *conn, const char *batch, struct reap_counts *n, struct err *e)
 {
 	const char *p[1] = { batch };
 
@@ -207,26 +216,26 @@ static int reap_timers(PGconn *conn, const char *batch, int nbatch, long *timers
 		if (res == NULL)
 			return -1;
 		taken = atol(PQgetvalue(res, 0, 0));
-		*timers += atol(PQgetvalue(res, 0, 1));
-		*timeouts += atol(PQgetvalue(res, 0, 2));
+		n->timers += atol(PQgetvalue(res, 0, 1));
+		n->timeouts += atol(PQgetvalue(res, 0, 2));
+		n->incidents += atol(PQgetvalue(res, 0, 3));
 		PQclear(res);
-		if (taken < nbatch)
+		if (taken == 0)
 			return 0;
 	}
 }
 
 /* One round: leases, then timers. Returns 0, or -1 with e. */
-static int reap_round(PGconn *conn, const struct conf *c, long *jobs, long *timers, long *timeouts,
-                      struct err *e)
+static int reap_round(PGconn *conn, const struct conf *c, struct reap_counts *n, struct err *e)
 {
 	char batch[24];
 	const char *p[1] = { batch };
 
 	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
-	if (prune_batches(conn, "SELECT idemflow_reap($1)", 1, p, c->prune_batch, jobs, NULL, NULL,
-	                  e) < 0)
+	if (prune_batches(conn, "SELECT idemflow_reap($1)", 1, p, c->prune_batch, &n->jobs, NULL,
+	                  NULL, e) < 0)
 		return -1;
-	return reap_timers(conn, batch, c->prune_batch, timers, timeouts, e);
+	return reap_timers(conn, batch, n, e);
 }
 
 /*
@@ -245,16 +254,17 @@ static int reap_loop(PGconn *conn, const struct conf *c, long interval_ms)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	while (!reap_stop) {
-		long jobs = 0, timers = 0, timeouts = 0;
+		struct reap_counts n = { 0 };
 		struct err e;
 
-		if (reap_round(conn, c, &jobs, &timers, &timeouts, &e) < 0) {
+		if (reap_round(conn, c, &n, &e) < 0) {
 			fprintf(stderr, "idemflow: reap: %s\n", e.msg);
 			if (PQstatus(conn) != CONNECTION_OK)
 				PQreset(conn);
 		}
-		if (jobs + timers + timeouts > 0) {
-			printf("reap: jobs=%ld timers=%ld timeouts=%ld\n", jobs, timers, timeouts);
+		if (n.jobs + n.timers + n.timeouts + n.incidents > 0) {
+			printf("reap: jobs=%ld timers=%ld timeouts=%ld incidents=%ld\n", n.jobs,
+			       n.timers, n.timeouts, n.incidents);
 			fflush(stdout);
 		}
 		if (!reap_stop)
@@ -268,14 +278,16 @@ static int reap_loop(PGconn *conn, const struct conf *c, long interval_ms)
  * statement (each its own transaction, rows taken with SKIP LOCKED so a
  * concurrent activation is never waited on; sql/005_runs.sql's
  * idemflow_reap), until a batch comes back short; then the due timers.
- * Prints "reap: jobs=N", and "reap: timers=N timeouts=M" when any fired.
+ * Prints "reap: jobs=N", and "reap: timers=N timeouts=M incidents=K" when
+ * any fired or failed.
  * --loop [--interval MS] does it again every MS (default 200) until
  * signalled.
  */
 int cli_reap(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	static const char *const options[] = { "--prune-batch", NULL };
-	long jobs = 0, timers = 0, timeouts = 0, interval_ms = 200;
+	struct reap_counts n = { 0 };
+	long interval_ms = 200;
 	char *rest[16], *end;
 	int nrest = 0, loop = 0, rc, failed;
 	struct err e;
@@ -308,9 +320,10 @@ int cli_reap(PGconn *conn, struct conf *c, int argc, char **argv)
 		return rc;
 	if (loop)
 		return reap_loop(conn, c, interval_ms);
-	failed = reap_round(conn, c, &jobs, &timers, &timeouts, &e) < 0;
-	printf("reap: jobs=%ld\n", jobs);
-	if (timers + timeouts > 0)
-		printf("reap: timers=%ld timeouts=%ld\n", timers, timeouts);
+	failed = reap_round(conn, c, &n, &e) < 0;
+	printf("reap: jobs=%ld\n", n.jobs);
+	if (n.timers + n.timeouts + n.incidents > 0)
+		printf("reap: timers=%ld timeouts=%ld incidents=%ld\n", n.timers, n.timeouts,
+		       n.incidents);
 	return failed ? cli_db_fail(&e) : EX_OK;
 }

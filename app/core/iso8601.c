@@ -69,7 +69,8 @@ int iso8601_duration(const char *s, int64_t *usecs, char *why, size_t wlen)
 		if (*p == '.' && in_time) {
 			p++;
 			if (fraction(&p, &frac) < 0 || *p != 'S') {
-				snprintf(why, wlen, "only seconds take a fraction, of 1 to 6 digits");
+				snprintf(why, wlen,
+				         "only seconds take a fraction, of 1 to 6 digits");
 				return -1;
 			}
 		}

@@ -38,7 +38,7 @@
  * filled.
  */
 int iso8601_duration(const char *s, int64_t *usecs, char *why, size_t wlen)
-	__attribute__((warn_unused_result));
+    __attribute__((warn_unused_result));
 
 /*
  * An RFC 3339 date-time, "2026-12-01T20:00:00Z" or with an offset of at
@@ -48,6 +48,6 @@ int iso8601_duration(const char *s, int64_t *usecs, char *why, size_t wlen)
  * or -1 with why filled.
  */
 int iso8601_time(const char *s, int64_t *unix_us, char *why, size_t wlen)
-	__attribute__((warn_unused_result));
+    __attribute__((warn_unused_result));
 
 #endif

@@ -182,8 +182,9 @@ Test(iso8601, every_duration_the_parser_takes_postgresql_takes_as_the_same_lengt
 				for (size_t s = 0; s < 6; s++)
 					for (size_t f = 0; f < 4; f++) {
 						char str[96];
-						snprintf(str, sizeof(str), "P%sDT%sH%sM%s%sS", nums[d],
-						         nums[h], nums[m], nums[s], fracs[f]);
+						snprintf(str, sizeof(str), "P%sDT%sH%sM%s%sS",
+						         nums[d], nums[h], nums[m], nums[s],
+						         fracs[f]);
 						v[n++] = dup(str);
 						snprintf(str, sizeof(str), "PT%sH%s%sS", nums[h],
 						         nums[s], fracs[f]);

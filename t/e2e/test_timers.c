@@ -120,7 +120,7 @@ Test(sleep, a_sleep_step_fires_once_when_due_and_the_workflow_advances)
 
 	wait_due(wf);
 	reap(out, sizeof(out));
-	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=1 timeouts=0");
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=1 timeouts=0 incidents=0");
 	reap(out, sizeof(out));
 	cr_assert_str_eq(out, "reap: jobs=0", "a timer fires once");
 
@@ -152,7 +152,7 @@ Test(sleep, until_in_the_past_fires_on_the_next_reap_and_a_last_step_completes)
 	                          wf),
 	             1);
 	reap(out, sizeof(out));
-	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=1 timeouts=0");
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=1 timeouts=0 incidents=0");
 	expect_state(wf, "completed/1");
 	expect_events(&t, wf, "workflow.created,workflow.started,timer.fired,workflow.completed");
 	free(wf);
@@ -191,7 +191,7 @@ Test(wait_timeout, a_wait_that_times_out_fails_the_workflow)
 	                       "\"timeout\":\"PT0.3S\"},{\"name\":\"next\",\"job_type\":\"n\"}]}");
 	wait_due(wf);
 	reap(out, sizeof(out));
-	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=0 timeouts=1");
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=0 timeouts=1 incidents=0");
 	expect_state(wf, "failed/1");
 	expect_events(&t, wf, "workflow.created,workflow.started,step.timed_out,workflow.failed");
 	v = tstack_text("SELECT payload::jsonb -> 'data' FROM outbox WHERE workflow_id = $1"
@@ -225,7 +225,7 @@ Test(wait_timeout, a_wait_that_times_out_continues_at_its_on_timeout_step)
 	        "\"job_type\":\"ship\"},{\"name\":\"remind\",\"job_type\":\"remind\"}]}");
 	wait_due(wf);
 	reap(out, sizeof(out));
-	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=0 timeouts=1");
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=0 timeouts=1 incidents=0");
 	expect_state(wf, "running/3");
 	expect_events(&t, wf, "workflow.created,workflow.started,step.timed_out");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1", wf), 2,
@@ -472,6 +472,127 @@ Test(reapers, reap_refuses_a_bad_interval)
 	cr_assert_eq(tstack_cli(out, sizeof(out), "reap", "--loop", "--interval", "5", NULL), 64);
 	cr_assert_str_eq(tstack_cli_stderr(),
 	                 "idemflow: --interval takes milliseconds, 10 to 3600000\n");
+}
+
+/*
+ * A value PostgreSQL refuses only when the timer fires (an "until" offset
+ * of 16 hours, as a server before the check stored it) used to fail the
+ * reaper's shared batch every round, for every tenant. Now that timer
+ * parks its own workflow in incident and the others fire; a resume after
+ * the fix fires it.
+ */
+Test(reapers, a_timer_that_cannot_fire_parks_its_workflow_and_the_batch_goes_on)
+{
+	struct tstack_tenant a, b;
+	char out[256], key[64], path[160], *bad, *good[3], *err;
+	struct http_response *r;
+
+	tstack_tenant_create(&a, "badtimer");
+	tstack_tenant_create(&b, "goodtimer");
+	bad = tstack_create(&a, "{\"type\":\"s\",\"steps\":[{\"name\":\"nap\",\"sleep\":\"PT0S\"},"
+	                        "{\"name\":\"then\",\"until\":\"2026-01-01T00:00:00Z\"}]}");
+	tstack_exec(tstack_db(),
+	            "UPDATE workflows SET steps = jsonb_set(steps, '{1,until}',"
+	            " '\"2026-01-01T00:00:00+16:00\"') WHERE id = $1",
+	            bad);
+	for (int i = 0; i < 3; i++)
+		good[i] =
+		    tstack_create(&b, "{\"type\":\"s\",\"steps\":[{\"name\":\"nap\",\"sleep\":"
+		                      "\"PT0S\"},{\"name\":\"then\",\"job_type\":\"x\"}]}");
+	wait_due(good[2]);
+
+	reap(out, sizeof(out));
+	for (int i = 0; i < 3; i++)
+		expect_state(good[i], "running/2");
+	expect_state(bad, "incident/1");
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=3 timeouts=0 incidents=1");
+	expect_events(&a, bad, "workflow.created,workflow.started,workflow.incident");
+	err = tstack_text("SELECT error FROM timers WHERE workflow_id = $1 AND step = 1", bad);
+	cr_assert_str_eq(err,
+	                 "the sleep timer could not fire: time zone displacement out of range: "
+	                 "\"2026-01-01T00:00:00+16:00\" (SQLSTATE 22009)");
+	free(err);
+	err = tstack_text("SELECT payload::jsonb -> 'data' ->> 'error' FROM outbox"
+	                  " WHERE workflow_id = $1 AND type = 'workflow.incident'",
+	                  bad);
+	cr_assert(err != NULL && strstr(err, "(SQLSTATE 22009)") != NULL, "%s", err);
+	free(err);
+	/* It is no longer due: the next round leaves it. */
+	reap(out, sizeof(out));
+	cr_assert_str_eq(out, "reap: jobs=0");
+
+	/* Resumed without a fix, it parks again; after the fix it fires, and
+	 * so does the (past) time it then waits for. */
+	snprintf(path, sizeof(path), "/v1/workflows/%s/resume", bad);
+	tstack_key(key, sizeof(key), "resume");
+	r = tstack_post(&a, path, key, "{}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	expect_state(bad, "running/1");
+	reap(out, sizeof(out));
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=0 timeouts=0 incidents=1");
+	expect_state(bad, "incident/1");
+	tstack_exec(tstack_db(),
+	            "UPDATE workflows SET steps = jsonb_set(steps, '{1,until}',"
+	            " '\"2026-01-01T00:00:00+15:00\"') WHERE id = $1",
+	            bad);
+	tstack_key(key, sizeof(key), "resume");
+	r = tstack_post(&a, path, key, "{}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	reap(out, sizeof(out));
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=2 timeouts=0 incidents=0");
+	expect_state(bad, "completed/2");
+	expect_events(&a, bad,
+	              "workflow.created,workflow.started,workflow.incident,workflow.resumed,"
+	              "workflow.incident,workflow.resumed,timer.fired,timer.fired,"
+	              "workflow.completed");
+	for (int i = 0; i < 3; i++)
+		free(good[i]);
+	free(bad);
+}
+
+/*
+ * Timers went strictly by due time, so an "until" long past went ahead of
+ * everything, and one tenant's flood of them held back everyone else's.
+ * Now the tenants with due timers share each batch: with batches of 5 and
+ * 30 of tenant a's timers due since 2001, tenant b's sleep fires in the
+ * first batch (one transaction: one fired_at).
+ */
+Test(reapers, a_flood_of_one_tenants_timers_does_not_hold_back_another)
+{
+	struct tstack_tenant a, b;
+	char out[256], *wf = NULL, *first;
+	long ahead;
+
+	tstack_tenant_create(&a, "flood");
+	tstack_tenant_create(&b, "victim");
+	for (int i = 0; i < 30; i++) {
+		free(wf);
+		wf = tstack_create(&a, "{\"type\":\"s\",\"steps\":[{\"name\":\"then\",\"until\":"
+		                       "\"2001-01-01T00:00:00Z\"},{\"name\":\"x\",\"job_type\":"
+		                       "\"x\"}]}");
+	}
+	free(wf);
+	wf = tstack_create(&b, "{\"type\":\"s\",\"steps\":[{\"name\":\"nap\",\"sleep\":\"PT0S\"},"
+	                       "{\"name\":\"x\",\"job_type\":\"x\"}]}");
+	wait_due(wf);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "reap", "--prune-batch", "5", NULL), 0,
+	             "reap: %s", tstack_cli_stderr());
+	/* Batches in the order they ran: tenant a's before b's fired. */
+	ahead = tstack_count("SELECT count(*) FROM timers t"
+	                     " WHERE t.tenant_id = $1 AND t.fired_at <"
+	                     "       (SELECT fired_at FROM timers WHERE workflow_id = $2)",
+	                     a.id_text, wf);
+	cr_assert_eq(ahead, 0, "%ld of the flood fired before the other tenant's timer", ahead);
+	first = tstack_text("SELECT count(*) FROM timers WHERE tenant_id = $1 AND fired_at ="
+	                    " (SELECT fired_at FROM timers WHERE workflow_id = $2)",
+	                    a.id_text, wf);
+	/* The batch of 5 shared by two tenants: 3 each at most, b had 1. */
+	cr_assert_str_eq(first, "3");
+	free(first);
+	cr_assert_str_eq(out, "reap: jobs=0\nreap: timers=31 timeouts=0 incidents=0");
+	free(wf);
 }
 
 /* --- Bad definitions --------------------------------------------------- */
