@@ -35,8 +35,9 @@
 --
 -- A migration that adds a table, or a statement that uses a table or column
 -- in a new way, adds its grant here in the same change: t/db/test_roles.c runs
--- the server and the dispatcher as these roles and fails on any table that
--- neither group has a decision for.
+-- every route of the server, the dispatcher, and prune and reap (with leases,
+-- timers and messages to handle) as these roles, and fails on a permission
+-- error or on any table that neither group has a decision for.
 
 \set ON_ERROR_STOP on
 

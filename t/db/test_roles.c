@@ -7,10 +7,16 @@
  * Proves: roles.sql runs again and again; every table has a decision; an
  * idemflow-fcgi logged in as a member of idemflow_server serves every
  * statement of app/server/queries.c (creates, replays, conflicts, expired keys,
- * unkeyed creates, reads, readiness, metrics, key counts, NOTIFY) without one
- * permission error; idemflow-dispatch as a member of idemflow_dispatcher
- * delivers; and neither role can change the schema, the tenants or the
- * tokens. Roles belong to the whole cluster, so the tests run one at a time.
+ * unkeyed creates, reads, readiness, metrics, key counts, NOTIFY) and
+ * every route of app/server/route.h (heartbeats, incidents and resumes,
+ * messages by id and by business key, sleep and wait-timeout steps; each
+ * route's 2xx seen in /metrics) without one permission error; idemflow
+ * reap and prune as a member of idemflow_maintenance hand back an expired
+ * lease, fire a sleep, time out two waits, drop a cancelled workflow's
+ * timer and delete an expired message; idemflow-dispatch as a member of
+ * idemflow_dispatcher delivers; and neither role can change the schema,
+ * the tenants or the tokens. Roles belong to the whole cluster, so the
+ * tests run one at a time.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +30,8 @@
 #include <unistd.h>
 
 #include <criterion/criterion.h>
+
+#include "server/route.h"
 
 #include "http.h"
 #include "tapi.h"
@@ -383,6 +391,286 @@ Test(roles, the_dispatcher_delivers_as_idemflow_dispatcher)
 	                          " AND published_at IS NOT NULL AND attempts = 1",
 	                          t.id_text),
 	             2);
+}
+
+/*
+ * idemflow CMD as idemflow_maint, the role of the cron jobs' prune and
+ * reap; its exit status, and its output (stdout and stderr) in out.
+ */
+static int cli_as_maint(char *out, size_t outsz, const char *cmd)
+{
+	char db[1024], log[512], *text;
+	int rc;
+
+	conninfo_as(db, sizeof(db), "idemflow_maint");
+	stack_path(log, sizeof(log), cmd);
+	const char *argv[] = { tstack_env("IDEMFLOW_CLI"),
+		               "--config",
+		               tstack_env("IDEMFLOW_CONF"),
+		               "--db",
+		               db,
+		               cmd,
+		               NULL };
+	rc = run(argv, log);
+	text = slurp(log);
+	snprintf(out, outsz, "%s", text);
+	free(text);
+	return rc;
+}
+
+/* Create a workflow as t through our own server; its id. */
+static char *create_as_server(const struct tstack_tenant *t, const char *body)
+{
+	struct http_response *r = req("POST", COLLECTION, t->auth, NULL, body);
+	char *id;
+
+	cr_assert_eq(r->status, 201, "create %s: %d %s; see %s", body, r->status, r->body, own.log);
+	id = tstack_json(r->body, "{id}");
+	http_response_free(r);
+	return id;
+}
+
+static void expect_wf(const char *wf, const char *state_step)
+{
+	char *v = tstack_text("SELECT state || '/' || step FROM workflows WHERE id = $1", wf);
+
+	cr_assert_str_eq(v, state_step, "workflow %s", wf);
+	free(v);
+}
+
+/* The workflow's event types in order, comma-separated. */
+static void expect_events_of(const char *wf, const char *types)
+{
+	char *v = tstack_text("SELECT string_agg(type, ',' ORDER BY seq) FROM outbox"
+	                      " WHERE workflow_id = $1",
+	                      wf);
+
+	cr_assert_str_eq(v, types, "events of %s", wf);
+	free(v);
+}
+
+/*
+ * Every route of app/server/route.h answered with a 2xx by our own
+ * server, by its /metrics: a route added later without a request here
+ * fails this test.
+ */
+static void expect_every_route_served(void)
+{
+	struct http_response *r = req("GET", "/metrics", NULL, NULL, NULL);
+
+	cr_assert_eq(r->status, 200, "metrics: %d %s", r->status, r->body);
+	for (int i = 0; i < ROUTE_OTHER; i++) {
+		char series[200];
+		const char *p = r->body;
+		int served = 0;
+
+		snprintf(series, sizeof(series),
+		         "\nidemflow_requests_total{route=\"%s\",status=\"2",
+		         route_name((enum route)i));
+		while ((p = strstr(p, series)) != NULL) {
+			served = 1;
+			p++;
+		}
+		cr_assert(served, "no 2xx answer on %s as idemflow_server",
+		          route_name((enum route)i));
+	}
+	http_response_free(r);
+}
+
+/*
+ * Every route, as the roles: besides the first test's, a heartbeat (keyed
+ * and not), an incident and its resume, POST /v1/messages (correlated,
+ * kept, taken by a create, expired), sleep and wait-timeout steps written
+ * by the server, /healthz, /status and /v1/openapi.json, each route
+ * checked by /metrics; then the reaper and prune as idemflow_maint, with
+ * work to do: a lease that ran out, a sleep due that goes on into a wait
+ * whose kept message is there, two wait timeouts due (one going on at its
+ * on_timeout step, one failing the workflow), the timer of a cancelled
+ * workflow, an expired kept message.
+ */
+Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_stop)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char key[128], path[160], out[512], *hb, *inc, *paid, *kept, *nap, *late, *lost, *gone,
+	    *log;
+
+	own_start();
+	own_wait_worker();
+	tstack_tenant_create(&t, "roles-more");
+
+	expect_status(req("GET", "/healthz", NULL, NULL, NULL), 204, "healthz");
+	expect_status(req("GET", "/readyz", NULL, NULL, NULL), 200, "readyz");
+	expect_status(req("GET", "/metrics", NULL, NULL, NULL), 200, "metrics");
+	expect_status(req("GET", "/status", NULL, NULL, NULL), 200, "status");
+	expect_status(req("GET", "/v1/openapi.json", NULL, NULL, NULL), 200, "openapi");
+
+	/* A heartbeat, plain and keyed; then its lease runs out, for reap. */
+	hb = create_as_server(&t,
+	                      "{\"type\":\"hb\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rh\"}]}");
+	expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+	                  "{\"job_type\":\"rh\",\"worker\":\"w\"}"),
+	              200, "activation");
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/heartbeat", hb);
+	expect_status(req("POST", path, t.auth, NULL,
+	                  "{\"worker\":\"w\",\"lease_seconds\":60,\"progress\":{\"done\":1}}"),
+	              200, "heartbeat");
+	tstack_key(key, sizeof(key), "hb");
+	expect_status(req("POST", path, t.auth, key,
+	                  "{\"worker\":\"w\",\"lease_seconds\":60,\"progress\":{\"done\":2}}"),
+	              200, "keyed heartbeat");
+	expect_status(req("POST", path, t.auth, key,
+	                  "{\"worker\":\"w\",\"lease_seconds\":60,\"progress\":{\"done\":2}}"),
+	              200, "heartbeat replayed");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 1"
+	                          " AND state = 'active' AND progress::jsonb = '{\"done\":2}'"
+	                          " AND heartbeat_at IS NOT NULL",
+	                          hb),
+	             1);
+	tstack_exec(tstack_db(),
+	            "UPDATE jobs SET due_at = now() - interval '1 second' WHERE workflow_id = $1",
+	            hb);
+
+	/* An incident, listed, and resumed (keyed, and replayed). */
+	inc =
+	    create_as_server(&t, "{\"type\":\"inc\",\"steps\":[{\"name\":\"a\",\"job_type\":\"ri\","
+	                         "\"retries\":0,\"on_failure\":\"incident\"}]}");
+	expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+	                  "{\"job_type\":\"ri\",\"worker\":\"w\"}"),
+	              200, "activation");
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/fail", inc);
+	expect_status(req("POST", path, t.auth, NULL, "{\"worker\":\"w\",\"error\":\"e\"}"), 200,
+	              "fail into an incident");
+	expect_wf(inc, "incident/1");
+	expect_status(req("GET", COLLECTION "?state=incident", t.auth, NULL, NULL), 200,
+	              "incidents listed");
+	snprintf(path, sizeof(path), COLLECTION "/%s/resume", inc);
+	tstack_key(key, sizeof(key), "resume");
+	expect_status(req("POST", path, t.auth, key, "{\"retries\":1}"), 200, "resume");
+	expect_status(req("POST", path, t.auth, key, "{\"retries\":1}"), 200, "resume replayed");
+	expect_wf(inc, "running/1");
+	expect_events_of(inc, "workflow.created,workflow.started,job.failed,workflow.incident,"
+	                      "workflow.resumed");
+	/* The resumed job completes: a message by id, the history, a read. */
+	expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+	                  "{\"job_type\":\"ri\",\"worker\":\"w\"}"),
+	              200, "activation");
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", inc);
+	expect_status(req("POST", path, t.auth, NULL, "{\"worker\":\"w\"}"), 200, "complete");
+	expect_wf(inc, "completed/1");
+	snprintf(path, sizeof(path), COLLECTION "/%s/events", inc);
+	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "events");
+	snprintf(path, sizeof(path), COLLECTION "/%s", inc);
+	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "read");
+
+	/* A message by id, to a waiting workflow. */
+	paid = create_as_server(&t, "{\"type\":\"byid\",\"steps\":["
+	                            "{\"name\":\"w\",\"wait_for\":\"byid\"}]}");
+	snprintf(path, sizeof(path), COLLECTION "/%s/messages", paid);
+	expect_status(req("POST", path, t.auth, NULL, "{\"message_id\":\"i1\",\"name\":\"byid\"}"),
+	              200, "a message by id");
+	expect_wf(paid, "completed/1");
+	free(paid);
+
+	/* POST /v1/messages: to a waiting workflow (its wait's timer goes), */
+	paid =
+	    create_as_server(&t, "{\"type\":\"pay\",\"business_key\":\"K-1\",\"steps\":["
+	                         "{\"name\":\"w\",\"wait_for\":\"paid\",\"timeout\":\"PT1H\"}]}");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE workflow_id = $1", paid), 1);
+	tstack_key(key, sizeof(key), "publish");
+	r = req("POST", "/v1/messages", t.auth, key,
+	        "{\"name\":\"paid\",\"business_key\":\"K-1\",\"message_id\":\"m1\"}");
+	cr_assert_eq(r->status, 200, "publish: %d %s; see %s", r->status, r->body, own.log);
+	cr_assert_not_null(strstr(r->body, "\"correlated\":true"), "%s", r->body);
+	http_response_free(r);
+	expect_wf(paid, "completed/1");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE workflow_id = $1", paid), 0);
+	/* kept for a workflow that begins its wait later (a create takes it), */
+	expect_status(req("POST", "/v1/messages", t.auth, NULL,
+	                  "{\"name\":\"ship\",\"business_key\":\"K-2\",\"message_id\":\"m2\"}"),
+	              202, "message kept");
+	kept = create_as_server(&t, "{\"type\":\"ship\",\"business_key\":\"K-2\",\"steps\":["
+	                            "{\"name\":\"w\",\"wait_for\":\"ship\"}]}");
+	expect_wf(kept, "completed/1");
+	/* and one that nobody takes, expired: prune's. */
+	expect_status(req("POST", "/v1/messages", t.auth, NULL,
+	                  "{\"name\":\"x\",\"business_key\":\"K-3\",\"message_id\":\"m3\"}"),
+	              202, "message kept");
+	tstack_exec(tstack_db(),
+	            "UPDATE messages SET expires_at = now() - interval '1 second'"
+	            " WHERE tenant_id = $1 AND message_id = 'm3'",
+	            t.id_text);
+
+	/* Timers the server writes: a sleep due at once, two waits whose
+	 * timeouts are made due, and the sleep of a workflow cancelled since.
+	 * The sleep goes on into a wait whose kept message is there. */
+	expect_status(req("POST", "/v1/messages", t.auth, NULL,
+	                  "{\"name\":\"go\",\"business_key\":\"K-4\",\"message_id\":\"m4\"}"),
+	              202, "message kept");
+	nap = create_as_server(&t, "{\"type\":\"nap\",\"business_key\":\"K-4\",\"steps\":["
+	                           "{\"name\":\"nap\",\"until\":\"2020-01-01T00:00:00Z\"},"
+	                           "{\"name\":\"w\",\"wait_for\":\"go\"},"
+	                           "{\"name\":\"b\",\"job_type\":\"rn\"}]}");
+	late = create_as_server(&t, "{\"type\":\"late\",\"steps\":["
+	                            "{\"name\":\"w\",\"wait_for\":\"never\",\"timeout\":\"PT1H\","
+	                            "\"on_timeout\":\"c\"},{\"name\":\"b\",\"job_type\":\"rb\"},"
+	                            "{\"name\":\"c\",\"job_type\":\"rc\"}]}");
+	lost =
+	    create_as_server(&t, "{\"type\":\"lost\",\"steps\":["
+	                         "{\"name\":\"w\",\"wait_for\":\"never\",\"timeout\":\"PT1H\"}]}");
+	gone = create_as_server(&t, "{\"type\":\"gone\",\"steps\":["
+	                            "{\"name\":\"nap\",\"until\":\"2020-01-01T00:00:00Z\"}]}");
+	snprintf(path, sizeof(path), COLLECTION "/%s/transitions", gone);
+	expect_status(req("POST", path, t.auth, NULL, "{\"to\":\"cancelled\"}"), 200, "cancel");
+	tstack_exec(tstack_db(),
+	            "UPDATE timers SET due_at = now() - interval '1 second'"
+	            " WHERE workflow_id IN ($1, $2)",
+	            late, lost);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE tenant_id = $1"
+	                          " AND fired_at IS NULL AND due_at <= now()",
+	                          t.id_text),
+	             4);
+
+	/* The reaper, as cron runs it: every one of them. */
+	cr_assert_eq(cli_as_maint(out, sizeof(out), "reap"), 0, "reap: %s", out);
+	cr_assert_str_eq(out, "reap: jobs=1\nreap: timers=1 timeouts=2\n");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 1"
+	                          " AND state = 'activatable'",
+	                          hb),
+	             1, "the lease that ran out is handed back");
+	expect_wf(nap, "running/3");
+	expect_events_of(nap, "workflow.created,workflow.started,timer.fired,job.completed");
+	expect_wf(late, "running/3");
+	expect_events_of(late, "workflow.created,workflow.started,step.timed_out");
+	expect_wf(lost, "failed/1");
+	expect_events_of(lost, "workflow.created,workflow.started,step.timed_out,workflow.failed");
+	expect_wf(gone, "cancelled/1");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE tenant_id = $1"
+	                          " AND fired_at IS NULL",
+	                          t.id_text),
+	             0, "every due timer fired or dropped");
+
+	/* Prune, as cron runs it: the expired message. */
+	cr_assert_eq(cli_as_maint(out, sizeof(out), "prune"), 0, "prune: %s", out);
+	cr_assert_not_null(strstr(out, " messages=1"), "%s", out);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1"
+	                          " AND message_id = 'm3'",
+	                          t.id_text),
+	             0);
+
+	expect_every_route_served();
+	log = slurp(own.log);
+	cr_assert_null(strstr(log, "permission denied"), "%s", log);
+	cr_assert_null(strstr(log, "level=error"), "%s", log);
+	free(log);
+	free(hb);
+	free(inc);
+	free(paid);
+	free(kept);
+	free(nap);
+	free(late);
+	free(lost);
+	free(gone);
 }
 
 /* Run sql as user; its SQLSTATE ("" when it succeeded). */

@@ -2,14 +2,20 @@
 # t/package/test_package.sh - the Debian package, built and installed for real.
 #
 # Builds the package with `dpkg-buildpackage -us -uc -b` from a clean copy
-# of the committed tree (git archive HEAD), runs lintian on it (neither an
-# error nor a warning), checks its contents, and
+# of the committed tree (git archive HEAD), runs lintian on it (exit status
+# 0 with --fail-on error,warning: neither an error nor a warning, and
+# lintian itself ran), checks its contents, and
 # drives its maintainer scripts in a throwaway Debian 12 root made by
 # debootstrap: install, upgrade over the previous build with an operator's
-# edit of the configuration, remove, purge. Checks after each step what an
-# operator would: the idemflow user, the configuration's owner and mode,
-# no service enabled or started, the edit kept, the programs gone, the
-# configuration and logs gone after purge.
+# edit of the configuration, remove, purge. The previous build ships other
+# conffiles than this one, so the upgrade goes through dpkg's conffile
+# logic: the edited idemflow.conf is kept (the new one beside it as
+# .dpkg-dist), the unedited pg_service.conf is replaced. Checks after each
+# step what an operator would: the idemflow user, the configuration's owner
+# and mode, no service enabled or started, each cron job starting its
+# program only once the configuration names a database and the program is
+# installed, the edit kept, the programs gone, the configuration and logs
+# gone after purge.
 #
 # Slow (a package build and a debootstrap: minutes), so not in `make
 # check`: `scripts/test --package` runs it. Needs root (chroot), network
@@ -58,9 +64,13 @@ DEB=$(ls "$WORK"/build/idemflow_*_*.deb)
 VERSION=$(dpkg-deb -f "$DEB" Version)
 
 step "lintian"
-lintian --fail-on none --tag-display-limit 0 "$WORK"/build/idemflow_*.changes \
-	>"$WORK/lintian.txt" 2>&1 || true
+# Its exit status is the verdict: 1 for an error or a warning, 2 when
+# lintian itself could not run (then its output has no tag to grep for).
+lintian_rc=0
+lintian --fail-on error,warning --tag-display-limit 0 "$WORK"/build/idemflow_*.changes \
+	>"$WORK/lintian.txt" 2>&1 || lintian_rc=$?
 cat "$WORK/lintian.txt" >&2
+check "lintian exits 0 (status $lintian_rc)" test "$lintian_rc" -eq 0
 check "lintian reports no error" bash -c "! grep -q '^E: ' '$WORK/lintian.txt'"
 check "lintian reports no warning" bash -c "! grep -q '^W: ' '$WORK/lintian.txt'"
 
@@ -82,12 +92,26 @@ dpkg-deb -I "$DEB" conffiles >"$WORK/conffiles"
 check "the configuration is a conffile" grep -qxF /etc/idemflow/idemflow.conf "$WORK/conffiles"
 check "nothing is installed under /usr/local" bash -c "! grep -q '^/usr/local' '$WORK/files'"
 
-# The previous build: the same files under a lower version, to upgrade from.
+# The previous build, to upgrade from: the same files under a lower
+# version, but with two conffiles that differ from this build's, as a
+# release that changed its shipped configuration. Only then does dpkg's
+# conffile logic decide anything: an unchanged conffile is left alone
+# whatever the operator did to it.
 step "the previous build, as version ${VERSION}~prev"
 dpkg-deb -R "$DEB" "$WORK/prev"
 sed -i "s/^Version: .*/Version: ${VERSION}~prev/" "$WORK/prev/DEBIAN/control"
+# (dh_md5sums lists no conffile: dpkg takes their sums at unpack.)
+for f in etc/idemflow/idemflow.conf etc/idemflow/pg_service.conf; do
+	echo "# as shipped by ${VERSION}~prev" >>"$WORK/prev/$f"
+done
 dpkg-deb --root-owner-group -b "$WORK/prev" "$WORK/idemflow_${VERSION}~prev.deb" >/dev/null
 PREV=$WORK/idemflow_${VERSION}~prev.deb
+for f in /etc/idemflow/idemflow.conf /etc/idemflow/pg_service.conf; do
+	dpkg-deb --fsys-tarfile "$DEB" | tar -xO ".$f" >"$WORK/new.${f##*/}"
+	dpkg-deb --fsys-tarfile "$PREV" | tar -xO ".$f" >"$WORK/prev.${f##*/}"
+	check "the previous build ships another $f" \
+		bash -c "! cmp -s '$WORK/new.${f##*/}' '$WORK/prev.${f##*/}'"
+done
 
 # ---------------------------------------------------------------- a root
 ROOT=$WORK/root
@@ -133,15 +157,66 @@ check "the server unit is not enabled" \
 check "the dispatcher's timer is not enabled" \
 	bash -c "! ls '$ROOT'/etc/systemd/system/timers.target.wants/idemflow* 2>/dev/null | grep -q ."
 check "the programs run" in_root idemflow-dispatch --version
-# What cron would run as the idemflow user: nothing, while no database
-# is named (grep's exit status 1 ends the && chain before the program).
-line=$(grep -m 1 'idemflow-dispatch --config' "$ROOT/etc/cron.d/idemflow" | sed 's/^\([^ ]* *\)\{5\}idemflow *//')
-check "an unconfigured installation's cron job runs nothing" \
-	bash -c "! chroot '$ROOT' setpriv --reuid=idemflow --regid=idemflow --init-groups sh -c \"\$1\" 2>/dev/null" _ "$line"
+
+# The cron jobs, as cron runs them: each line's command, as the idemflow
+# user, in the file's environment. A program that fails (no database to
+# reach) must not count as "ran nothing": for these checks the programs
+# are stand-ins that record that they started.
+mapfile -t jobs < <(grep -E '^[0-9*]' "$ROOT/etc/cron.d/idemflow" | sed 's/^\([^ ]* *\)\{5\}idemflow *//')
+check "the cron file has 3 jobs (${#jobs[@]})" test "${#jobs[@]}" -eq 3
+PROGRAMS=(/usr/bin/idemflow /usr/bin/idemflow-dispatch)
+stand_ins() { # stand_ins on|off
+	local p
+	for p in "${PROGRAMS[@]}"; do
+		if [[ $1 == on ]]; then
+			mv "$ROOT$p" "$ROOT$p.real"
+			# shellcheck disable=SC2016 # expanded by the stand-in
+			printf '#!/bin/sh\necho "$0 $*" >>/tmp/cron-ran\n' >"$ROOT$p"
+			chmod 755 "$ROOT$p"
+		else
+			mv "$ROOT$p.real" "$ROOT$p"
+		fi
+	done
+	rm -f "$ROOT/tmp/cron-ran"
+}
+# cron_job N: run job N; its exit status in $job_rc, its stderr in
+# $WORK/job.err, what it started in $WORK/job.ran.
+cron_job() {
+	job_rc=0
+	chroot "$ROOT" setpriv --reuid=idemflow --regid=idemflow --init-groups \
+		env -i SHELL=/bin/sh PATH=/usr/bin:/bin PGSERVICEFILE=/etc/idemflow/pg_service.conf \
+		HOME=/ sh -c "${jobs[$1]}" >/dev/null 2>"$WORK/job.err" </dev/null || job_rc=$?
+	cat "$ROOT/tmp/cron-ran" >"$WORK/job.ran" 2>/dev/null || : >"$WORK/job.ran"
+	rm -f "$ROOT/tmp/cron-ran"
+}
+# A job that runs nothing exits 1 (a guard of its && chain) and says
+# nothing: "not found" (127) is cron mailing an error every minute.
+expect_nothing_ran() { # expect_nothing_ran WHEN
+	local i
+	for i in "${!jobs[@]}"; do
+		cron_job "$i"
+		check "$1, cron job $((i + 1)) starts no program ($(wc -l <"$WORK/job.ran") started)" \
+			test ! -s "$WORK/job.ran"
+		check "$1, cron job $((i + 1)) exits 1 silently (status $job_rc, $(wc -c <"$WORK/job.err") bytes on stderr)" \
+			bash -c "[[ $job_rc == 1 && ! -s '$WORK/job.err' ]]"
+	done
+}
+stand_ins on
+expect_nothing_ran "unconfigured"
+stand_ins off
 
 # ---------------------------------------------------------------- upgrade
 step "an operator's edit, then the upgrade to $VERSION"
 echo "db = host=/run/postgresql dbname=idemflow user=idemflow" >>"$ROOT/etc/idemflow/idemflow.conf"
+cp "$ROOT/etc/idemflow/idemflow.conf" "$WORK/edited.conf"
+# Configured, each job starts its program: the guard opens.
+stand_ins on
+for i in "${!jobs[@]}"; do
+	cron_job "$i"
+	want=$(grep -o '/usr/bin/idemflow[a-z-]*' <<<"${jobs[$i]}" | tail -n 1)
+	check "configured, cron job $((i + 1)) starts $want" grep -q "^$want " "$WORK/job.ran"
+done
+stand_ins off
 if in_root apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-confold \
 	"/tmp/${DEB##*/}" >>"$WORK/apt.log" 2>&1; then
 	ok "the package upgrades over the previous build"
@@ -151,8 +226,12 @@ else
 fi
 check "the upgrade installed $VERSION" \
 	bash -c "[[ \$(chroot '$ROOT' dpkg-query -W -f '\${Version}' idemflow) == '$VERSION' ]]"
-check "the operator's edit survives the upgrade" \
-	grep -qxF "db = host=/run/postgresql dbname=idemflow user=idemflow" "$ROOT/etc/idemflow/idemflow.conf"
+check "the operator's edited configuration survives the upgrade byte for byte" \
+	cmp "$WORK/edited.conf" "$ROOT/etc/idemflow/idemflow.conf"
+check "the new release's configuration is beside it as idemflow.conf.dpkg-dist" \
+	cmp "$WORK/new.idemflow.conf" "$ROOT/etc/idemflow/idemflow.conf.dpkg-dist"
+check "the unedited pg_service.conf is the new release's" \
+	cmp "$WORK/new.pg_service.conf" "$ROOT/etc/idemflow/pg_service.conf"
 check "the configuration is still root:idemflow 0640" \
 	bash -c "[[ \$(chroot '$ROOT' stat -c '%U:%G %a' /etc/idemflow/idemflow.conf) == 'root:idemflow 640' ]]"
 
@@ -163,8 +242,8 @@ echo "a line" >"$ROOT/var/log/idemflow/idemflow.log"
 in_root apt-get remove -y idemflow >>"$WORK/apt.log" 2>&1 || bad "apt-get remove failed"
 check "remove takes the programs" bash -c "[[ ! -e '$ROOT/usr/bin/idemflow-dispatch' ]]"
 check "remove keeps the configuration" test -f "$ROOT/etc/idemflow/idemflow.conf"
-check "a removed package's cron job runs nothing" \
-	bash -c "! chroot '$ROOT' sh -c \"\$1\" 2>/dev/null" _ "$line"
+# Configured (the edit is kept), but the programs are gone.
+expect_nothing_ran "removed"
 step "purge"
 in_root apt-get purge -y idemflow >>"$WORK/apt.log" 2>&1 || bad "apt-get purge failed"
 check "purge takes the configuration" bash -c "[[ ! -e '$ROOT/etc/idemflow' ]]"
