@@ -633,7 +633,7 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 
 	/* The reaper, as cron runs it: every one of them. */
 	cr_assert_eq(cli_as_maint(out, sizeof(out), "reap"), 0, "reap: %s", out);
-	cr_assert_str_eq(out, "reap: jobs=1\nreap: timers=1 timeouts=2\n");
+	cr_assert_str_eq(out, "reap: jobs=1\nreap: timers=1 timeouts=2 incidents=0\n");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 1"
 	                          " AND state = 'activatable'",
 	                          hb),
