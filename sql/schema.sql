@@ -166,7 +166,11 @@ BEGIN
             jsonb_build_object('id', p_wf || '.' || v_seq, 'type', p_type,
                                'workflow_id', p_wf, 'seq', v_seq, 'tenant_id', p_tenant,
                                'occurred_at', idemflow_ts(now()), 'data', p_data)::text,
-            now(), now());
+            now(),
+            CASE WHEN EXISTS (SELECT 1 FROM outbox
+                               WHERE tenant_id = p_tenant AND workflow_id = p_wf
+                                 AND dead_at IS NOT NULL)
+                 THEN 'infinity'::timestamptz ELSE now() END);
 END
 $$;
 
@@ -1052,6 +1056,8 @@ CREATE INDEX messages_expiry ON public.messages USING btree (expires_at) WHERE (
 CREATE INDEX messages_unconsumed ON public.messages USING btree (tenant_id, workflow_id, name, received_at) WHERE (step IS NULL);
 
 CREATE INDEX outbox_dead ON public.outbox USING btree (id) WHERE (dead_at IS NOT NULL);
+
+CREATE INDEX outbox_dead_workflow ON public.outbox USING btree (tenant_id, workflow_id, seq) WHERE (dead_at IS NOT NULL);
 
 CREATE INDEX outbox_due ON public.outbox USING btree (next_attempt_at, id) WHERE ((published_at IS NULL) AND (dead_at IS NULL));
 

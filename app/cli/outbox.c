@@ -16,7 +16,22 @@
 
 #define OUTBOX_STATE                                                                               \
 	"CASE WHEN published_at IS NOT NULL THEN 'published'"                                      \
-	"     WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'pending' END"
+	"     WHEN dead_at IS NOT NULL THEN 'dead'"                                                \
+	"     WHEN next_attempt_at = 'infinity' THEN 'held' ELSE 'pending' END"
+
+/* The events parked behind a dead one that requeueing it makes due: the
+ * later ones of its workflow that no other dead event holds back
+ * (sql/012_held_events.sql). d is the requeued event's row. */
+#define OUTBOX_UNPARK                                                                              \
+	"UPDATE outbox h SET next_attempt_at = now()"                                              \
+	"  FROM outbox d"                                                                          \
+	" WHERE d.id IN (SELECT id FROM up) AND h.tenant_id = d.tenant_id"                         \
+	"   AND h.workflow_id = d.workflow_id AND h.seq > d.seq"                                   \
+	"   AND h.next_attempt_at = 'infinity' AND h.published_at IS NULL AND h.dead_at IS NULL"   \
+	"   AND NOT EXISTS (SELECT 1 FROM outbox x"                                                \
+	"                    WHERE x.tenant_id = h.tenant_id AND x.workflow_id = h.workflow_id"    \
+	"                      AND x.dead_at IS NOT NULL AND x.seq < h.seq"                        \
+	"                      AND x.id NOT IN (SELECT id FROM up))"
 
 /* outbox list: one statement per filter, whole at compile time. $1 limit. */
 #define OUTBOX_LIST(filter)                                                                        \
@@ -133,7 +148,8 @@ static int outbox_requeue(PGconn *conn, const char *id, int force)
 	            "  UPDATE outbox o SET dead_at = NULL, attempts = 0,"
 	            "         next_attempt_at = now(), lease_owner = NULL, lease_until = NULL"
 	            "    FROM ev WHERE o.id = ev.id AND ($2::bool OR NOT coalesce(ev.held, false))"
-	            "  RETURNING o.id)"
+	            "  RETURNING o.id),"
+	            " unpark AS (" OUTBOX_UNPARK ")"
 	            " SELECT coalesce(ev.held, false), coalesce(ev.lease_owner, ''), ev.until,"
 	            "        up.id IS NOT NULL"
 	            "   FROM ev LEFT JOIN up ON up.id = ev.id",
@@ -171,14 +187,17 @@ static int outbox_requeue_dead(PGconn *conn)
 	struct err e;
 
 	res = db_exec(conn,
-	              "UPDATE outbox SET dead_at = NULL, attempts = 0,"
-	              "       next_attempt_at = now(), lease_owner = NULL,"
-	              "       lease_until = NULL"
-	              " WHERE dead_at IS NOT NULL",
+	              "WITH up AS ("
+	              "  UPDATE outbox SET dead_at = NULL, attempts = 0,"
+	              "         next_attempt_at = now(), lease_owner = NULL,"
+	              "         lease_until = NULL"
+	              "   WHERE dead_at IS NOT NULL RETURNING id),"
+	              " unpark AS (" OUTBOX_UNPARK ")"
+	              " SELECT count(*) FROM up",
 	              0, NULL, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
-	printf("requeued %s event(s)\n", PQcmdTuples(res));
+	printf("requeued %s event(s)\n", PQgetvalue(res, 0, 0));
 	PQclear(res);
 	return EX_OK;
 }

@@ -44,15 +44,24 @@ static const struct db_stmt dispatch_stmts[D__COUNT] = {
 	             "NULL"
 	             " WHERE id = ANY($1::bigint[]) AND lease_owner = $2" },
 	/* $1 ids, $2 owner, $3 errors (text[]), $4 delays in ms (bigint[]),
-	 * $5 dead (bool[]) */
+	 * $5 dead (bool[]). The later events of a workflow whose event dies
+	 * wait for its requeue: parked at 'infinity', they leave every
+	 * claim's range (sql/012_held_events.sql). */
 	[D_FAIL] = { "d_fail", 5,
-	             "UPDATE outbox o SET last_error = f.err,"
-	             "       next_attempt_at = now() + f.delay_ms * interval '1 millisecond',"
-	             "       dead_at = CASE WHEN f.dead THEN now() END,"
-	             "       lease_owner = NULL, lease_until = NULL"
-	             "  FROM unnest($1::bigint[], $3::text[], $4::bigint[], $5::bool[])"
-	             "       AS f(id, err, delay_ms, dead)"
-	             " WHERE o.id = f.id AND o.lease_owner = $2" },
+	             "WITH failed AS ("
+	             "  UPDATE outbox o SET last_error = f.err,"
+	             "         next_attempt_at = now() + f.delay_ms * interval '1 millisecond',"
+	             "         dead_at = CASE WHEN f.dead THEN now() END,"
+	             "         lease_owner = NULL, lease_until = NULL"
+	             "    FROM unnest($1::bigint[], $3::text[], $4::bigint[], $5::bool[])"
+	             "         AS f(id, err, delay_ms, dead)"
+	             "   WHERE o.id = f.id AND o.lease_owner = $2"
+	             "  RETURNING o.tenant_id, o.workflow_id, o.seq, f.dead)"
+	             " UPDATE outbox h SET next_attempt_at = 'infinity'"
+	             "   FROM failed"
+	             "  WHERE failed.dead AND h.tenant_id = failed.tenant_id"
+	             "    AND h.workflow_id = failed.workflow_id AND h.seq > failed.seq"
+	             "    AND h.published_at IS NULL AND h.dead_at IS NULL" },
 	/* $1 ids, $2 owner: claimed but never attempted (the lease was about
 	 * to run out, or the run is stopping): hand them back untouched. */
 	[D_RELEASE] = { "d_release", 2,
