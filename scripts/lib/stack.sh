@@ -207,6 +207,8 @@ _stack_pg_write_conf() {
 			echo "fsync = off"
 			echo "synchronous_commit = off"
 			echo "full_page_writes = off"
+			echo "# tests read the rows a statement sent (t/e2e/test_stores.c)"
+			echo "shared_preload_libraries = 'pg_stat_statements'"
 		fi
 	} >"$STACK_PG_DATA/stack.conf"
 	chmod 644 "$STACK_PG_DATA/stack.conf"

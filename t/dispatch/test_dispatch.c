@@ -714,15 +714,78 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 }
 
 /*
+ * Runs the dispatcher with extra and, until it exits, watches its session
+ * in pg_stat_activity every 50 ms: a statement seen active for longer than
+ * limit_ms is cancelled (pg_cancel_backend) and counted. The limit holds
+ * whatever the binary makes of --statement-timeout (a dispatcher that
+ * ignored the option ran with 60 s). The count is what a test asserts: a
+ * claim whose rows wait in a full socket is sent from a tuplestore, where
+ * the backend checks for no cancel, and once it has read its next command
+ * it drops a cancel (a statement_timeout, by contrast, then still aborts
+ * the transaction, and a recording sent with the claim with it). *longest_ms
+ * gets the longest statement seen, *cancelled how many went past the limit.
+ * Returns the exit status.
+ */
+static int run_with_statement_limit(const char *const *extra, long limit_ms, long *longest_ms,
+                                    long *cancelled)
+{
+	char app[64], lim[24], last[96] = "";
+	pid_t pid = spawn(extra);
+	int st;
+
+	snprintf(app, sizeof(app), "%%-dispatch-%ld", (long)pid);
+	snprintf(lim, sizeof(lim), "%ld", limit_ms);
+	*longest_ms = 0;
+	*cancelled = 0;
+	for (;;) {
+		pid_t w = waitpid(pid, &st, WNOHANG);
+		cr_assert_geq(w, 0);
+		if (w == pid)
+			break;
+		const char *p[2] = { app, lim };
+		PGresult *res = sql(
+		    "SELECT (extract(epoch FROM clock_timestamp() - query_start) * 1000)::bigint,"
+		    "       CASE WHEN clock_timestamp() - query_start > $2::bigint * interval '1 "
+		    "ms'"
+		    "            THEN pg_cancel_backend(pid) ELSE false END,"
+		    "       pid || ' ' || query_start"
+		    "  FROM pg_stat_activity WHERE application_name LIKE $1 AND state = 'active'",
+		    2, p);
+		for (int i = 0; i < PQntuples(res); i++) {
+			long ms = atol(PQgetvalue(res, i, 0));
+			if (ms > *longest_ms)
+				*longest_ms = ms;
+			/* A backend blocked on its socket sees the cancel only
+			 * once the write is done: count each statement once. */
+			if (strcmp(PQgetvalue(res, i, 1), "t") == 0 &&
+			    strcmp(PQgetvalue(res, i, 2), last) != 0) {
+				snprintf(last, sizeof(last), "%s", PQgetvalue(res, i, 2));
+				++*cancelled;
+			}
+		}
+		PQclear(res);
+		usleep(50 * 1000);
+	}
+	cr_assert(WIFEXITED(st), "dispatcher killed by signal %d", WTERMSIG(st));
+	return WEXITSTATUS(st);
+}
+
+/*
  * The pipeline records batch k-1 and claims batch k+1 while the sink
  * delivers batch k. Here a batch's payloads (100 x 8 KiB) are far larger
- * than a socket buffer and its delivery (100 commands of 20 ms) outlasts
- * the statement timeout: the claim must never wait on the sink, and a
- * recording must never depend on it. Every event ends up published, none
- * is delivered more than twice, and the run exits 0.
+ * than a socket buffer and its delivery (100 commands of 20 ms, 2 s and
+ * more) outlasts the statement timeout of 1 s, which the test enforces
+ * itself: the claim must never wait on the sink, and a recording must
+ * never depend on it. Before the recording and the claim were two
+ * transactions and the claim's rows were read during the delivery, the
+ * claim stayed active until the delivery ended, and its statement_timeout
+ * aborted it and the recording sent with it: what the run had delivered
+ * was never recorded. Every event ends up published, none is delivered
+ * more than twice, and the run exits 0.
  */
 Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 {
+	long longest, cancelled;
 	char dir[256], cmd[1200];
 	const char *p[1] = { tenant };
 
@@ -746,7 +809,15 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 	const char *slow[] = {
 		"--sink", "exec", "--exec", cmd, "--batch", "100", "--statement-timeout", "1s", NULL
 	};
-	int rc = run(slow);
+	int rc = run_with_statement_limit(slow, 1000, &longest, &cancelled);
+	cr_log_info("slow sink: exit %d, longest dispatcher statement %ld ms, %ld cancelled,"
+	            " %ld of 300 events published on their first attempt",
+	            rc, longest, cancelled,
+	            count_where("published_at IS NOT NULL AND attempts = 1"));
+	cr_assert_eq(cancelled, 0,
+	             "%ld of the dispatcher's statements ran past 1 s (the longest %ld ms):"
+	             " a claim waited on the sink (log: %s)",
+	             cancelled, longest, logfile);
 	cr_assert_eq(rc, 0, "the run exited %d (log: %s)", rc, logfile);
 	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 1"), 300,
 	             "every event is recorded as published on its first attempt");

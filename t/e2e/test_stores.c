@@ -310,10 +310,11 @@ static void *walk_pages(void *arg)
 	return NULL;
 }
 
-/* VmRSS of pid in KiB, or -1. */
-static long rss_kib(pid_t pid)
+/* The field of pid's /proc status in KiB ("VmRSS", "VmHWM"), or -1. */
+static long status_kib(pid_t pid, const char *field)
 {
 	char path[64], line[256];
+	size_t len = strlen(field);
 	long kib = -1;
 	FILE *f;
 
@@ -322,22 +323,74 @@ static long rss_kib(pid_t pid)
 	if (f == NULL)
 		return -1;
 	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+		if (strncmp(line, field, len) == 0 && line[len] == ':') {
+			kib = strtol(line + len + 1, NULL, 10);
 			break;
+		}
 	fclose(f);
 	return kib;
+}
+
+static long rss_kib(pid_t pid)
+{
+	return status_kib(pid, "VmRSS");
+}
+
+/* Start pid's peak RSS (VmHWM) again from its RSS now (proc(5), clear_refs). */
+static void peak_reset(pid_t pid)
+{
+	char path[64];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%ld/clear_refs", (long)pid);
+	f = fopen(path, "w");
+	cr_assert_not_null(f, "%s: cannot open", path);
+	cr_assert_eq(fputs("5", f) >= 0 && fclose(f) == 0, 1, "%s: cannot write", path);
+}
+
+/* The calls and rows PostgreSQL counted for the list query since the last
+ * pg_stat_statements_reset(). */
+static void list_stats(long *calls, long *rows)
+{
+	const char *q = "FROM pg_stat_statements WHERE query LIKE 'WITH RECURSIVE page AS (%'";
+	char sql[200];
+
+	snprintf(sql, sizeof(sql), "SELECT coalesce(sum(calls), 0) %s", q);
+	*calls = tstack_count(sql);
+	snprintf(sql, sizeof(sql), "SELECT coalesce(sum(rows), 0) %s", q);
+	*rows = tstack_count(sql);
+}
+
+/* Items on the page r answered, and its next_cursor (36 characters, ""
+ * when null) into cursor. */
+static int page_items(const struct http_response *r, char cursor[37])
+{
+	const char *c, *p;
+	int n = 0;
+
+	for (p = r->body; (p = strstr(p, "{\"id\":\"")) != NULL; p++)
+		n++;
+	c = strstr(r->body, "\"next_cursor\":\"");
+	snprintf(cursor, 37, "%.36s", c != NULL ? c + 15 : "");
+	return n;
 }
 
 /*
  * Tens of MB of workflows (40 of about 900 KB each), listed a thousand at
  * a time by four clients at once: every answer stays within max_answer,
- * the walks see every workflow, and each worker's resident memory comes
- * back to near where it was (its buffers and the big allocations are
- * given back after each request).
+ * the walks see every workflow, each worker's peak resident memory during
+ * the walks (VmHWM, started again from its RSS before them) stays within
+ * a few pages' worth, and its resident memory comes back to near where it
+ * was (its buffers and the big allocations are given back after each
+ * request). Then one more walk, page by page: PostgreSQL's own count
+ * (pg_stat_statements) of the rows the list query sent is the page's
+ * items plus at most two (the one the cap cut, the one past the budget),
+ * never the thousand asked for.
  */
 Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_memory_back)
 {
 	const long slack_kib = 5 * 1024;
+	long peak[64], peak_slack_kib;
 	struct tstack_tenant t;
 	struct walk w[CLIENTS];
 	pthread_t th[CLIENTS];
@@ -368,8 +421,10 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 		cr_assert_not_null(r);
 		http_response_free(r);
 	}
-	for (size_t i = 0; i < nw; i++)
+	for (size_t i = 0; i < nw; i++) {
+		peak_reset(pids[i]);
 		before[i] = rss_kib(pids[i]);
+	}
 
 	for (int i = 0; i < CLIENTS; i++) {
 		w[i] = (struct walk){ .t = &t, .cap = cap };
@@ -387,6 +442,14 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 		cr_log_info("client %d: %d pages, largest %zu bytes", i, w[i].pages, w[i].largest);
 	}
 
+	/* At its peak a worker holds one page's rows (the budget plus two
+	 * items) and its answer (at most the cap), each grown by doubling:
+	 * four caps over where it started. Before the cap, one page held all
+	 * 36 MB, twice. */
+	peak_slack_kib = 4 * (long)(cap / 1024);
+	for (size_t i = 0; i < nw; i++)
+		peak[i] = status_kib(pids[i], "VmHWM");
+
 	/* The workers answered before they gave the memory back: look again
 	 * for a moment rather than once. */
 	for (int tries = 0;; tries++) {
@@ -400,16 +463,65 @@ Test(memory, pages_over_tens_of_megabytes_stay_within_the_cap_and_workers_give_m
 		tstack_sleep_ms(100);
 	}
 	for (size_t i = 0; i < nw; i++) {
-		cr_log_info("worker %ld: VmRSS %ld kB before, %ld kB after", (long)pids[i],
-		            before[i], after[i]);
+		cr_log_info("worker %ld: VmRSS %ld kB before, peak %ld kB, %ld kB after",
+		            (long)pids[i], before[i], peak[i], after[i]);
 #if defined(__SANITIZE_ADDRESS__)
 		/* AddressSanitizer keeps freed memory in its quarantine (256 MB)
 		 * and never hands it back: a worker's RSS says nothing there.
 		 * The plain build checks it. */
 		continue;
 #endif
+		cr_assert_gt(peak[i], 0, "worker %ld: no VmHWM", (long)pids[i]);
+		cr_assert_leq(peak[i], before[i] + peak_slack_kib,
+		              "worker %ld peaked at %ld kB, %ld kB over its %ld kB before (at most"
+		              " %ld)",
+		              (long)pids[i], peak[i], peak[i] - before[i], before[i],
+		              peak_slack_kib);
 		cr_assert_leq(after[i], before[i] + slack_kib,
 		              "worker %ld kept %ld kB more than before (%ld -> %ld kB)",
 		              (long)pids[i], after[i] - before[i], before[i], after[i]);
+	}
+
+	/* What PostgreSQL sent, page by page. */
+	tstack_exec(tstack_db(), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+	{
+		const char *h[] = { t.auth, NULL };
+		const long most = (long)(cap / BIG_INPUT) + 2;
+		char path[200], cursor[37] = "";
+		int pages = 0, items = 0;
+		long calls, rows, most_rows = 0;
+
+		do {
+			struct http_response *r;
+			int got;
+
+			snprintf(path, sizeof(path), "/v1/workflows?type=big&limit=1000%s%s",
+			         cursor[0] ? "&after=" : "", cursor);
+			tstack_exec(tstack_db(), "SELECT pg_stat_statements_reset()");
+			r = http_request("GET", path, h, NULL, 0);
+			cr_assert_not_null(r);
+			cr_assert_eq(r->status, 200, "GET %s: %d", path, r->status);
+			got = page_items(r, cursor);
+			http_response_free(r);
+			list_stats(&calls, &rows);
+			cr_assert_eq(calls, 1, "page %d: the list query ran %ld times", pages + 1,
+			             calls);
+			cr_assert_gt(got, 0, "page %d: no items", pages + 1);
+			cr_assert_leq(rows, got + 2,
+			              "page %d: PostgreSQL sent %ld rows for a page of %d items",
+			              pages + 1, rows, got);
+			cr_assert_leq(
+			    rows, most,
+			    "page %d: PostgreSQL sent %ld rows of %d bytes, the cap is %zu",
+			    pages + 1, rows, BIG_INPUT, cap);
+			if (rows > most_rows)
+				most_rows = rows;
+			pages++;
+			items += got;
+		} while (cursor[0] != '\0');
+		cr_assert_eq(items, BIG_WORKFLOWS, "the measured walk saw %d items", items);
+		cr_log_info("measured walk: %d pages, at most %ld rows sent for one (at most %ld"
+		            " allowed)",
+		            pages, most_rows, most);
 	}
 }
