@@ -2,7 +2,7 @@
  * keyclaim.pml - the Idempotency-Key protocol: concurrent same-key
  * requests, the in-flight wait and its timeout, workers dying before and
  * after the commit, expiry and takeover, prune, and the workers' replay
- * caches (app/server/: api.c, rcache.c, wf.c, cmd.c, queries.c;
+ * caches (app/server/: auth.c, rcache.c, wf.c, cmd.c, queries.c;
  * app/cli/prune.c).
  *
  * Each step says which code or SQL it stands for; t/model/README.md has
@@ -63,7 +63,7 @@ bit committed[MAXGEN + 1];	/* ghost */
 byte rcgen[NW];		/* the row held: its generation */
 byte rcfp[NW];
 byte rcleft[NW];	/* deadline - rcache_now_ms(); 0: no entry */
-byte askage[NC];	/* ticks since the client's asked_at (api.c, authenticate) */
+byte askage[NC];	/* ticks since the client's asked_at (auth.c, auth_begin) */
 bit asking[NC];
 
 byte wdeaths;
@@ -133,7 +133,7 @@ attempt:
 	/* nginx hands the attempt to some worker. */
 	select (w : 0 .. NW - 1);
 
-	/* api.c, authenticate(): rcache_get() before any statement. A hit
+	/* auth.c, auth_begin(): rcache_get() before any statement. A hit
 	 * (deadline not reached) answers the held row with no round trip. */
 	if
 	:: atomic {
