@@ -219,7 +219,7 @@ end:
 			fi
 		};
 		i = 0;
-		assert(LEASES_HELD)
+		assert(LEASES_HELD)	/* property lease */
 	   }
 	od
 }
@@ -270,7 +270,7 @@ inline claim_body(b, bleft, btok)
 	};
 	i = 0;
 	n = 0;
-	assert(LEASES_HELD)
+	assert(LEASES_HELD)	/* property lease */
 }
 
 /* The recording of prv, in a transaction of its own: D_DONE (d_done)
@@ -304,7 +304,7 @@ inline record_body()
 	p_fail = 0;
 	p_dead = 0;
 	i = 0;
-	assert(LEASES_HELD)
+	assert(LEASES_HELD)	/* property lease */
 }
 
 /* A dispatcher killed (SIGKILL, a crash, a failed recording) between two
@@ -362,7 +362,7 @@ newrun:
 			todo != 0 && LEASE_OK(d) ->
 			i = LOWEST(todo);
 			todo = todo & ~(1 << i);
-			assert(ORDER_OK(i));
+			assert(ORDER_OK(i));	/* property order */
 			sinkev[d] = i;
 			dl[d] = 0
 		   };
@@ -413,7 +413,7 @@ claim_failed:
 	 * recorded every event it delivered (unless the lease had passed to
 	 * another claim). What it holds undelivered is left to its leases. */
 	atomic {
-		assert((p_ok | p_fail) == 0);
+		assert((p_ok | p_fail) == 0);	/* property recording */
 		cur[d] = 0;
 		nxt[d] = 0;
 		prv[d] = 0;
@@ -480,7 +480,7 @@ end:
 		:: else -> skip
 		fi;
 		e = 0;
-		assert(LEASES_HELD)
+		assert(LEASES_HELD)	/* property lease */
 	   }
 	od
 }
