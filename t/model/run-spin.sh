@@ -73,6 +73,7 @@ CHECKS=(
 	"outbox-sink-fails-mid-batch|outbox.pml|recording|$PIPE -DMAXCFAIL=0 -DMAXSFAIL=1 -DBATCH=2|$BFS|"
 	"outbox-record-before-exit|outbox.pml|ok|$PIPE -DRECORD_BEFORE_EXIT|$SAFE|"
 	"outbox-liveness|outbox.pml|ok|-DLIVENESS -DNE=2 -DSKIP_RECORDING|$LIVE|-a -f"
+	"outbox-liveness-slow-dispatcher|outbox.pml|live|-DLIVENESS -DNE=2 -DSKIP_RECORDING -DSLOW_DISPATCHER|$LIVE|-a -f"
 	"outbox-liveness-lease-never-ends|outbox.pml|live|-DLIVENESS -DNE=2 -DSKIP_RECORDING -DLEASE_NEVER_ENDS|$LIVE|-a -f"
 	"outbox-no-owner-guard|outbox.pml|lease|-DNE=2 -DSKIP_RECORDING -DNO_OWNER_GUARD|$BFS|"
 	"outbox-owner-per-process|outbox.pml|lease|-DNE=2 -DSKIP_RECORDING -DOWNER_PER_PROCESS|$BFS|"
