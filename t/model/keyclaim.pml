@@ -2,7 +2,7 @@
  * keyclaim.pml - the Idempotency-Key protocol: concurrent same-key
  * requests, the in-flight wait and its timeout, workers dying before and
  * after the commit, expiry and takeover, prune, and the workers' replay
- * caches (app/server/: api.c, rcache.c, wf.c, cmd.c, queries.c;
+ * caches (app/server/: auth.c, rcache.c, wf.c, cmd.c, queries.c;
  * app/cli/prune.c).
  *
  * Each step says which code or SQL it stands for; t/model/README.md has
@@ -26,6 +26,9 @@
  *   replay a replay answers the stored response of a committed effect
  *          (2xx to the same fingerprint, 409 reused to another);
  *   and no request hangs (no invalid end state).
+ * Each assertion's line names its property ("property NAME"): the line
+ * spin's trail replay reports is how t/model/run-spin.sh tells which
+ * property a counterexample broke.
  *
  * Broken variants (-D NAME), each rejected by spin with a counterexample:
  *   NO_ON_CONFLICT       the claim as a read then an insert, without the
@@ -35,6 +38,8 @@
  *   RCACHE_NO_EXPIRY_CAP rcache_put keeping an entry replay_cache_ttl
  *                        whatever the key has left
  *   RCACHE_FROM_ANSWER   rcache_put counting from the answer, not asked_at
+ *   STORE_BEFORE_COMMIT  the response stored and committed on its own,
+ *                        before the command's effect commits
  */
 
 #define NC 2		/* clients, each one logical request under the key */
@@ -63,7 +68,7 @@ bit committed[MAXGEN + 1];	/* ghost */
 byte rcgen[NW];		/* the row held: its generation */
 byte rcfp[NW];
 byte rcleft[NW];	/* deadline - rcache_now_ms(); 0: no entry */
-byte askage[NC];	/* ticks since the client's asked_at (api.c, authenticate) */
+byte askage[NC];	/* ticks since the client's asked_at (auth.c, auth_begin) */
 bit asking[NC];
 
 byte wdeaths;
@@ -133,13 +138,13 @@ attempt:
 	/* nginx hands the attempt to some worker. */
 	select (w : 0 .. NW - 1);
 
-	/* api.c, authenticate(): rcache_get() before any statement. A hit
+	/* auth.c, auth_begin(): rcache_get() before any statement. A hit
 	 * (deadline not reached) answers the held row with no round trip. */
 	if
 	:: atomic {
 		rcleft[w] > 0 ->
-		assert(kex && kgen == rcgen[w] && kleft > 0);	/* cache */
-		REPLAY(rcgen[w], rcfp[w]);
+		assert(kex && kgen == rcgen[w] && kleft > 0);	/* property cache */
+		REPLAY(rcgen[w], rcfp[w]);	/* property replay */
 		goto done
 	   }
 	:: else -> skip
@@ -179,7 +184,7 @@ attempt:
 	/* cmd_run: a live key row fetched with the token is answered at
 	 * once (answer_existing); an expired one is taken over below. */
 	if
-	:: g != 0 && left > 0 -> atomic { REPLAY(g, f); goto done }
+	:: g != 0 && left > 0 -> atomic { REPLAY(g, f); goto done }	/* property replay */
 	:: else -> skip
 	fi;
 
@@ -236,6 +241,12 @@ owner:
 #ifdef ACK_BEFORE_COMMIT
 	atomic { acked[c] = ngen + 1 };
 #endif
+#ifdef STORE_BEFORE_COMMIT
+	/* Q_KEY_STORE in a transaction of its own, committed before the
+	 * command's: the row answers with its response at once, and the
+	 * effect it announces commits later, or never. */
+	atomic { kex = 1; kgen = ngen + 1; kfp = FP(c); kleft = hleft; hold = 0 };
+#endif
 	if
 	:: atomic {
 		wdeaths < MAXWDEATHS ->
@@ -252,7 +263,7 @@ owner:
 	   goto retry
 #endif
 	:: atomic {
-		assert(life == 0);	/* once */
+		assert(life == 0);	/* property once */
 		ngen++;
 		committed[ngen] = 1;
 		kex = 1;
@@ -282,7 +293,7 @@ taken:
 	 * new statement sees the row its claim waited for. */
 	atomic {
 		if
-		:: kex && kleft > 0 -> REPLAY(kgen, kfp); goto done
+		:: kex && kleft > 0 -> REPLAY(kgen, kfp); goto done	/* property replay */
 		:: else -> skip
 		fi
 	};
@@ -349,5 +360,5 @@ init
 	};
 	/* acked: when every client is done, every 201 was a committed effect. */
 	(ndone == NC);
-	assert((acked[0] == 0 || committed[acked[0]]) && (acked[1] == 0 || committed[acked[1]]))
+	assert((acked[0] == 0 || committed[acked[0]]) && (acked[1] == 0 || committed[acked[1]]))	/* property acked */
 }
