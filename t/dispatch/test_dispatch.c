@@ -897,5 +897,62 @@ Test(dispatch, a_database_error_other_than_unreachable_exits_70)
 	cr_assert(log_has("level=error") && log_has("exit=70"), "the failure is logged");
 }
 
+/*
+ * A receiver's bytes end up in last_error: a Location it sent with a 302,
+ * cut to 200 bytes. The cut must not split a character and a byte that is
+ * not UTF-8 must not reach the text column, or the recording of the whole
+ * batch fails, on every run, and nothing in it is ever recorded.
+ */
+static void receiver_bytes_recorded(const char *location, const char *want_location)
+{
+	char *id, ctl[1024], want[512];
+	const char *p[2];
+	int rc;
+	PGresult *res;
+
+	seed(3, 1);
+	id = event_id_of("true");
+	snprintf(ctl, sizeof(ctl),
+	         "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 302, \"location\": \"%s\"}", id,
+	         location);
+	cr_assert_eq(receiver_control(&rcv, ctl), 0, "%s", rcv.error);
+	rc = run(NULL);
+	cr_assert_eq(rc, 0, "exit %d", rc);
+	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 1"), 2,
+	             "the batch's other events are recorded");
+	p[0] = tenant;
+	p[1] = id;
+	res = sql("SELECT last_error FROM outbox WHERE tenant_id = $1 AND event_id = $2"
+	          " AND published_at IS NULL AND attempts = 1",
+	          2, p);
+	cr_assert_eq(PQntuples(res), 1, "the failure is recorded");
+	snprintf(want, sizeof(want), "HTTP 302 (redirect to %s", want_location);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), want);
+	PQclear(res);
+	free(id);
+}
+
+Test(dispatch, an_error_text_cut_inside_a_character_is_cut_before_it)
+{
+	char loc[512], want[512];
+	int n = snprintf(loc, sizeof(loc), "http://127.0.0.1/");
+
+	for (int i = 0; i < 100; i++)
+		n += snprintf(loc + n, sizeof(loc) - (size_t)n, "\xc3\xa9"); /* U+00E9 */
+	/* "HTTP 302 (redirect to " and the 17 bytes of the URL's start leave
+	 * 161 of the 200 bytes: 80 whole characters, the 81st cut. */
+	n = snprintf(want, sizeof(want), "http://127.0.0.1/");
+	for (int i = 0; i < 80; i++)
+		n += snprintf(want + n, sizeof(want) - (size_t)n, "\xc3\xa9");
+	receiver_bytes_recorded(loc, want);
+}
+
+Test(dispatch, a_byte_that_is_not_utf8_in_an_error_text_is_replaced)
+{
+	/* \udcff: receiver.py sends the raw byte 0xff. */
+	receiver_bytes_recorded("http://127.0.0.1/\\udcffx", "http://127.0.0.1/\xef\xbf\xbd"
+	                                                     "x not followed)");
+}
+
 /* One test at a time: each drains the shared outbox. */
 TSTACK_SEQUENTIAL
