@@ -714,6 +714,101 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 }
 
 /*
+ * The command gets a clean environment: the dispatcher's own (its database
+ * settings, libpq's PG* variables, anything a unit file set) stays behind.
+ * What it gets is documented in idemflow-dispatch(8); dash adds PWD. The
+ * trace context comes from the database: a stored value that is not a valid
+ * traceparent or tracestate is not passed on.
+ */
+Test(dispatch, the_exec_sink_passes_a_clean_environment_and_only_valid_trace_context)
+{
+	char dir[256], cmd[1400], path[700], svc[700], got[4096] = "";
+	const char *tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+	FILE *f;
+	size_t n;
+
+	snprintf(dir, sizeof(dir), "%s/exec-env-%ld",
+	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
+	         (long)getpid());
+	mkdir(dir, 0755);
+	/* libpq must still work for the dispatcher itself with these set. */
+	snprintf(svc, sizeof(svc), "%s/pg_service.conf", dir);
+	f = fopen(svc, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[idemflow_test]\nhost=%s\n", getenv("PGHOST"));
+	fclose(f);
+	setenv("PGSERVICEFILE", svc, 1);
+	setenv("PGSERVICE", "idemflow_test", 1);
+	setenv("PGPASSWORD", "not-for-commands", 1);
+	setenv("IDEMFLOW_SECRET_OF_THE_DISPATCHER", "x", 1);
+	setenv("PATH", "/usr/bin:/bin", 1);
+	setenv("HOME", "/nonexistent", 1);
+	setenv("LANG", "C.UTF-8", 1);
+	setenv("TZ", "UTC", 1);
+	unsetenv("LC_ALL");
+
+	/* Three events: a valid trace, a tracestate with a byte the spec
+	 * forbids, a traceparent that is not one (both written past the
+	 * server, as a bad migration or a hand could). */
+	const char *p[2] = { tenant, tp };
+	PQclear(
+	    sql("WITH w AS ("
+	        "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+	        "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
+	        "    FROM generate_series(1, 3) RETURNING tenant_id, id)"
+	        " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"
+	        "                     traceparent, tracestate)"
+	        " SELECT w.id::text || '.1', w.tenant_id, w.id, 1, 'test.event', '{}',"
+	        "        CASE WHEN n < 3 THEN $2 ELSE repeat('x', 55) END,"
+	        "        CASE n WHEN 1 THEN 'k=$(id)`x`;v' WHEN 2 THEN 'k=v' || chr(10) || 'X=1'"
+	        "               ELSE 'k=v' END"
+	        "   FROM (SELECT *, row_number() OVER () n FROM w) w",
+	        2, p));
+	snprintf(
+	    cmd, sizeof(cmd),
+	    "env | sed 's/=.*//' | sort | tr '\\n' ' ' > \"%s/$IDEMFLOW_EVENT_ID\";"
+	    " printf '%%s|%%s' \"$TRACEPARENT\" \"$TRACESTATE\" > \"%s/$IDEMFLOW_EVENT_ID.trace\"",
+	    dir, dir);
+	const char *exec[] = { "--sink", "exec", "--exec", cmd, NULL };
+	cr_assert_eq(run(exec), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 3);
+
+	PGresult *res = sql("SELECT event_id, traceparent = $2 FROM outbox WHERE tenant_id = $1"
+	                    " ORDER BY traceparent = $2 DESC, tracestate LIKE 'k=$%' DESC",
+	                    2, p);
+	cr_assert_eq(PQntuples(res), 3);
+	const char *want_names[3] = {
+		"HOME IDEMFLOW_ATTEMPT IDEMFLOW_EVENT_ID IDEMFLOW_EVENT_TYPE IDEMFLOW_WORKFLOW_ID"
+		" LANG PATH PWD TRACEPARENT TRACESTATE TZ ",
+		"HOME IDEMFLOW_ATTEMPT IDEMFLOW_EVENT_ID IDEMFLOW_EVENT_TYPE IDEMFLOW_WORKFLOW_ID"
+		" LANG PATH PWD TRACEPARENT TZ ",
+		"HOME IDEMFLOW_ATTEMPT IDEMFLOW_EVENT_ID IDEMFLOW_EVENT_TYPE IDEMFLOW_WORKFLOW_ID"
+		" LANG PATH PWD TZ ",
+	};
+	char want_trace[3][128];
+	snprintf(want_trace[0], sizeof(want_trace[0]), "%s|k=$(id)`x`;v", tp);
+	snprintf(want_trace[1], sizeof(want_trace[1]), "%s|", tp);
+	snprintf(want_trace[2], sizeof(want_trace[2]), "|");
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, PQgetvalue(res, i, 0));
+		f = fopen(path, "r");
+		cr_assert_not_null(f, "the command did not write %s", path);
+		n = fread(got, 1, sizeof(got) - 1, f);
+		got[n] = '\0';
+		fclose(f);
+		cr_assert_str_eq(got, want_names[i], "event %d: %s", i, got);
+		snprintf(path, sizeof(path), "%s/%s.trace", dir, PQgetvalue(res, i, 0));
+		f = fopen(path, "r");
+		cr_assert_not_null(f);
+		n = fread(got, 1, sizeof(got) - 1, f);
+		got[n] = '\0';
+		fclose(f);
+		cr_assert_str_eq(got, want_trace[i], "event %d: %s", i, got);
+	}
+	PQclear(res);
+}
+
+/*
  * The pipeline records batch k-1 and claims batch k+1 while the sink
  * delivers batch k. Here a batch's payloads (100 x 8 KiB) are far larger
  * than a socket buffer and its delivery (100 commands of 20 ms) outlasts
