@@ -229,7 +229,8 @@ enum jobs_activate_param {
 	JA_JOB_TYPE,
 	JA_WORKER,
 	JA_MAX_JOBS,
-	JA_LEASE, /* interval */
+	JA_LEASE,  /* interval */
+	JA_BUDGET, /* bytes: max_answer */
 	JA__N
 };
 

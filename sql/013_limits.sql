@@ -1,0 +1,59 @@
+-- 013_limits.sql: answers and storage that a tenant cannot grow without bound.
+--
+-- POST /v1/jobs/activate hands out at most max_jobs (100) jobs, each with
+-- its workflow's input (up to max_body, 1 MiB): one answer could reach
+-- hundreds of MiB, built in a worker and stored under the key. The new
+-- idemflow_jobs_activate takes a byte budget (the server's max_answer) and
+-- stops before the job that would take the answer past it; the first job
+-- is always handed out, as a page's first item is always shown. A job not
+-- handed out is not touched: it stays activatable (or active under its
+-- lease) for the next call. When the budget stopped it, the function ends
+-- with one more row, all NULL but detail = 'max_answer', which the server
+-- turns into "truncated": true. A job's size is counted from the stored
+-- texts (the workflow's input as jsonb prints it, which is never shorter
+-- than its canonical form, the job's name, type, error and trace state, the
+-- worker) plus 512 bytes for the members around them.
+--
+-- The old five-argument function stays for the workers of the previous
+-- release until they are replaced (sql/README.md, rule 4).
+
+CREATE FUNCTION idemflow_jobs_activate(p_tenant bigint, p_type text, p_worker text,
+                                       p_max integer, p_lease interval, p_budget bigint)
+RETURNS SETOF idemflow_job_row LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    j jobs;
+    used bigint := 0;
+BEGIN
+    FOR c IN
+        SELECT jb.workflow_id, jb.step, w.state AS wf_state, w.input::text AS input,
+               512 + octet_length(w.input::text) + octet_length(jb.name)
+                   + octet_length(jb.job_type) + octet_length(p_worker)
+                   + coalesce(octet_length(jb.error), 0)
+                   + coalesce(octet_length(jb.tracestate), 0) AS size
+          FROM jobs jb
+          JOIN workflows w ON w.tenant_id = jb.tenant_id AND w.id = jb.workflow_id
+         WHERE jb.tenant_id = p_tenant AND jb.job_type = p_type
+           AND jb.state IN ('activatable', 'active') AND jb.due_at <= now()
+         ORDER BY jb.due_at
+         LIMIT p_max
+           FOR UPDATE OF jb, w SKIP LOCKED
+    LOOP
+        IF used > 0 AND used + c.size > p_budget THEN
+            RETURN NEXT idemflow_job_problem(NULL, 'max_answer');
+            RETURN;
+        END IF;
+        used := used + c.size;
+        UPDATE jobs SET state = 'active', worker = p_worker, due_at = now() + p_lease,
+                        activations = activations + 1, updated_at = now()
+         WHERE tenant_id = p_tenant AND workflow_id = c.workflow_id AND step = c.step
+        RETURNING * INTO j;
+        IF c.wf_state = 'pending' THEN
+            UPDATE workflows SET state = 'running' WHERE tenant_id = p_tenant AND id = c.workflow_id;
+            PERFORM idemflow_event(p_tenant, c.workflow_id, 'workflow.started',
+                                   jsonb_build_object('state', 'running'));
+        END IF;
+        RETURN NEXT idemflow_job_result(j, c.input, 'running');
+    END LOOP;
+END
+$$;
