@@ -605,8 +605,10 @@ static int render_created(struct handler_ctx *ctx, const struct http_req *req,
 }
 
 /* A create with steps or a business key: the created workflow's answer
- * was rendered before the statement; the 'existing' one comes from the
- * row. */
+ * was rendered before the statement, as "pending" at step 1; the
+ * 'existing' one comes from the row, and so does a created one that its
+ * own transaction moved on (its first wait took a kept message), so the
+ * answer, and what the key stores, is the state the create left. */
 static int render_create_run(struct handler_ctx *ctx, const struct http_req *req,
                              struct http_resp *resp, const PGresult *res, const struct cmd *c,
                              struct err *e)
@@ -619,8 +621,15 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
 		return err_set(e, ERR_INTERNAL, "idemflow_wf_create returned %d rows",
 		               PQntuples(res));
 	if (strcmp(PQgetvalue(res, 0, 2), "created") == 0) {
-		answer_created(resp, cr);
-		return 0;
+		if (strcmp(PQgetvalue(res, 0, 5), "pending") == 0 &&
+		    (cr->steps == NULL || strcmp(PQgetvalue(res, 0, 10), "1") == 0)) {
+			answer_created(resp, cr);
+			return 0;
+		}
+		resp->status = 201;
+		resp->content_type = "application/json";
+		http_resp_header(resp, "Location", cr->location);
+		return wf_write_row(&resp->body, &ctx->body, res, 0, 3, 0, e);
 	}
 	/* An active workflow already has this business key: that one. */
 	resp->status = 200;
