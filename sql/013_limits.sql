@@ -1,4 +1,7 @@
--- 013_limits.sql: answers and storage that a tenant cannot grow without bound.
+-- 013_limits.sql: bounds and serializations that were missing.
+--
+-- 1. A job activation bounded by max_answer (idemflow_jobs_activate).
+-- 2. A heartbeat and the reap serialized on the job's row (idemflow_job_lock).
 --
 -- POST /v1/jobs/activate hands out at most max_jobs (100) jobs, each with
 -- its workflow's input (up to max_body, 1 MiB): one answer could reach
@@ -55,5 +58,43 @@ BEGIN
         END IF;
         RETURN NEXT idemflow_job_result(j, c.input, 'running');
     END LOOP;
+END
+$$;
+
+-- A heartbeat racing idemflow reap at the end of a lease. idemflow_job_lock
+-- locked the workflow but only read the job, and idemflow_reap takes the
+-- job's row alone. A heartbeat begun before the deadline read the job as
+-- active, waited in its UPDATE for a reap that had taken the row meanwhile,
+-- then extended the reaped job: 200, yet the job activatable and the next
+-- complete refused (lease-expired). The job's row is now locked here too,
+-- after the workflow's (the order every command takes), so the heartbeat,
+-- complete and fail serialize with the reap on it: whichever comes second
+-- sees what the first did. Replaced whole, same signature.
+CREATE OR REPLACE FUNCTION idemflow_job_lock(p_tenant bigint, p_wf uuid, p_step integer,
+                                             p_worker text, OUT j jobs, OUT problem text,
+                                             OUT detail text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM workflows WHERE tenant_id = p_tenant AND id = p_wf FOR UPDATE;
+    SELECT * INTO j FROM jobs
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step AND job_type IS NOT NULL
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        problem := 'not-found';
+        detail := 'no such job';
+    ELSIF j.state = 'active' AND j.worker = p_worker AND j.due_at > now() THEN
+        problem := NULL;
+    ELSIF j.state IN ('active', 'activatable') AND j.worker = p_worker THEN
+        problem := 'lease-expired';
+        detail := format('the lease of worker "%s" ran out; the job may be activated again and nothing was changed',
+                         p_worker);
+    ELSIF j.state = 'active' THEN
+        problem := 'not-lease-holder';
+        detail := format('the job is leased to another worker, not to "%s"; nothing was changed',
+                         p_worker);
+    ELSE
+        problem := 'job-not-active';
+        detail := format('the job is %s, not active; nothing was changed', j.state);
+    END IF;
 END
 $$;

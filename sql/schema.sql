@@ -365,7 +365,8 @@ CREATE FUNCTION public.idemflow_job_lock(p_tenant bigint, p_wf uuid, p_step inte
 BEGIN
     PERFORM 1 FROM workflows WHERE tenant_id = p_tenant AND id = p_wf FOR UPDATE;
     SELECT * INTO j FROM jobs
-     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step AND job_type IS NOT NULL;
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step AND job_type IS NOT NULL
+       FOR UPDATE;
     IF NOT FOUND THEN
         problem := 'not-found';
         detail := 'no such job';
