@@ -2,6 +2,7 @@
 --
 -- 1. A job activation bounded by max_answer (idemflow_jobs_activate).
 -- 2. A heartbeat and the reap serialized on the job's row (idemflow_job_lock).
+-- 3. Kept messages' ttl capped (idemflow_message_publish), fired timers pruned.
 --
 -- POST /v1/jobs/activate hands out at most max_jobs (100) jobs, each with
 -- its workflow's input (up to max_body, 1 MiB): one answer could reach
@@ -98,3 +99,31 @@ BEGIN
     END IF;
 END
 $$;
+
+-- 3. Storage a tenant cannot grow for years. A message kept by business
+-- key could live as long as a duration may say (about ten years): the
+-- publication now takes the server's message_ttl_max (30 days by default)
+-- and refuses a longer ttl (invalid-duration) before anything is written;
+-- the six-argument function stays for the previous release's workers.
+-- Fired timers were never deleted: idemflow prune now deletes those fired
+-- before outbox_retention, found through timers_fired.
+CREATE FUNCTION idemflow_message_publish(p_tenant bigint, p_message_id text, p_name text,
+                                         p_key text, p_ttl interval, p_payload text,
+                                         p_ttl_max interval)
+RETURNS TABLE (problem text, detail text, outcome text, workflow_id uuid, step integer,
+               expires_at text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_ttl > p_ttl_max THEN
+        RETURN QUERY SELECT 'invalid-duration'::text,
+            format('"ttl" %s is longer than the longest a message is kept (%s); nothing was kept',
+                   p_ttl, p_ttl_max),
+            NULL::text, NULL::uuid, NULL::integer, NULL::text;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM idemflow_message_publish(p_tenant, p_message_id, p_name, p_key,
+                                                        p_ttl, p_payload);
+END
+$$;
+
+CREATE INDEX timers_fired ON timers (fired_at) WHERE fired_at IS NOT NULL;

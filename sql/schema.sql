@@ -547,6 +547,22 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_message_publish(p_tenant bigint, p_message_id text, p_name text, p_key text, p_ttl interval, p_payload text, p_ttl_max interval) RETURNS TABLE(problem text, detail text, outcome text, workflow_id uuid, step integer, expires_at text)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF p_ttl > p_ttl_max THEN
+        RETURN QUERY SELECT 'invalid-duration'::text,
+            format('"ttl" %s is longer than the longest a message is kept (%s); nothing was kept',
+                   p_ttl, p_ttl_max),
+            NULL::text, NULL::uuid, NULL::integer, NULL::text;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM idemflow_message_publish(p_tenant, p_message_id, p_name, p_key,
+                                                        p_ttl, p_payload);
+END
+$$;
+
 CREATE FUNCTION public.idemflow_reap(p_batch integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -990,6 +1006,8 @@ CREATE INDEX outbox_due ON public.outbox USING btree (next_attempt_at, id) WHERE
 CREATE INDEX outbox_published ON public.outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
 
 CREATE INDEX timers_due ON public.timers USING btree (due_at) WHERE (fired_at IS NULL);
+
+CREATE INDEX timers_fired ON public.timers USING btree (fired_at) WHERE (fired_at IS NOT NULL);
 
 CREATE INDEX workflows_active_key ON public.workflows USING btree (tenant_id, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text])));
 

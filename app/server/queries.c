@@ -239,7 +239,7 @@ const struct db_stmt queries[Q__COUNT] = {
 	/* POST /v1/messages: by business key (sql/010_timers.sql). */
 	[Q_MESSAGE_PUBLISH] = { "message_publish", MP__N,
 	                        "SELECT * FROM idemflow_message_publish($1, $2, $3, $4, "
-	                        "$5::interval, $6)" },
+	                        "$5::interval, $6, $7::bigint * interval '1 millisecond')" },
 };
 
 int queries_check(struct err *e)

@@ -220,6 +220,7 @@ enum message_publish_param {
 	MP_BUSINESS_KEY,
 	MP_TTL, /* an ISO 8601 duration, checked (wf.c) */
 	MP_PAYLOAD,
+	MP_TTL_MAX, /* ms: message_ttl_max */
 	MP__N
 };
 

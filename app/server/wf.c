@@ -1204,7 +1204,7 @@ void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		                               "ttl",  "payload",      NULL };
 	struct json_object *root, *payload;
 	const char *message_id, *name, *key, *ttl;
-	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
+	char tenant[24], ttl_max[24], detail[300], fp_text[IDEM_FP_TEXT];
 	size_t off;
 
 	root = cmd_read_json(ctx, req, resp, 0);
@@ -1228,12 +1228,14 @@ void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(ttl_max, sizeof(ttl_max), "%ld", ctx->conf->message_ttl_max);
 	const char *p[MP__N] = { [MP_TENANT] = tenant,
 		                 [MP_MESSAGE_ID] = message_id,
 		                 [MP_NAME] = name,
 		                 [MP_BUSINESS_KEY] = key,
 		                 [MP_TTL] = ttl != NULL ? ttl : WF_MESSAGE_TTL,
-		                 [MP_PAYLOAD] = ctx->scratch.data + off };
+		                 [MP_PAYLOAD] = ctx->scratch.data + off,
+		                 [MP_TTL_MAX] = ttl_max };
 	const struct cmd cmd = { .stmt = Q_MESSAGE_PUBLISH,
 		                 .nparams = MP__N,
 		                 .params = p,

@@ -298,6 +298,35 @@ Test(buffered, a_create_that_takes_a_kept_message_answers_the_state_it_left)
 	}
 }
 
+/*
+ * A kept message lives at most message_ttl_max (30 days by default), not
+ * the ten years a duration may say: a longer ttl is refused and nothing is
+ * kept, so a tenant's unclaimed messages cannot pile up for years.
+ */
+Test(buffered, a_ttl_longer_than_message_ttl_max_is_refused_and_keeps_nothing)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+
+	tstack_tenant_create(&t, "bufttl");
+	r = publish(&t, NULL,
+	            "{\"name\":\"pay\",\"business_key\":\"L-1\",\"message_id\":\"long\","
+	            "\"ttl\":\"P31D\"}");
+	tstack_expect_problem(r, 400, "/problems/invalid-duration", "/v1/messages");
+	http_response_free(r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1", t.id_text),
+	             0);
+	r = publish(&t, NULL,
+	            "{\"name\":\"pay\",\"business_key\":\"L-1\",\"message_id\":\"long\","
+	            "\"ttl\":\"P30D\"}");
+	tstack_expect_status(r, 202);
+	http_response_free(r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1"
+	                          " AND expires_at = received_at + interval '30 days'",
+	                          t.id_text),
+	             1);
+}
+
 Test(buffered, an_expired_message_is_not_delivered_and_prune_deletes_it)
 {
 	struct tstack_tenant t;
