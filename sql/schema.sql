@@ -437,7 +437,8 @@ CREATE FUNCTION public.idemflow_job_lock(p_tenant bigint, p_wf uuid, p_step inte
 BEGIN
     PERFORM 1 FROM workflows WHERE tenant_id = p_tenant AND id = p_wf FOR UPDATE;
     SELECT * INTO j FROM jobs
-     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step AND job_type IS NOT NULL;
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step AND job_type IS NOT NULL
+       FOR UPDATE;
     IF NOT FOUND THEN
         problem := 'not-found';
         detail := 'no such job';
@@ -491,6 +492,47 @@ BEGIN
          LIMIT p_max
            FOR UPDATE OF jb, w SKIP LOCKED
     LOOP
+        UPDATE jobs SET state = 'active', worker = p_worker, due_at = now() + p_lease,
+                        activations = activations + 1, updated_at = now()
+         WHERE tenant_id = p_tenant AND workflow_id = c.workflow_id AND step = c.step
+        RETURNING * INTO j;
+        IF c.wf_state = 'pending' THEN
+            UPDATE workflows SET state = 'running' WHERE tenant_id = p_tenant AND id = c.workflow_id;
+            PERFORM idemflow_event(p_tenant, c.workflow_id, 'workflow.started',
+                                   jsonb_build_object('state', 'running'));
+        END IF;
+        RETURN NEXT idemflow_job_result(j, c.input, 'running');
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.idemflow_jobs_activate(p_tenant bigint, p_type text, p_worker text, p_max integer, p_lease interval, p_budget bigint) RETURNS SETOF public.idemflow_job_row
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    c record;
+    j jobs;
+    used bigint := 0;
+BEGIN
+    FOR c IN
+        SELECT jb.workflow_id, jb.step, w.state AS wf_state, w.input::text AS input,
+               512 + octet_length(w.input::text) + octet_length(jb.name)
+                   + octet_length(jb.job_type) + octet_length(p_worker)
+                   + coalesce(octet_length(jb.error), 0)
+                   + coalesce(octet_length(jb.tracestate), 0) AS size
+          FROM jobs jb
+          JOIN workflows w ON w.tenant_id = jb.tenant_id AND w.id = jb.workflow_id
+         WHERE jb.tenant_id = p_tenant AND jb.job_type = p_type
+           AND jb.state IN ('activatable', 'active') AND jb.due_at <= now()
+         ORDER BY jb.due_at
+         LIMIT p_max
+           FOR UPDATE OF jb, w SKIP LOCKED
+    LOOP
+        IF used > 0 AND used + c.size > p_budget THEN
+            RETURN NEXT idemflow_job_problem(NULL, 'max_answer');
+            RETURN;
+        END IF;
+        used := used + c.size;
         UPDATE jobs SET state = 'active', worker = p_worker, due_at = now() + p_lease,
                         activations = activations + 1, updated_at = now()
          WHERE tenant_id = p_tenant AND workflow_id = c.workflow_id AND step = c.step
@@ -574,6 +616,22 @@ BEGIN
                                               'output', p_payload::jsonb));
     PERFORM idemflow_enter_step(p_tenant, c.wf, c.step + 1);
     RETURN QUERY SELECT NULL::text, NULL::text, 'correlated', c.wf, c.step, NULL::text;
+END
+$$;
+
+CREATE FUNCTION public.idemflow_message_publish(p_tenant bigint, p_message_id text, p_name text, p_key text, p_ttl interval, p_payload text, p_ttl_max interval) RETURNS TABLE(problem text, detail text, outcome text, workflow_id uuid, step integer, expires_at text)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF p_ttl > p_ttl_max THEN
+        RETURN QUERY SELECT 'invalid-duration'::text,
+            format('"ttl" %s is longer than the longest a message is kept (%s); nothing was kept',
+                   p_ttl, p_ttl_max),
+            NULL::text, NULL::uuid, NULL::integer, NULL::text;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM idemflow_message_publish(p_tenant, p_message_id, p_name, p_key,
+                                                        p_ttl, p_payload);
 END
 $$;
 
@@ -1064,6 +1122,8 @@ CREATE INDEX outbox_due ON public.outbox USING btree (next_attempt_at, id) WHERE
 CREATE INDEX outbox_published ON public.outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
 
 CREATE INDEX timers_due ON public.timers USING btree (due_at) WHERE (fired_at IS NULL);
+
+CREATE INDEX timers_fired ON public.timers USING btree (fired_at) WHERE (fired_at IS NOT NULL);
 
 CREATE INDEX timers_tenant_due ON public.timers USING btree (tenant_id, due_at) WHERE (fired_at IS NULL);
 

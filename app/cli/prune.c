@@ -71,6 +71,20 @@
 	")"                                                                                        \
 	" SELECT count(*), 0 FROM d"
 
+/* Timers that fired (their step went on) before the retention: history,
+ * like a delivered event. One that could not fire (error) holds its
+ * workflow's incident until a resume, and stays. */
+#define PRUNE_TIMERS                                                                               \
+	"WITH d AS ("                                                                              \
+	"  DELETE FROM timers"                                                                     \
+	"   WHERE ctid = ANY(ARRAY("                                                               \
+	"           SELECT ctid FROM timers"                                                       \
+	"            WHERE fired_at < $1::timestamptz AND error IS NULL"                           \
+	"            ORDER BY fired_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                     \
+	"  RETURNING 1"                                                                            \
+	")"                                                                                        \
+	" SELECT count(*), 0 FROM d"
+
 /*
  * Run sql with its nparams params p until a batch comes back short: the
  * first column of its one row (rows handled) below batch. That column is
@@ -140,7 +154,7 @@ static int prune_options(struct conf *c, int argc, char **argv, const char *cons
 int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	static const char *const options[] = { "--outbox-retention", "--prune-batch", NULL };
-	long keys = 0, key_stats = 0, events = 0, messages = 0;
+	long keys = 0, key_stats = 0, events = 0, messages = 0, timers = 0;
 	int statements = 0, rc;
 	char ms[24], batch[16], key_cutoff[64], event_cutoff[64];
 	struct timespec t0, t1;
@@ -163,19 +177,22 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 
 	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
 	const char *pk[2] = { key_cutoff, batch }, *pe[2] = { event_cutoff, batch };
-	int failed = prune_batches(conn, PRUNE_KEYS, 2, pk, c->prune_batch, &keys, &key_stats,
-	                           &statements, &e) < 0 ||
-	             prune_batches(conn, PRUNE_EVENTS, 2, pe, c->prune_batch, &events, NULL,
-	                           &statements, &e) < 0 ||
-	             prune_batches(conn, PRUNE_MESSAGES, 2, pk, c->prune_batch, &messages, NULL,
-	                           NULL, &e) < 0;
+	int failed =
+	    prune_batches(conn, PRUNE_KEYS, 2, pk, c->prune_batch, &keys, &key_stats, &statements,
+	                  &e) < 0 ||
+	    prune_batches(conn, PRUNE_EVENTS, 2, pe, c->prune_batch, &events, NULL, &statements,
+	                  &e) < 0 ||
+	    prune_batches(conn, PRUNE_MESSAGES, 2, pk, c->prune_batch, &messages, NULL, NULL, &e) <
+	        0 ||
+	    prune_batches(conn, PRUNE_TIMERS, 2, pe, c->prune_batch, &timers, NULL, NULL, &e) < 0;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	/* messages= last, its statements not in statements= (keys and
-	 * events): readers of the line as it was keep their fields. */
+	/* messages= and timers= last, their statements not in statements=
+	 * (keys and events): readers of the line as it was keep their fields. */
 	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f "
-	       "messages=%ld\n",
+	       "messages=%ld timers=%ld\n",
 	       keys, key_stats, events, statements,
-	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, messages);
+	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, messages,
+	       timers);
 	return failed ? cli_db_fail(&e) : EX_OK;
 }
 

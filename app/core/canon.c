@@ -55,6 +55,29 @@ size_t canon_utf8_len(const unsigned char *s, size_t left)
 	return n;
 }
 
+size_t canon_utf8_copy(char *dst, size_t dstsz, const char *src)
+{
+	static const char replacement[] = "\xef\xbf\xbd"; /* U+FFFD */
+	const unsigned char *s = (const unsigned char *)src;
+	size_t left = strlen(src), o = 0;
+
+	while (left > 0) {
+		size_t n = canon_utf8_len(s, left);
+		const char *from = n ? (const char *)s : replacement;
+		size_t out = n ? n : sizeof(replacement) - 1;
+
+		if (o + out > dstsz - 1)
+			break;
+		memcpy(dst + o, from, out);
+		o += out;
+		n = n ? n : 1;
+		s += n;
+		left -= n;
+	}
+	dst[o] = '\0';
+	return o;
+}
+
 int canon_hex_digit(char c)
 {
 	if (c >= '0' && c <= '9')

@@ -57,6 +57,15 @@ void canon_write_string(struct buf *out, const char *s, size_t n);
  */
 size_t canon_utf8_len(const unsigned char *s, size_t left);
 
+/*
+ * Copy the NUL-terminated src into dst (dstsz > 0 bytes, NUL-terminated) as
+ * valid UTF-8 for a text column: each byte that does not begin a sequence
+ * canon_utf8_len accepts becomes U+FFFD, and the copy stops before a
+ * sequence that would not fit whole, so a cut never splits a character.
+ * Returns the bytes written, without the NUL.
+ */
+size_t canon_utf8_copy(char *dst, size_t dstsz, const char *src);
+
 /* The value of the hexadecimal digit c, or -1. */
 int canon_hex_digit(char c);
 

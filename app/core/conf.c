@@ -72,6 +72,8 @@ static const struct conf_key conf_keys[] = {
 	  "largest request body accepted" },
 	{ "max_answer", T_SIZE, OFF(max_answer), "4M", 64L * 1024, 1024L * 1024 * 1024,
 	  "largest list or history page, in bytes" },
+	{ "message_ttl_max", T_DURATION, OFF(message_ttl_max), "30d", 1000, 3650L * 86400 * 1000,
+	  "longest ttl of a message kept by business key (POST /v1/messages)" },
 	{ "max_depth", T_INT, OFF(max_depth), "64", 2, 1000, "deepest JSON nesting accepted" },
 	{ "retry_after", T_INT, OFF(retry_after), "1", 0, 3600,
 	  "seconds sent in Retry-After with 503 and 409 in-flight" },

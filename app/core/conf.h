@@ -40,6 +40,7 @@ struct conf {
 	long statement_timeout; /* ms; 0 = none */
 	long max_body;          /* bytes */
 	long max_answer;        /* bytes of a page (wf.c) */
+	long message_ttl_max;   /* ms: the longest ttl of a message kept by business key */
 	long max_depth;         /* JSON nesting */
 	long retry_after;       /* s, sent with 503 and 409 in-flight */
 	long shutdown_timeout;  /* ms a draining worker gets before SIGKILL */

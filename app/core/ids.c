@@ -100,22 +100,44 @@ int ids_random_id(void *buf, size_t n)
  * the list promises that order, and random bits within a millisecond
  * would break it.
  */
+/* The last timestamp handed out (ms << 12 | fraction): the process's own,
+ * or the pool's once ids_share_clock() pointed it into shared memory. */
+static atomic_ullong own_floor;
+static atomic_ullong *floor_of = &own_floor;
+
+void ids_share_clock(atomic_ullong *floor)
+{
+	uint64_t mine = atomic_load(&own_floor), shared = atomic_load(floor);
+
+	/* Whatever this process made already stays below what comes next. */
+	while (shared < mine && !atomic_compare_exchange_weak(floor, &shared, mine))
+		;
+	floor_of = floor;
+}
+
 int ids_uuid7(char *out)
 {
-	static uint64_t last; /* ms << 12 | fraction, of this process */
-	uint8_t b[16];
 	struct timespec ts;
-	uint64_t t;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ids_uuid7_at(out, &ts);
+}
+
+int ids_uuid7_at(char *out, const struct timespec *now)
+{
+	uint8_t b[16];
+	uint64_t t, last;
 
 	/* Bytes 0 to 7 are the time and the version; 8 to 15 random. */
 	if (ids_random_id(b + 8, 8) < 0)
 		return -1;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	t = ((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000) << 12 |
-	    ((uint64_t)ts.tv_nsec % 1000000) * 4096 / 1000000;
-	if (t <= last)
-		t = last + 1; /* the clock stood still or stepped back */
-	last = t;
+	t = ((uint64_t)now->tv_sec * 1000 + (uint64_t)now->tv_nsec / 1000000) << 12 |
+	    ((uint64_t)now->tv_nsec % 1000000) * 4096 / 1000000;
+	last = atomic_load(floor_of);
+	do {
+		if (t <= last)
+			t = last + 1; /* the clock stood still or stepped back */
+	} while (!atomic_compare_exchange_weak(floor_of, &last, t));
 	for (int i = 0; i < 6; i++)
 		b[i] = (uint8_t)(t >> (12 + 8 * (5 - i)));
 	b[6] = (uint8_t)(0x70 | ((t >> 8) & 0x0f)); /* version 7 */

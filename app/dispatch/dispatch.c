@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/canon.h"
 #include "core/buf.h"
 #include "core/db.h"
 #include "core/log.h"
@@ -391,8 +392,10 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 				delay = o->retry_after_s * 1000;
 			buf_putc(&b->ids, b->ids.len ? ',' : '{');
 			buf_puts(&b->ids, id);
-			/* last_error is for humans: keep it short. */
-			snprintf(trunc, sizeof(trunc), "%.200s", o->error[0] ? o->error : "failed");
+			/* last_error is for humans: keep it short. The text may quote
+			 * a receiver's bytes, and one byte that is not UTF-8 would
+			 * fail the recording of the whole batch, on every run. */
+			canon_utf8_copy(trunc, sizeof(trunc), o->error[0] ? o->error : "failed");
 			array_elem(&b->errs, trunc);
 			buf_printf(&b->delays, "%s%ld", b->delays.len ? "," : "{",
 			           dead ? 0 : delay);

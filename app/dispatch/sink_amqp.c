@@ -25,6 +25,8 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +49,12 @@ struct amqp_sink {
 	amqp_connection_state_t conn; /* NULL until connected, and after a drop */
 	uint64_t next_tag;            /* delivery tag of the next publish on the channel */
 	char blocked[128];            /* why the broker blocked us (connection.blocked), or "" */
+	/* The publishes' deadline (publish_guard_arm). */
+	pthread_mutex_t guard_mu;
+	timer_t guard_timer;
+	int guard_ok;    /* the timer exists */
+	int guard_fd;    /* the socket the timer shuts down, -1 when disarmed */
+	int guard_fired; /* it did */
 };
 
 /* Where each event of a batch stands while its confirm is awaited. */
@@ -359,6 +367,63 @@ static int wait_writable(struct amqp_sink *as, double deadline)
 	return rc > 0 ? 1 : rc;
 }
 
+/*
+ * rabbitmq-c's publish waits for the socket without a bound, and
+ * wait_writable only knows that some bytes fit: a message larger than the
+ * socket's buffers, to a broker that stops reading meanwhile (a memory or
+ * disk alarm), blocked past the timeout and the dispatcher's lease. A timer
+ * (its own thread, SIGEV_THREAD) shuts the socket down at the deadline, so
+ * the publish fails at once and the connection is dropped. The mutex makes
+ * a disarmed timer harmless: once publish_guard_disarm returns, it no longer
+ * touches the socket.
+ */
+static void publish_guard_fire(union sigval v)
+{
+	struct amqp_sink *as = v.sival_ptr;
+
+	pthread_mutex_lock(&as->guard_mu);
+	if (as->guard_fd >= 0) {
+		shutdown(as->guard_fd, SHUT_RDWR);
+		as->guard_fired = 1;
+		as->guard_fd = -1;
+	}
+	pthread_mutex_unlock(&as->guard_mu);
+}
+
+static void publish_guard_arm(struct amqp_sink *as, double deadline)
+{
+	double left = deadline - now_ms();
+	struct itimerspec it = { 0 };
+
+	if (!as->guard_ok)
+		return;
+	if (left < 1)
+		left = 1;
+	pthread_mutex_lock(&as->guard_mu);
+	as->guard_fd = amqp_get_sockfd(as->conn);
+	as->guard_fired = 0;
+	pthread_mutex_unlock(&as->guard_mu);
+	it.it_value.tv_sec = (time_t)(left / 1000);
+	it.it_value.tv_nsec = (long)((left - (double)it.it_value.tv_sec * 1000) * 1e6);
+	timer_settime(as->guard_timer, 0, &it, NULL);
+}
+
+/* 1 when the timer shut the socket down. */
+static int publish_guard_disarm(struct amqp_sink *as)
+{
+	const struct itimerspec off = { 0 };
+	int fired;
+
+	if (!as->guard_ok)
+		return 0;
+	timer_settime(as->guard_timer, 0, &off, NULL);
+	pthread_mutex_lock(&as->guard_mu);
+	as->guard_fd = -1;
+	fired = as->guard_fired;
+	pthread_mutex_unlock(&as->guard_mu);
+	return fired;
+}
+
 static int publish_one(struct amqp_sink *as, const struct sink_event *ev, const char *rk)
 {
 	amqp_basic_properties_t props;
@@ -596,7 +661,14 @@ static enum fl_result fly(struct amqp_sink *as, struct flight *fl)
 			return FL_FAILED;
 		}
 		fl->sent_at[i] = now_ms();
+		publish_guard_arm(as, fl->deadline);
 		st = publish_one(as, ev, rk);
+		if (publish_guard_disarm(as)) {
+			snprintf(fl->why, sizeof(fl->why),
+			         "RabbitMQ is not reading within %ld ms%s%s", as->timeout_ms,
+			         as->blocked[0] ? ": " : "", as->blocked);
+			return FL_FAILED; /* alive but not reading: no second try */
+		}
 		if (st != AMQP_STATUS_OK) {
 			snprintf(fl->why, sizeof(fl->why), "publish to RabbitMQ failed: %s",
 			         amqp_error_string2(st));
@@ -674,6 +746,9 @@ static void amqp_close(struct sink *s)
 	if (as == NULL)
 		return;
 	drop(as, 1);
+	if (as->guard_ok)
+		timer_delete(as->guard_timer);
+	pthread_mutex_destroy(&as->guard_mu);
 	free(as->url_buf);
 	free(as->exchange);
 	free(as->routing_key);
@@ -683,6 +758,8 @@ static void amqp_close(struct sink *s)
 struct sink *sink_amqp_open(const struct conf *c, struct err *e)
 {
 	struct amqp_sink *as;
+	struct sigevent sev = { .sigev_notify = SIGEV_THREAD,
+		                .sigev_notify_function = publish_guard_fire };
 	char shown[256];
 
 	as = calloc(1, sizeof(*as));
@@ -693,6 +770,14 @@ struct sink *sink_amqp_open(const struct conf *c, struct err *e)
 	as->base.name = "amqp";
 	as->base.deliver = amqp_deliver;
 	as->base.close = amqp_close;
+	pthread_mutex_init(&as->guard_mu, NULL);
+	as->guard_fd = -1;
+	sev.sigev_value.sival_ptr = as;
+	if (timer_create(CLOCK_MONOTONIC, &sev, &as->guard_timer) < 0) {
+		err_set(e, ERR_INTERNAL, "timer_create: %s", strerror(errno));
+		goto fail;
+	}
+	as->guard_ok = 1;
 	as->timeout_ms = c->timeout;
 	as->url_buf = strdup(c->amqp_url != NULL ? c->amqp_url : "");
 	as->exchange = strdup(c->exchange != NULL ? c->exchange : "");

@@ -1,14 +1,20 @@
 /*
  * sink_exec.c - deliver an event by running a command.
  *
- * `/bin/sh -c CMD` gets the event JSON on stdin and IDEMFLOW_EVENT_ID,
- * IDEMFLOW_EVENT_TYPE, IDEMFLOW_WORKFLOW_ID and IDEMFLOW_ATTEMPT in its
- * environment, and TRACEPARENT and TRACESTATE (the event's W3C trace
- * context, unset when it has none). Exit 0 means delivered; any other exit, a signal or running
- * past `timeout` means "try again later". The command runs in its own
- * process group so a timeout kills everything it started.
+ * `/bin/sh -c CMD` gets the event JSON on stdin and a clean environment:
+ * IDEMFLOW_EVENT_ID, IDEMFLOW_EVENT_TYPE, IDEMFLOW_WORKFLOW_ID and
+ * IDEMFLOW_ATTEMPT, TRACEPARENT and TRACESTATE (the event's W3C trace
+ * context, absent when it has none or the stored value is not valid), and
+ * of the dispatcher's own only PATH (/usr/bin:/bin when unset), HOME, LANG,
+ * LC_ALL and TZ. Nothing else: not the database's settings (PGSERVICE,
+ * PGPASSWORD, DATABASE_URL, ...) nor whatever a unit file set. Exit 0 means
+ * delivered; any other exit, a signal or running past `timeout` means "try
+ * again later". The command runs in its own process group so a timeout
+ * kills everything it started.
  */
 #include "dispatch/sink.h"
+
+#include "core/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,11 +27,83 @@
 #include <time.h>
 #include <unistd.h>
 
+/* What the command inherits from the dispatcher's environment. */
+static const char *const exec_kept_env[] = { "HOME", "LANG", "LC_ALL", "TZ" };
+#define EXEC_KEPT    (sizeof(exec_kept_env) / sizeof(exec_kept_env[0]))
+#define EXEC_ENV_MAX (7 + EXEC_KEPT)
+
 struct exec_sink {
 	struct sink base;
 	char *cmd;
 	long timeout_ms;
 };
+
+/* "name=value" in a new string, or NULL when out of memory. */
+static char *env_pair(const char *name, const char *value)
+{
+	size_t nl = strlen(name), vl = strlen(value);
+	char *p = malloc(nl + vl + 2);
+
+	if (p != NULL) {
+		memcpy(p, name, nl);
+		p[nl] = '=';
+		memcpy(p + nl + 1, value, vl + 1);
+	}
+	return p;
+}
+
+static void exec_env_free(char **envp)
+{
+	for (size_t i = 0; envp != NULL && envp[i] != NULL; i++)
+		free(envp[i]);
+	free(envp);
+}
+
+/*
+ * The command's whole environment for ev, NULL-terminated (see the top of
+ * the file); NULL when out of memory. Caller frees with exec_env_free().
+ * Built before fork(): the child only execs.
+ */
+static char **exec_env(const struct sink_event *ev)
+{
+	char **envp = calloc(EXEC_ENV_MAX + 1, sizeof(*envp));
+	char attempt[16], tid[TRACE_ID_LEN + 1], span[TRACE_SPAN_LEN + 1];
+	const char *path = getenv("PATH");
+	uint8_t flags;
+	size_t n = 0;
+
+	if (envp == NULL)
+		return NULL;
+	snprintf(attempt, sizeof(attempt), "%d", ev->attempt);
+	if ((envp[n++] = env_pair("IDEMFLOW_EVENT_ID", ev->event_id)) == NULL ||
+	    (envp[n++] = env_pair("IDEMFLOW_EVENT_TYPE", ev->type)) == NULL ||
+	    (envp[n++] = env_pair("IDEMFLOW_WORKFLOW_ID", ev->workflow_id)) == NULL ||
+	    (envp[n++] = env_pair("IDEMFLOW_ATTEMPT", attempt)) == NULL ||
+	    (envp[n++] = env_pair("PATH", path && *path ? path : "/usr/bin:/bin")) == NULL)
+		goto oom;
+	for (size_t k = 0; k < EXEC_KEPT; k++) {
+		const char *v = getenv(exec_kept_env[k]);
+
+		if (v != NULL && (envp[n++] = env_pair(exec_kept_env[k], v)) == NULL)
+			goto oom;
+	}
+	/* The trace context is the client's. The server checked it, but what
+	 * the database holds is passed on only while still valid, so no stored
+	 * byte reaches the command that a client could not have sent. */
+	if (ev->traceparent != NULL &&
+	    trace_parse_parent(ev->traceparent, tid, span, &flags) == 0) {
+		if ((envp[n++] = env_pair("TRACEPARENT", ev->traceparent)) == NULL)
+			goto oom;
+		if (ev->tracestate != NULL &&
+		    trace_state_valid(ev->tracestate, strlen(ev->tracestate)) &&
+		    (envp[n++] = env_pair("TRACESTATE", ev->tracestate)) == NULL)
+			goto oom;
+	}
+	return envp;
+oom:
+	exec_env_free(envp);
+	return NULL;
+}
 
 static double now_ms(void)
 {
@@ -37,20 +115,17 @@ static double now_ms(void)
 
 /* Feed the payload to the child's stdin while it runs; returns when the
  * child exited (status in *st) or the deadline passed (-1). */
-static int run_one(struct exec_sink *x, const struct sink_event *ev, int *st, char *why,
-                   size_t wlen)
+static int run_one(struct exec_sink *x, const struct sink_event *ev, char *const *envp, int *st,
+                   char *why, size_t wlen)
 {
 	int in[2];
 	pid_t pid;
 	size_t off = 0;
 	double deadline = now_ms() + (double)x->timeout_ms;
-	char attempt[16];
-
 	if (pipe(in) < 0) {
 		snprintf(why, wlen, "pipe: %s", strerror(errno));
 		return -2;
 	}
-	snprintf(attempt, sizeof(attempt), "%d", ev->attempt);
 	pid = fork();
 	if (pid < 0) {
 		snprintf(why, wlen, "fork: %s", strerror(errno));
@@ -64,20 +139,7 @@ static int run_one(struct exec_sink *x, const struct sink_event *ev, int *st, ch
 		close(in[0]);
 		close(in[1]);
 		signal(SIGPIPE, SIG_DFL);
-		setenv("IDEMFLOW_EVENT_ID", ev->event_id, 1);
-		setenv("IDEMFLOW_EVENT_TYPE", ev->type, 1);
-		setenv("IDEMFLOW_WORKFLOW_ID", ev->workflow_id, 1);
-		setenv("IDEMFLOW_ATTEMPT", attempt, 1);
-		/* Never the dispatcher's own: an event without a trace has none. */
-		if (ev->traceparent != NULL)
-			setenv("TRACEPARENT", ev->traceparent, 1);
-		else
-			unsetenv("TRACEPARENT");
-		if (ev->traceparent != NULL && ev->tracestate != NULL)
-			setenv("TRACESTATE", ev->tracestate, 1);
-		else
-			unsetenv("TRACESTATE");
-		execl("/bin/sh", "sh", "-c", x->cmd, (char *)NULL);
+		execle("/bin/sh", "sh", "-c", x->cmd, (char *)NULL, envp);
 		_exit(127);
 	}
 	close(in[0]);
@@ -129,7 +191,16 @@ static int exec_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 
 		o->retry_after_s = -1;
 		o->error[0] = '\0';
-		rc = run_one(x, &evs[i], &st, o->error, sizeof(o->error));
+		char **envp = exec_env(&evs[i]);
+
+		if (envp == NULL) {
+			snprintf(o->error, sizeof(o->error), "out of memory");
+			o->result = SINK_RETRY;
+			o->latency_ms = now_ms() - t0;
+			continue;
+		}
+		rc = run_one(x, &evs[i], envp, &st, o->error, sizeof(o->error));
+		exec_env_free(envp);
 		o->latency_ms = now_ms() - t0;
 		if (rc < 0) {
 			o->result = SINK_RETRY;

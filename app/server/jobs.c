@@ -134,6 +134,8 @@ static int render_activate(struct handler_ctx *ctx, const struct http_req *req,
                            struct http_resp *resp, const PGresult *res, const struct cmd *c,
                            struct err *e)
 {
+	int truncated = 0;
+
 	(void)ctx;
 	(void)req;
 	(void)c;
@@ -141,12 +143,18 @@ static int render_activate(struct handler_ctx *ctx, const struct http_req *req,
 	resp->content_type = "application/json";
 	buf_puts(&resp->body, "{\"jobs\":[");
 	for (int i = 0; i < PQntuples(res); i++) {
+		/* The last row has no job when max_answer stopped the activation
+		 * (sql/013_limits.sql): the jobs left out were not touched. */
+		if (PQgetisnull(res, i, C_WORKFLOW)) {
+			truncated = 1;
+			continue;
+		}
 		if (i > 0)
 			buf_putc(&resp->body, ',');
 		if (write_job(&resp->body, res, i, 0, e) < 0)
 			return -1;
 	}
-	buf_puts(&resp->body, "]}");
+	buf_puts(&resp->body, truncated ? "],\"truncated\":true}" : "]}");
 	return 0;
 }
 
@@ -170,7 +178,7 @@ void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_re
 	struct json_object *root;
 	const char *type, *worker;
 	long max_jobs, lease;
-	char tenant[24], nmax[16], interval[40], detail[300], fp_text[IDEM_FP_TEXT];
+	char tenant[24], nmax[16], interval[40], budget[24], detail[300], fp_text[IDEM_FP_TEXT];
 
 	root = cmd_read_json(ctx, req, resp, 0);
 	if (root == NULL)
@@ -189,11 +197,11 @@ void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_re
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(nmax, sizeof(nmax), "%ld", max_jobs);
 	snprintf(interval, sizeof(interval), "%ld seconds", lease);
-	const char *p[JA__N] = { [JA_TENANT] = tenant,
-		                 [JA_JOB_TYPE] = type,
-		                 [JA_WORKER] = worker,
-		                 [JA_MAX_JOBS] = nmax,
-		                 [JA_LEASE] = interval };
+	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
+	const char *p[JA__N] = {
+		[JA_TENANT] = tenant, [JA_JOB_TYPE] = type,  [JA_WORKER] = worker,
+		[JA_MAX_JOBS] = nmax, [JA_LEASE] = interval, [JA_BUDGET] = budget
+	};
 	const struct cmd cmd = { .stmt = Q_JOBS_ACTIVATE,
 		                 .nparams = JA__N,
 		                 .params = p,

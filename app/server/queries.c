@@ -177,7 +177,8 @@ const struct db_stmt queries[Q__COUNT] = {
 	                      "       (SELECT j.tracestate FROM jobs j WHERE j.tenant_id = $1"
 	                      "           AND j.workflow_id = a.workflow_id AND j.step = a.step) "
 	                      "AS tracestate"
-	                      "  FROM idemflow_jobs_activate($1, $2, $3, $4, $5::interval) a" },
+	                      "  FROM idemflow_jobs_activate($1, $2, $3, $4, $5::interval, "
+	                      "$6::bigint) a" },
 	[Q_JOB_COMPLETE] = { "job_complete", JC__N,
 	                     "SELECT * FROM idemflow_job_complete($1, $2, $3, $4, $5)" },
 	[Q_JOB_FAIL] = { "job_fail", JF__N,
@@ -238,7 +239,7 @@ const struct db_stmt queries[Q__COUNT] = {
 	/* POST /v1/messages: by business key (sql/010_timers.sql). */
 	[Q_MESSAGE_PUBLISH] = { "message_publish", MP__N,
 	                        "SELECT * FROM idemflow_message_publish($1, $2, $3, $4, "
-	                        "$5::interval, $6)" },
+	                        "$5::interval, $6, $7::bigint * interval '1 millisecond')" },
 };
 
 int queries_check(struct err *e)

@@ -220,6 +220,7 @@ enum message_publish_param {
 	MP_BUSINESS_KEY,
 	MP_TTL, /* an ISO 8601 duration, checked (wf.c) */
 	MP_PAYLOAD,
+	MP_TTL_MAX, /* ms: message_ttl_max */
 	MP__N
 };
 
@@ -229,7 +230,8 @@ enum jobs_activate_param {
 	JA_JOB_TYPE,
 	JA_WORKER,
 	JA_MAX_JOBS,
-	JA_LEASE, /* interval */
+	JA_LEASE,  /* interval */
+	JA_BUDGET, /* bytes: max_answer */
 	JA__N
 };
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/canon.h"
+#include "core/ids.h"
 
 struct sb_slot {
 	_Alignas(64) atomic_int pid; /* 0: free */
@@ -36,6 +37,7 @@ struct sb_shm {
 	atomic_llong start_s;
 	atomic_ullong slow, terminated, max_children_reached;
 	atomic_long max_listen_queue;
+	atomic_ullong uuid_floor; /* the pool's last UUIDv7 timestamp (ids_share_clock) */
 	struct sb_slot slots[SCOREBOARD_SLOTS];
 };
 
@@ -77,6 +79,9 @@ int scoreboard_init(struct err *e)
 		               sizeof(struct sb_shm), strerror(errno));
 	sb = p;
 	atomic_store(&sb->start_s, (long long)time(NULL));
+	/* Workflow ids in order across the pool's workers, respawned ones and
+	 * a wall clock stepped back included. */
+	ids_share_clock(&sb->uuid_floor);
 	return 0;
 }
 

@@ -489,8 +489,10 @@ static int render_created(struct handler_ctx *ctx, const struct http_req *req,
 }
 
 /* A create with steps or a business key: the created workflow's answer
- * was rendered before the statement; the 'existing' one comes from the
- * row. */
+ * was rendered before the statement, as "pending" at step 1; the
+ * 'existing' one comes from the row, and so does a created one that its
+ * own transaction moved on (its first wait took a kept message), so the
+ * answer, and what the key stores, is the state the create left. */
 static int render_create_run(struct handler_ctx *ctx, const struct http_req *req,
                              struct http_resp *resp, const PGresult *res, const struct cmd *c,
                              struct err *e)
@@ -503,8 +505,15 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
 		return err_set(e, ERR_INTERNAL, "idemflow_wf_create returned %d rows",
 		               PQntuples(res));
 	if (strcmp(PQgetvalue(res, 0, 2), "created") == 0) {
-		answer_created(resp, cr);
-		return 0;
+		if (strcmp(PQgetvalue(res, 0, 5), "pending") == 0 &&
+		    (cr->steps == NULL || strcmp(PQgetvalue(res, 0, 10), "1") == 0)) {
+			answer_created(resp, cr);
+			return 0;
+		}
+		resp->status = 201;
+		resp->content_type = "application/json";
+		http_resp_header(resp, "Location", cr->location);
+		return wf_write_row(&resp->body, &ctx->body, res, 0, 3, 0, e);
 	}
 	/* An active workflow already has this business key: that one. */
 	resp->status = 200;
@@ -1079,7 +1088,7 @@ void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		                               "ttl",  "payload",      NULL };
 	struct json_object *root, *payload;
 	const char *message_id, *name, *key, *ttl;
-	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
+	char tenant[24], ttl_max[24], detail[300], fp_text[IDEM_FP_TEXT];
 	size_t off;
 
 	root = cmd_read_json(ctx, req, resp, 0);
@@ -1103,12 +1112,14 @@ void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(ttl_max, sizeof(ttl_max), "%ld", ctx->conf->message_ttl_max);
 	const char *p[MP__N] = { [MP_TENANT] = tenant,
 		                 [MP_MESSAGE_ID] = message_id,
 		                 [MP_NAME] = name,
 		                 [MP_BUSINESS_KEY] = key,
 		                 [MP_TTL] = ttl != NULL ? ttl : WF_MESSAGE_TTL,
-		                 [MP_PAYLOAD] = ctx->scratch.data + off };
+		                 [MP_PAYLOAD] = ctx->scratch.data + off,
+		                 [MP_TTL_MAX] = ttl_max };
 	const struct cmd cmd = { .stmt = Q_MESSAGE_PUBLISH,
 		                 .nparams = MP__N,
 		                 .params = p,

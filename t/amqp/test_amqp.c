@@ -162,15 +162,17 @@ static int silent_listener(int *port)
 
 /*
  * A TCP relay between the sink and the broker, on its own thread, that a
- * test can cut (every connection closed, new ones still accepted) or mute
- * (the broker's replies, confirms included, are swallowed).
+ * test can cut (every connection closed, new ones still accepted), mute
+ * (the broker's replies, confirms included, are swallowed) or stall (it
+ * stops reading what the sink sends, as a broker under a memory alarm
+ * stops reading from publishers, so the sink's socket fills up).
  */
 #define RELAY_PAIRS 8
 
 struct relay {
 	int lfd, port, target;
 	pthread_t thread;
-	atomic_int stop, cut, mute, accepted;
+	atomic_int stop, cut, mute, stall, accepted;
 };
 
 static void write_all(int fd, const char *p, size_t n)
@@ -224,7 +226,9 @@ static void *relay_main(void *arg)
 		}
 		p[0] = (struct pollfd){ .fd = r->lfd, .events = POLLIN };
 		for (size_t i = 0; i < np; i++) {
-			p[1 + 2 * i] = (struct pollfd){ .fd = fds[i][0], .events = POLLIN };
+			p[1 + 2 * i] =
+			    (struct pollfd){ .fd = fds[i][0],
+				             .events = atomic_load(&r->stall) ? 0 : POLLIN };
 			p[2 + 2 * i] = (struct pollfd){ .fd = fds[i][1], .events = POLLIN };
 		}
 		if (poll(p, 1 + 2 * np, 20) <= 0)
@@ -695,6 +699,90 @@ Test(amqp_sink, broker_gone_quiet_costs_one_timeout_then_a_new_connection)
 	s->close(s);
 	relay_stop(&r);
 	amqpc_close(&c);
+}
+
+struct slow_deliver {
+	struct sink *s;
+	struct sink_event *ev;
+	struct sink_outcome *out;
+	atomic_int done;
+};
+
+static void *slow_deliver_run(void *arg)
+{
+	struct slow_deliver *d = arg;
+	struct err e = { 0 };
+
+	d->s->deliver(d->s, d->ev, 1, d->out, &e);
+	atomic_store(&d->done, 1);
+	return NULL;
+}
+
+/*
+ * An event larger than every socket buffer on the way, published to a
+ * broker that stopped reading after the sink found its socket writable:
+ * the publish itself must end at the sink's timeout (the dispatcher's
+ * lease is longer), not block until the broker reads again.
+ */
+Test(amqp_sink, a_large_publish_to_a_broker_that_stopped_reading_ends_at_the_timeout)
+{
+	enum { BIG = 64 * 1024 * 1024 };
+	static struct batch b1, b2;
+	char exchange[64], url[96], wf[37];
+	struct slow_deliver d = { 0 };
+	struct sink_outcome out = { 0 };
+	struct sink_event ev;
+	struct relay r;
+	struct amqpc c;
+	pthread_t th;
+	double t0, took;
+	char *payload = malloc(BIG);
+
+	cr_assert_not_null(payload);
+	memset(payload, ' ', BIG);
+	payload[0] = '{';
+	payload[BIG - 1] = '}';
+	unique(exchange, sizeof(exchange), "stall");
+	consumer_open(&c, exchange, "#");
+	relay_start(&r, url, sizeof(url));
+	d.s = sink_with(url, exchange, "{type}", "500ms");
+	batch_fill(&b1, 1, "before");
+	deliver(d.s, &b1);
+	expect_all(&b1, SINK_OK);
+
+	atomic_store(&r.stall, 1);
+	tstack_uuid(wf);
+	ev = (struct sink_event){ .event_id = wf,
+		                  .type = "workflow.created",
+		                  .workflow_id = wf,
+		                  .payload = payload,
+		                  .payload_len = BIG,
+		                  .attempt = 1,
+		                  .max_attempts = 8 };
+	d.ev = &ev;
+	d.out = &out;
+	t0 = now_s();
+	cr_assert_eq(pthread_create(&th, NULL, slow_deliver_run, &d), 0);
+	while (!atomic_load(&d.done) && now_s() - t0 < 10)
+		tstack_sleep_ms(20);
+	took = now_s() - t0;
+	cr_assert(atomic_load(&d.done), "the publish still blocks after %.1f s, timeout 500 ms",
+	          took);
+	pthread_join(th, NULL);
+	cr_assert(took >= 0.49 && took < 2.0, "deliver took %.3f s with a 500 ms timeout", took);
+	cr_assert_eq(out.result, SINK_RETRY);
+	cr_assert_str_eq(out.error, "RabbitMQ is not reading within 500 ms");
+
+	/* The broker reads again: a fresh connection delivers. */
+	atomic_store(&r.stall, 0);
+	batch_fill(&b2, 2, "after");
+	deliver(d.s, &b2);
+	expect_all(&b2, SINK_OK);
+	cr_assert_eq(atomic_load(&r.accepted), 2, "no fresh connection after the timeout");
+	d.s->close(d.s);
+	relay_stop(&r);
+	amqpc_close(&c);
+	free(payload);
 }
 
 Test(amqp_sink, exchange_set_up_with_another_type_is_used_as_it_is)

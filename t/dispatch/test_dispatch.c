@@ -771,6 +771,101 @@ static int run_with_statement_limit(const char *const *extra, long limit_ms, lon
 }
 
 /*
+ * The command gets a clean environment: the dispatcher's own (its database
+ * settings, libpq's PG* variables, anything a unit file set) stays behind.
+ * What it gets is documented in idemflow-dispatch(8); dash adds PWD. The
+ * trace context comes from the database: a stored value that is not a valid
+ * traceparent or tracestate is not passed on.
+ */
+Test(dispatch, the_exec_sink_passes_a_clean_environment_and_only_valid_trace_context)
+{
+	char dir[256], cmd[1400], path[700], svc[700], got[4096] = "";
+	const char *tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+	FILE *f;
+	size_t n;
+
+	snprintf(dir, sizeof(dir), "%s/exec-env-%ld",
+	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
+	         (long)getpid());
+	mkdir(dir, 0755);
+	/* libpq must still work for the dispatcher itself with these set. */
+	snprintf(svc, sizeof(svc), "%s/pg_service.conf", dir);
+	f = fopen(svc, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[idemflow_test]\nhost=%s\n", getenv("PGHOST"));
+	fclose(f);
+	setenv("PGSERVICEFILE", svc, 1);
+	setenv("PGSERVICE", "idemflow_test", 1);
+	setenv("PGPASSWORD", "not-for-commands", 1);
+	setenv("IDEMFLOW_SECRET_OF_THE_DISPATCHER", "x", 1);
+	setenv("PATH", "/usr/bin:/bin", 1);
+	setenv("HOME", "/nonexistent", 1);
+	setenv("LANG", "C.UTF-8", 1);
+	setenv("TZ", "UTC", 1);
+	unsetenv("LC_ALL");
+
+	/* Three events: a valid trace, a tracestate with a byte the spec
+	 * forbids, a traceparent that is not one (both written past the
+	 * server, as a bad migration or a hand could). */
+	const char *p[2] = { tenant, tp };
+	PQclear(
+	    sql("WITH w AS ("
+	        "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+	        "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
+	        "    FROM generate_series(1, 3) RETURNING tenant_id, id)"
+	        " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"
+	        "                     traceparent, tracestate)"
+	        " SELECT w.id::text || '.1', w.tenant_id, w.id, 1, 'test.event', '{}',"
+	        "        CASE WHEN n < 3 THEN $2 ELSE repeat('x', 55) END,"
+	        "        CASE n WHEN 1 THEN 'k=$(id)`x`;v' WHEN 2 THEN 'k=v' || chr(10) || 'X=1'"
+	        "               ELSE 'k=v' END"
+	        "   FROM (SELECT *, row_number() OVER () n FROM w) w",
+	        2, p));
+	snprintf(
+	    cmd, sizeof(cmd),
+	    "env | sed 's/=.*//' | sort | tr '\\n' ' ' > \"%s/$IDEMFLOW_EVENT_ID\";"
+	    " printf '%%s|%%s' \"$TRACEPARENT\" \"$TRACESTATE\" > \"%s/$IDEMFLOW_EVENT_ID.trace\"",
+	    dir, dir);
+	const char *exec[] = { "--sink", "exec", "--exec", cmd, NULL };
+	cr_assert_eq(run(exec), 0);
+	cr_assert_eq(count_where("published_at IS NOT NULL"), 3);
+
+	PGresult *res = sql("SELECT event_id, traceparent = $2 FROM outbox WHERE tenant_id = $1"
+	                    " ORDER BY traceparent = $2 DESC, tracestate LIKE 'k=$%' DESC",
+	                    2, p);
+	cr_assert_eq(PQntuples(res), 3);
+	const char *want_names[3] = {
+		"HOME IDEMFLOW_ATTEMPT IDEMFLOW_EVENT_ID IDEMFLOW_EVENT_TYPE IDEMFLOW_WORKFLOW_ID"
+		" LANG PATH PWD TRACEPARENT TRACESTATE TZ ",
+		"HOME IDEMFLOW_ATTEMPT IDEMFLOW_EVENT_ID IDEMFLOW_EVENT_TYPE IDEMFLOW_WORKFLOW_ID"
+		" LANG PATH PWD TRACEPARENT TZ ",
+		"HOME IDEMFLOW_ATTEMPT IDEMFLOW_EVENT_ID IDEMFLOW_EVENT_TYPE IDEMFLOW_WORKFLOW_ID"
+		" LANG PATH PWD TZ ",
+	};
+	char want_trace[3][128];
+	snprintf(want_trace[0], sizeof(want_trace[0]), "%s|k=$(id)`x`;v", tp);
+	snprintf(want_trace[1], sizeof(want_trace[1]), "%s|", tp);
+	snprintf(want_trace[2], sizeof(want_trace[2]), "|");
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, PQgetvalue(res, i, 0));
+		f = fopen(path, "r");
+		cr_assert_not_null(f, "the command did not write %s", path);
+		n = fread(got, 1, sizeof(got) - 1, f);
+		got[n] = '\0';
+		fclose(f);
+		cr_assert_str_eq(got, want_names[i], "event %d: %s", i, got);
+		snprintf(path, sizeof(path), "%s/%s.trace", dir, PQgetvalue(res, i, 0));
+		f = fopen(path, "r");
+		cr_assert_not_null(f);
+		n = fread(got, 1, sizeof(got) - 1, f);
+		got[n] = '\0';
+		fclose(f);
+		cr_assert_str_eq(got, want_trace[i], "event %d: %s", i, got);
+	}
+	PQclear(res);
+}
+
+/*
  * The pipeline records batch k-1 and claims batch k+1 while the sink
  * delivers batch k. Here a batch's payloads (100 x 8 KiB) are far larger
  * than a socket buffer and its delivery (100 commands of 20 ms, 2 s and
@@ -1040,6 +1135,63 @@ Test(dispatch, a_database_error_other_than_unreachable_exits_70)
 	}
 	cr_assert_eq(rc, 70, "exit %d", rc);
 	cr_assert(log_has("level=error") && log_has("exit=70"), "the failure is logged");
+}
+
+/*
+ * A receiver's bytes end up in last_error: a Location it sent with a 302,
+ * cut to 200 bytes. The cut must not split a character and a byte that is
+ * not UTF-8 must not reach the text column, or the recording of the whole
+ * batch fails, on every run, and nothing in it is ever recorded.
+ */
+static void receiver_bytes_recorded(const char *location, const char *want_location)
+{
+	char *id, ctl[1024], want[512];
+	const char *p[2];
+	int rc;
+	PGresult *res;
+
+	seed(3, 1);
+	id = event_id_of("true");
+	snprintf(ctl, sizeof(ctl),
+	         "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 302, \"location\": \"%s\"}", id,
+	         location);
+	cr_assert_eq(receiver_control(&rcv, ctl), 0, "%s", rcv.error);
+	rc = run(NULL);
+	cr_assert_eq(rc, 0, "exit %d", rc);
+	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 1"), 2,
+	             "the batch's other events are recorded");
+	p[0] = tenant;
+	p[1] = id;
+	res = sql("SELECT last_error FROM outbox WHERE tenant_id = $1 AND event_id = $2"
+	          " AND published_at IS NULL AND attempts = 1",
+	          2, p);
+	cr_assert_eq(PQntuples(res), 1, "the failure is recorded");
+	snprintf(want, sizeof(want), "HTTP 302 (redirect to %s", want_location);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), want);
+	PQclear(res);
+	free(id);
+}
+
+Test(dispatch, an_error_text_cut_inside_a_character_is_cut_before_it)
+{
+	char loc[512], want[512];
+	int n = snprintf(loc, sizeof(loc), "http://127.0.0.1/");
+
+	for (int i = 0; i < 100; i++)
+		n += snprintf(loc + n, sizeof(loc) - (size_t)n, "\xc3\xa9"); /* U+00E9 */
+	/* "HTTP 302 (redirect to " and the 17 bytes of the URL's start leave
+	 * 161 of the 200 bytes: 80 whole characters, the 81st cut. */
+	n = snprintf(want, sizeof(want), "http://127.0.0.1/");
+	for (int i = 0; i < 80; i++)
+		n += snprintf(want + n, sizeof(want) - (size_t)n, "\xc3\xa9");
+	receiver_bytes_recorded(loc, want);
+}
+
+Test(dispatch, a_byte_that_is_not_utf8_in_an_error_text_is_replaced)
+{
+	/* \udcff: receiver.py sends the raw byte 0xff. */
+	receiver_bytes_recorded("http://127.0.0.1/\\udcffx", "http://127.0.0.1/\xef\xbf\xbd"
+	                                                     "x not followed)");
 }
 
 /* One test at a time: each drains the shared outbox. */

@@ -246,6 +246,87 @@ Test(buffered, a_create_that_begins_with_the_wait_takes_it_at_once)
 	free(wf);
 }
 
+/*
+ * A create whose own transaction takes a kept message moves on at once:
+ * the answer (and the one stored under the key, replayed byte for byte)
+ * is the state it left, as a read shows it, not "pending" at step 1.
+ */
+Test(buffered, a_create_that_takes_a_kept_message_answers_the_state_it_left)
+{
+	static const struct {
+		const char *bk, *steps, *want;
+	} cases[] = {
+		{ "B-4", WAIT_PAY, "pending/2" },
+		{ "B-5", "{\"name\":\"await\",\"wait_for\":\"pay\"}", "completed/1" },
+	};
+	struct tstack_tenant t;
+
+	tstack_tenant_create(&t, "bufa");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct http_response *r, *again, *get;
+		char body[512], key[64], path[128], *wf, *got;
+
+		snprintf(body, sizeof(body),
+		         "{\"name\":\"pay\",\"business_key\":\"%s\",\"message_id\":\"m%zu\"}",
+		         cases[i].bk, i);
+		r = publish(&t, NULL, body);
+		tstack_expect_status(r, 202);
+		http_response_free(r);
+
+		snprintf(body, sizeof(body),
+		         "{\"type\":\"order\",\"business_key\":\"%s\",\"steps\":[%s]}", cases[i].bk,
+		         cases[i].steps);
+		tstack_key(key, sizeof(key), "take");
+		r = tstack_post(&t, "/v1/workflows", key, body);
+		tstack_expect_status(r, 201);
+		wf = tstack_text("SELECT $1::jsonb ->> 'id'", r->body);
+		expect_state(wf, cases[i].want);
+		got = tstack_text("SELECT ($1::jsonb ->> 'state') || '/' || ($1::jsonb ->> 'step')",
+		                  r->body);
+		cr_assert_str_eq(got, cases[i].want, "the create answered %s", r->body);
+		free(got);
+		snprintf(path, sizeof(path), "/v1/workflows/%s", wf);
+		get = tstack_get(&t, path);
+		tstack_expect_status(get, 200);
+		cr_assert_str_eq(r->body, get->body, "the create's answer is what a read shows");
+		again = tstack_post(&t, "/v1/workflows", key, body);
+		tstack_expect_replay(again, r);
+		http_response_free(again);
+		http_response_free(get);
+		http_response_free(r);
+		free(wf);
+	}
+}
+
+/*
+ * A kept message lives at most message_ttl_max (30 days by default), not
+ * the ten years a duration may say: a longer ttl is refused and nothing is
+ * kept, so a tenant's unclaimed messages cannot pile up for years.
+ */
+Test(buffered, a_ttl_longer_than_message_ttl_max_is_refused_and_keeps_nothing)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+
+	tstack_tenant_create(&t, "bufttl");
+	r = publish(&t, NULL,
+	            "{\"name\":\"pay\",\"business_key\":\"L-1\",\"message_id\":\"long\","
+	            "\"ttl\":\"P31D\"}");
+	tstack_expect_problem(r, 400, "/problems/invalid-duration", "/v1/messages");
+	http_response_free(r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1", t.id_text),
+	             0);
+	r = publish(&t, NULL,
+	            "{\"name\":\"pay\",\"business_key\":\"L-1\",\"message_id\":\"long\","
+	            "\"ttl\":\"P30D\"}");
+	tstack_expect_status(r, 202);
+	http_response_free(r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM messages WHERE tenant_id = $1"
+	                          " AND expires_at = received_at + interval '30 days'",
+	                          t.id_text),
+	             1);
+}
+
 Test(buffered, an_expired_message_is_not_delivered_and_prune_deletes_it)
 {
 	struct tstack_tenant t;

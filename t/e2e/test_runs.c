@@ -167,6 +167,74 @@ static void worker_loop(const struct tstack_tenant *t, const char *name, int fd)
 	}
 }
 
+/*
+ * An activation's answer is bounded as a page is: six jobs whose workflow
+ * inputs are 900 KB each would make an answer of 5.4 MB (and 100 such jobs
+ * one of 90 MB, stored under the key). It stops before the job that would
+ * pass max_answer (4 MiB), says "truncated", and the jobs left out are
+ * untouched: still activatable, never activated, handed out by the next
+ * call.
+ */
+Test(steps, an_activation_stops_before_max_answer_and_leaves_the_rest_activatable)
+{
+	enum { BIG = 900 * 1000, N = 6 };
+	struct tstack_tenant t;
+	struct http_response *r;
+	char *body = malloc(BIG + 200), *n;
+	size_t cap = (size_t)tstack_conf_long("max_answer", 4L * 1024 * 1024);
+	int off, got;
+
+	cr_assert_not_null(body);
+	tstack_tenant_create(&t, "actbound");
+	off = snprintf(body, BIG + 200,
+	               "{\"type\":\"big\",\"steps\":[{\"name\":\"a\",\"job_type\":\"big\"}],"
+	               "\"input\":{\"blob\":\"");
+	memset(body + off, 'x', BIG);
+	snprintf(body + off + BIG, 200, "\"}}");
+	for (int i = 0; i < N; i++)
+		free(tstack_create(&t, body));
+	free(body);
+
+	r = activate(&t, "big", "w1", 100, 60);
+	tstack_expect_status(r, 200);
+	cr_assert_leq(r->body_len, cap, "an answer of %zu bytes, max_answer %zu", r->body_len, cap);
+	n = tstack_text("SELECT jsonb_array_length($1::jsonb -> 'jobs')::text", r->body);
+	got = atoi(n);
+	free(n);
+	/* 4 x ~900 KB fit in 4 MiB, a fifth does not. */
+	cr_assert_eq(got, 4, "%d jobs", got);
+	n = tstack_text("SELECT ($1::jsonb -> 'truncated')::text", r->body);
+	cr_assert_str_eq(n, "true");
+	free(n);
+	http_response_free(r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1"
+	                          " AND state = 'active' AND worker = 'w1' AND activations = 1",
+	                          t.id_text),
+	             4);
+	cr_assert_eq(
+	    tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1"
+	                 " AND state = 'activatable' AND worker IS NULL AND activations = 0",
+	                 t.id_text),
+	    N - 4, "the jobs left out were not touched");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1"
+	                          " AND state = 'pending'",
+	                          t.id_text),
+	             N - 4);
+
+	r = activate(&t, "big", "w2", 100, 60);
+	tstack_expect_status(r, 200);
+	n = tstack_text("SELECT jsonb_array_length($1::jsonb -> 'jobs')::text ||"
+	                " coalesce(($1::jsonb -> 'truncated')::text, ' whole')",
+	                r->body);
+	cr_assert_str_eq(n, "2 whole", "the rest, and nothing cut");
+	free(n);
+	http_response_free(r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1"
+	                          " AND state = 'active' AND worker = 'w2' AND activations = 1",
+	                          t.id_text),
+	             N - 4);
+}
+
 Test(steps, three_steps_driven_by_two_competing_workers_run_each_step_once)
 {
 	struct tstack_tenant t;

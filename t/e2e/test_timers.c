@@ -158,6 +158,48 @@ Test(sleep, until_in_the_past_fires_on_the_next_reap_and_a_last_step_completes)
 	free(wf);
 }
 
+/*
+ * A fired timer is history once its step went on: idemflow prune deletes
+ * it after outbox_retention, as it deletes delivered events, so a tenant's
+ * sleeps do not pile up rows forever. A timer fired within the retention,
+ * and one not yet due, stay.
+ */
+Test(sleep, prune_deletes_timers_fired_before_the_retention)
+{
+	struct tstack_tenant t;
+	char out[512], *old, *recent, *pending;
+
+	tstack_tenant_create(&t, "tprune");
+	old = tstack_create(&t, "{\"type\":\"s\",\"steps\":[{\"name\":\"a\",\"sleep\":\"PT0S\"}]}");
+	recent =
+	    tstack_create(&t, "{\"type\":\"s\",\"steps\":[{\"name\":\"a\",\"sleep\":\"PT0S\"}]}");
+	pending =
+	    tstack_create(&t, "{\"type\":\"s\",\"steps\":[{\"name\":\"a\",\"sleep\":\"P1D\"}]}");
+	reap(out, sizeof(out));
+	tstack_exec(tstack_db(),
+	            "UPDATE timers SET fired_at = now() - interval '8 days' WHERE workflow_id = $1",
+	            old);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE tenant_id = $1"
+	                          " AND fired_at IS NOT NULL",
+	                          t.id_text),
+	             2);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "prune", "--outbox-retention", "7d", NULL), 0,
+	             "prune: %s", tstack_cli_stderr());
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE workflow_id = $1", old), 0,
+	             "the timer fired 8 days ago is pruned: %s", out);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE workflow_id = $1"
+	                          " AND fired_at IS NOT NULL",
+	                          recent),
+	             1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE workflow_id = $1"
+	                          " AND fired_at IS NULL",
+	                          pending),
+	             1);
+	free(old);
+	free(recent);
+	free(pending);
+}
+
 Test(sleep, a_cancelled_workflow_s_timer_is_dropped_without_an_event)
 {
 	struct tstack_tenant t;

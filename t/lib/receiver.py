@@ -44,6 +44,9 @@ settings, the others stay (send {"reset": true} to restore the defaults):
   truncate_next   the next N answers announce a longer body than
                   they send, then close the connection (a receiver
                   dying mid-answer)                                (0)
+  location        a Location header sent with failures, or null:
+                  its UTF-8 bytes as they are, and a lone surrogate
+                  \\udcXX as the raw byte XX (not UTF-8)           (null)
 
 Precedence: fail_ids, then fail_next, then fail_rate. It answers 200 with
 the resulting settings. GET /_deliveries answers the JSON list of every
@@ -74,6 +77,7 @@ DEFAULTS = {
     "delay_ms": 0,
     "ok_status": 200,
     "truncate_next": 0,
+    "location": None,
 }
 
 HEADERS = {
@@ -148,6 +152,7 @@ class State:
                 except sqlite3.Error:
                     status, failed = 503, True
             retry_after = self.settings["retry_after"] if failed else None
+            location = self.settings["location"] if failed else None
             truncate = self.settings["truncate_next"] > 0
             if truncate:
                 self.settings["truncate_next"] -= 1
@@ -176,7 +181,7 @@ class State:
             self.deliveries.append(entry)
             self.log.write(json.dumps(entry) + "\n")
             self.log.flush()
-            return entry, self.settings["delay_ms"]
+            return entry, self.settings["delay_ms"], location
 
 
 def _workflow_of(body):
@@ -247,12 +252,16 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 self.answer(400, {"error": str(exc)})
             return
-        entry, delay_ms = self.state.record(self, body)
+        entry, delay_ms, location = self.state.record(self, body)
         if delay_ms:
             time.sleep(delay_ms / 1000.0)
         extra = []
         if entry["retry_after"] is not None:
             extra.append(("Retry-After", str(entry["retry_after"])))
+        if location is not None:
+            # http.server writes header values as Latin-1: one byte each.
+            raw = location.encode("utf-8", errors="surrogateescape")
+            extra.append(("Location", raw.decode("latin-1")))
         try:
             self.answer(entry["status"], {"seq": entry["seq"]}, extra, entry["truncated"])
         except (BrokenPipeError, ConnectionResetError):

@@ -2,6 +2,7 @@
  * order of the ids keyed creates make. */
 #include <criterion/criterion.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -226,4 +227,48 @@ Test(idem, the_key_rules_apply_to_the_unquoted_value)
 	memset(k, 'k', 256);
 	k[256] = '\0';
 	cr_assert_null(key_of(k), "256 characters bare");
+}
+
+/* In a child process: the id made at *at, written to fd. */
+static void id_in_child(int fd, const struct timespec *at)
+{
+	pid_t pid = fork();
+	int status;
+
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		char id[IDS_UUID_LEN + 1];
+
+		_exit(ids_uuid7_at(id, at) < 0 || write(fd, id, sizeof(id)) != (ssize_t)sizeof(id));
+	}
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/*
+ * A pool's workers share the floor (the supervisor's mapping): a worker
+ * that makes an id, and one forked after the wall clock stepped back a
+ * second (a respawned worker, which never saw the first's ids), still make
+ * them in order. The list's order holds across both.
+ */
+Test(ids, a_worker_forked_after_the_clock_stepped_back_still_sorts_after)
+{
+	atomic_ullong *floor =
+	    mmap(NULL, sizeof(*floor), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct timespec now, back;
+	char first[IDS_UUID_LEN + 1], second[IDS_UUID_LEN + 1];
+	int p[2];
+
+	cr_assert_neq(floor, MAP_FAILED);
+	cr_assert_eq(pipe(p), 0);
+	ids_share_clock(floor);
+	clock_gettime(CLOCK_REALTIME, &now);
+	back = now;
+	back.tv_sec -= 1;
+	id_in_child(p[1], &now);
+	id_in_child(p[1], &back);
+	cr_assert_eq(read(p[0], first, sizeof(first)), (ssize_t)sizeof(first));
+	cr_assert_eq(read(p[0], second, sizeof(second)), (ssize_t)sizeof(second));
+	cr_assert_gt(strcmp(second, first), 0, "%s, made after the step back, sorts before %s",
+	             second, first);
 }
