@@ -41,7 +41,9 @@
  * - client_min_messages: notices a worker logs;
  * - tcp_keepalives_*: see above;
  * - synchronous_commit: an answer is sent after its commit is durable, so
- *   "off" is raised to "on"; any stronger level is kept.
+ *   every level that acknowledges a commit before the synchronous standby
+ *   has flushed it ("off", "local", "remote_write") is raised to "on";
+ *   "remote_apply", which is stronger, is kept.
  * default_transaction_read_only is deliberately not pinned: a read-only
  * database is unavailable for writing, and answered as such (db_classify).
  */
@@ -61,7 +63,8 @@ static const char DB_PIN_SQL[] = "SET bytea_output = 'hex';"
                                  "SET tcp_keepalives_interval = " DB_KEEPALIVES_INTERVAL ";"
                                  "SET tcp_keepalives_count = " DB_KEEPALIVES_COUNT ";"
                                  "SELECT set_config('synchronous_commit', 'on', false)"
-                                 " WHERE current_setting('synchronous_commit') = 'off'";
+                                 " WHERE current_setting('synchronous_commit')"
+                                 "       NOT IN ('on', 'remote_apply')";
 
 /*
  * A handle's sessions (workers, dispatchers) are never idle inside a
@@ -92,7 +95,8 @@ struct db {
 	PGconn *conn;
 	int ready; /* connected, configured and prepared */
 	int connected_once;
-	int failures; /* failed connects in a row */
+	int failures;    /* failed connects in a row */
+	int unconfirmed; /* a WARNING came during the statements in flight */
 	unsigned long reconnects;
 	unsigned long attempts;
 	struct timespec last_attempt; /* of a failed connect; 0 after success */
@@ -269,17 +273,33 @@ PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const 
 	return NULL;
 }
 
+/*
+ * A COMMIT waiting for the synchronous standby (synchronous_commit = on or
+ * remote_apply) whose wait is cancelled (pg_cancel_backend, a cancel
+ * request) does not fail: PostgreSQL has committed it locally, ends the
+ * wait with "WARNING: canceling wait for synchronous replication due to
+ * user request" (the plain warning class, 01000; syncrep.c,
+ * SyncRepWaitForLSN) and answers COMMIT. The standby may never get it, so
+ * a failover can take it back: it is not an acknowledgement. The code,
+ * unlike the text, is the same in every lc_messages. Terminated instead
+ * (57P01, pg_terminate_backend, a shutdown), the session ends after the
+ * warning: the commit is then a lost connection, unknown as well.
+ */
+#define DB_SYNCREP_CANCELLED "01000"
+
 /* Server messages outside a query (a NOTICE, or the FATAL that comes before
  * the server closes a connection) go to the log as one logfmt line instead
  * of libpq's raw stderr text. A FATAL (or PANIC) means the server is ending
  * the session: the handle connects afresh at its next statement, even when
  * the connection's EOF has not arrived yet (a backend leaves
- * pg_stat_activity before its socket closes). */
+ * pg_stat_activity before its socket closes). A WARNING of class 01000
+ * marks the statements in flight as unconfirmed (DB_SYNCREP_CANCELLED). */
 static void log_notice(void *arg, const PGresult *res)
 {
 	struct db *db = arg;
 	const char *message = PQresultErrorMessage(res);
 	const char *severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+	const char *sqlstate = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 	char line[512];
 	size_t n = 0, len;
 	char msg[400];
@@ -293,6 +313,9 @@ static void log_notice(void *arg, const PGresult *res)
 	log_info("postgresql says", "%s", line);
 	if (severity != NULL && (strcmp(severity, "FATAL") == 0 || strcmp(severity, "PANIC") == 0))
 		db->ready = 0;
+	if (severity != NULL && strcmp(severity, "WARNING") == 0 && sqlstate != NULL &&
+	    strcmp(sqlstate, DB_SYNCREP_CANCELLED) == 0)
+		db->unconfirmed = 1;
 }
 
 /* The most parameters db_stmt_check() can count. */
@@ -628,6 +651,26 @@ static void after_failure(struct db *db, PGTransactionStatusType before, int n, 
 	}
 }
 
+/*
+ * After statements that succeeded: 1 with e filled (ERR_DB_DOWN, outcome
+ * unknown) when a warning of DB_SYNCREP_CANCELLED's class came while they
+ * ran and they could have committed: the commit stands locally, but its
+ * wait for the synchronous standby was cancelled, so it is not known to
+ * survive a failover. The connection is fine and stays.
+ */
+static int unconfirmed_commit(struct db *db, PGTransactionStatusType before, int n, const int *ids,
+                              struct err *e)
+{
+	if (!db->unconfirmed || !could_commit(db, before, n, ids))
+		return 0;
+	err_set(e, ERR_DB_DOWN,
+	        "the commit's wait for the synchronous standby was cancelled: committed "
+	        "locally, not confirmed durable");
+	snprintf(e->sqlstate, sizeof(e->sqlstate), "%s", DB_SYNCREP_CANCELLED);
+	e->outcome_unknown = 1;
+	return 1;
+}
+
 PGresult *db_run(struct db *db, int id, int nparams, const char *const *params, struct err *e)
 {
 	PGTransactionStatusType before;
@@ -640,10 +683,15 @@ PGresult *db_run(struct db *db, int id, int nparams, const char *const *params, 
 	if (check_call(db, id, nparams, e) < 0 || ensure_connected(db, e) < 0)
 		return NULL;
 	before = PQtransactionStatus(db->conn);
+	db->unconfirmed = 0;
 	res = PQexecPrepared(db->conn, db->s.stmts[id].name, nparams, params, NULL, NULL, 0);
 	st = PQresultStatus(res);
-	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK))
-		return res;
+	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
+		if (!unconfirmed_commit(db, before, 1, &id, e))
+			return res;
+		PQclear(res);
+		return NULL;
+	}
 	db_classify(db->conn, res, e);
 	PQclear(res);
 	after_failure(db, before, 1, &id, e);
@@ -701,6 +749,7 @@ int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **re
 		db_classify(conn, NULL, e);
 		return -1;
 	}
+	db->unconfirmed = 0;
 	for (i = 0; i < n; i++)
 		if (!PQsendQueryPrepared(conn, db->s.stmts[calls[i].id].name, calls[i].nparams,
 		                         calls[i].params, NULL, NULL, 0))
@@ -738,8 +787,12 @@ int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **re
 		db_classify(conn, NULL, e);
 		goto broken;
 	}
-	if (first_bad < 0)
+	if (first_bad < 0 && !unconfirmed_commit(db, before, n, ids, e))
 		return 0;
+	if (first_bad < 0) {
+		*failed = n - 1;
+		goto fail;
+	}
 	*failed = first_bad;
 	if (PQtransactionStatus(conn) != PQTRANS_IDLE)
 		PQclear(PQexec(conn, "ROLLBACK"));

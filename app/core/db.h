@@ -94,7 +94,11 @@ long db_backoff_ms(int failures);
  * unavailable (ERR_DB_DOWN) the connection is dropped and the next
  * statement reconnects; e->outcome_unknown is set when the connection was
  * lost while the statement could have committed (it ran outside an
- * explicit transaction, or was a COMMIT).
+ * explicit transaction, or was a COMMIT). A statement that could commit
+ * and succeeded with a WARNING of class 01000 (a COMMIT whose wait for the
+ * synchronous standby was cancelled: committed locally, maybe never
+ * replicated) is a failure too: NULL, ERR_DB_DOWN, outcome unknown, the
+ * connection kept.
  */
 PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
                  struct err *e) MUSTCHECK;
@@ -120,7 +124,8 @@ struct db_call {
  * table's count (ERR_INTERNAL). A transaction may span pipelines: BEGIN in one,
  * COMMIT in the next. At most DB_PIPELINE_MAX statements. A lost
  * connection sets e->outcome_unknown as for db_run(): when the pipeline
- * holds a COMMIT, or statements outside an explicit transaction.
+ * holds a COMMIT, or statements outside an explicit transaction; so does
+ * an unconfirmed commit (as for db_run(); *failed is then n - 1).
  */
 int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **res, int *failed,
                 struct err *e) MUSTCHECK;

@@ -541,6 +541,35 @@ Test(db, every_connection_pins_the_settings_the_sql_depends_on)
 	free(ci);
 }
 
+/* Every level that acknowledges a commit before the synchronous standby
+ * has it is raised to "on"; "remote_apply" (stronger) is kept. */
+Test(db, synchronous_commit_is_at_least_on_whatever_the_default)
+{
+	const char *const levels[][2] = { { "off", "on" },
+		                          { "local", "on" },
+		                          { "remote_write", "on" },
+		                          { "on", "on" },
+		                          { "remote_apply", "remote_apply" } };
+
+	for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++) {
+		char *ci;
+		struct err e;
+		PGconn *conn;
+		PGresult *res;
+
+		cr_assert(asprintf(&ci, "%s options='-c synchronous_commit=%s'",
+		                   getenv("DATABASE_URL"), levels[i][0]) > 0);
+		conn = db_connect_simple(ci, "test_db", &e);
+		cr_assert_not_null(conn, "%s", e.msg);
+		res = db_exec(conn, "SELECT current_setting('synchronous_commit')", 0, NULL, &e);
+		cr_assert_not_null(res, "%s", e.msg);
+		cr_assert_str_eq(PQgetvalue(res, 0, 0), levels[i][1], "given %s", levels[i][0]);
+		PQclear(res);
+		PQfinish(conn);
+		free(ci);
+	}
+}
+
 /* The value of a connection option as libpq uses it, or "". */
 static char *conn_option(PGconn *conn, const char *name)
 {

@@ -12,7 +12,10 @@
  * - a connection lost while a write could have committed is 503
  *   outcome-unknown, and the retry with the same key finds out (a replay
  *   when it had committed); lost before anything could commit is 503
- *   unavailable, nothing stored;
+ *   unavailable, nothing stored; a commit whose wait for the synchronous
+ *   standby was cancelled (committed locally only) is 503 outcome-unknown
+ *   too, and a weaker synchronous_commit of the database is raised so
+ *   that every commit waits for the standby;
  * - a multi-host conninfo finds the writable server after a "failover" with
  *   bounded back-off, without a pool restart;
  * - a key TTL too short for idempotency_wait is refused at start and on
@@ -619,6 +622,108 @@ Test(faults, connection_lost_after_commit_is_outcome_unknown_and_the_retry_repla
 	expect_503(r2, "/problems/outcome-unknown", COLLECTION, "same Idempotency-Key");
 	/* Both had committed: "nothing was stored" would have been false.
 	 * The same request with the same key learns the outcome. */
+	again = post(NULL, &t, COLLECTION, k1, plain);
+	cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
+	tstack_expect_header(again, "Idempotent-Replayed", "true");
+	http_response_free(again);
+	again = post(NULL, &t, COLLECTION, k2, steps);
+	cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
+	tstack_expect_header(again, "Idempotent-Replayed", "true");
+	http_response_free(again);
+	tstack_expect_counts(&t, 2, 2, 2);
+	http_response_free(r1);
+	http_response_free(r2);
+}
+
+/*
+ * A role or database set to a level that acknowledges a commit before the
+ * synchronous standby has it ("local", "remote_write") is raised to "on":
+ * the create's commit waits for the standby, and is answered only once
+ * the standby (here: none at all) lets it go.
+ */
+Test(faults, a_weaker_commit_level_is_raised_so_the_commit_waits_for_the_standby)
+{
+	const char *const levels[] = { "local", "remote_write" };
+	struct tstack_tenant t;
+
+	tstack_tenant_create(&t, "weak");
+	for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++) {
+		const char *body = "{\"type\":\"weak\",\"input\":{}}";
+		struct pending p = { .t = &t, .body = body };
+		char key[128], value[40];
+		pthread_t th;
+		PGconn *probe;
+		char *pid;
+
+		snprintf(value, sizeof(value), "'%s'", levels[i]);
+		db_set("synchronous_commit", value);
+		renew_sessions("idemflow");
+		tstack_key(key, sizeof(key), levels[i]);
+		p.key = key;
+		probe = sync_rep_on();
+		cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
+		/* With the level as set, the create would not wait at all. */
+		pid = worker_waiting("%INSERT INTO idempotency_keys %");
+		cr_assert_eq(
+		    tstack_count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int"
+		                 "   AND wait_event = 'SyncRep'",
+		                 pid),
+		    1, "synchronous_commit = %s", levels[i]);
+		free(pid);
+		sync_rep_off(probe);
+		pthread_join(th, NULL);
+		cr_assert_not_null(p.resp, "%s", p.err);
+		cr_assert_eq(p.resp->status, 201, "%d %s", p.resp->status, p.resp->body);
+		http_response_free(p.resp);
+	}
+	tstack_expect_counts(&t, 2, 2, 2);
+}
+
+/* POST body under key, cancel the worker's statement (like query) while
+ * its commit waits for the standby, and return the answer. */
+static struct http_response *cancel_at_commit(const struct tstack_tenant *t, const char *key,
+                                              const char *body, const char *query)
+{
+	struct pending p = { .t = t, .key = key, .body = body };
+	pthread_t th;
+	char *pid;
+
+	cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
+	pid = worker_waiting(query);
+	tstack_exec(admin, "SELECT pg_cancel_backend($1::int)", pid);
+	free(pid);
+	pthread_join(th, NULL);
+	cr_assert_not_null(p.resp, "%s", p.err);
+	return p.resp;
+}
+
+/*
+ * A cancelled wait for the synchronous standby does not fail the COMMIT:
+ * PostgreSQL commits locally and warns. That commit may not survive a
+ * failover, so it is never a 201: 503 outcome-unknown. The row is visible
+ * on this primary at once, so the retry replays it.
+ */
+Test(faults, a_cancelled_commit_wait_is_outcome_unknown_and_the_retry_replays)
+{
+	const char *plain = "{\"type\":\"cancelled\",\"input\":{\"p\":1}}";
+	const char *steps =
+	    "{\"type\":\"cancelled-steps\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}";
+	struct http_response *r1, *r2, *again;
+	struct tstack_tenant t;
+	char k1[128], k2[128];
+	PGconn *probe;
+
+	tstack_tenant_create(&t, "cancelled");
+	tstack_key(k1, sizeof(k1), "cancel-plain");
+	tstack_key(k2, sizeof(k2), "cancel-steps");
+
+	probe = sync_rep_on();
+	r1 = cancel_at_commit(&t, k1, plain, "%INSERT INTO idempotency_keys %");
+	r2 = cancel_at_commit(&t, k2, steps, "COMMIT");
+	expect_503(r1, "/problems/outcome-unknown", COLLECTION, "same Idempotency-Key");
+	expect_503(r2, "/problems/outcome-unknown", COLLECTION, "same Idempotency-Key");
+	sync_rep_off(probe);
+
 	again = post(NULL, &t, COLLECTION, k1, plain);
 	cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
 	tstack_expect_header(again, "Idempotent-Replayed", "true");
