@@ -210,7 +210,6 @@ PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err 
 		               wants_read_write(conninfo) ? "read-write" : NULL, conninfo, appname,
 		               NULL };
 	PGconn *conn;
-	PGresult *res;
 
 	/* NULL or empty values count as not given: "" for conninfo means
 	 * libpq defaults and PG* variables. */
@@ -231,16 +230,36 @@ PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err 
 		PQfinish(conn);
 		return NULL;
 	}
-	res = PQexec(conn, DB_PIN_SQL);
+	if (db_session_setup(conn, -1, -1, e) < 0) {
+		PQfinish(conn);
+		return NULL;
+	}
+	return conn;
+}
+
+int db_session_setup(PGconn *conn, long lock_timeout_ms, long statement_timeout_ms, struct err *e)
+{
+	char sql[sizeof(DB_PIN_SQL) + 128];
+	PGresult *res;
+	int n = 0;
+
+	/* The timeouts first: the pin ends with its SELECT. */
+	if (lock_timeout_ms >= 0)
+		n += snprintf(sql + n, sizeof(sql) - (size_t)n, "SET lock_timeout = '%ldms';",
+		              lock_timeout_ms);
+	if (statement_timeout_ms >= 0)
+		n += snprintf(sql + n, sizeof(sql) - (size_t)n, "SET statement_timeout = '%ldms';",
+		              statement_timeout_ms);
+	snprintf(sql + n, sizeof(sql) - (size_t)n, "%s", DB_PIN_SQL);
+	res = PQexec(conn, sql);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK) {
 		db_classify(conn, res, e);
 		err_prefix(e, "could not configure the session");
 		PQclear(res);
-		PQfinish(conn);
-		return NULL;
+		return -1;
 	}
 	PQclear(res);
-	return conn;
+	return 0;
 }
 
 PGconn *db_connect_retry(const char *conninfo, const char *appname, int attempts, struct err *e)

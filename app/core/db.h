@@ -151,6 +151,16 @@ PGconn *db_conn(struct db *db);
  * (caller PQfinish()es) or NULL with e filled. */
 PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err *e) MUSTCHECK;
 
+/*
+ * Pin the session settings on conn as db_connect_simple() does, and set
+ * its lock_timeout and statement_timeout (milliseconds, 0 = none, -1 =
+ * leave as they are): for a connection that PQreset() renewed (a new
+ * session has none of it), or a CLI session that wants timeouts. Returns 0,
+ * or -1 with e filled (the connection stays; the caller decides).
+ */
+int db_session_setup(PGconn *conn, long lock_timeout_ms, long statement_timeout_ms,
+                     struct err *e) MUSTCHECK;
+
 /* db_connect_simple(), tried up to attempts times while the database is
  * unreachable, pausing db_backoff_ms() between tries (a failover takes
  * seconds). */
