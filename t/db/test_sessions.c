@@ -5,7 +5,8 @@
  * idempotency_wait ("try later", 75) instead of waiting for ever, and that
  * `reap --loop`, whose session is ended under it, pins its settings again
  * on the new session (a database-level search_path that would hide the
- * schema changes nothing). The tests change database-wide settings: they
+ * schema changes nothing); that `tenant set-ttl` holds a tenant's TTL to
+ * the floor the server holds its own to. The tests change database-wide settings: they
  * run one at a time, and each resets what it changed.
  */
 #include <criterion/criterion.h>
@@ -57,7 +58,7 @@ Test(sessions, a_cli_command_gives_up_on_a_held_row_after_idempotency_wait)
 
 /* The pid of the session named idemflow-cli other than not that has run a
  * round of the reaper (so it is past its connect), within 10 s, as text. */
-static char *cli_session(const char *not)
+static char *cli_session(const char * not )
 {
 	double deadline = tstack_now() + 10;
 	char *pid;
@@ -66,7 +67,7 @@ static char *cli_session(const char *not)
 		pid = tstack_text("SELECT min(pid)::text FROM pg_stat_activity"
 		                  " WHERE application_name = 'idemflow-cli' AND pid::text <> $1"
 		                  "   AND query LIKE '%idemflow_%'",
-		                  not);
+		                  not );
 		if (pid != NULL)
 			return pid;
 		cr_assert(tstack_now() < deadline, "no idemflow-cli session");
@@ -121,4 +122,36 @@ Test(sessions, reap_loop_pins_its_settings_again_after_its_session_ended)
 	cr_assert_eq(count_lines(log, "idemflow: reap:"), 1, "one failed round; see %s", log);
 	free(first);
 	free(second);
+}
+
+/* The floor is the larger of 10 x idempotency_wait and 2 x
+ * statement_timeout, as for the server's idempotency_ttl. */
+Test(sessions, tenant_set_ttl_holds_the_server_s_floor)
+{
+	char name[64], out[256];
+	int rc;
+
+	snprintf(name, sizeof(name), "floor-%d", (int)getpid());
+	tstack_exec(tstack_db(), "INSERT INTO tenants (name) VALUES ($1)", name);
+	/* The defaults: 5 s and 30 s make 60 s. */
+	rc = tstack_cli(out, sizeof(out), "tenant", "set-ttl", name, "1s", NULL);
+	cr_assert_eq(rc, 64, "exit %d: %s", rc, tstack_cli_stderr());
+	cr_assert(strstr(tstack_cli_stderr(), "shorter than 60000 ms") != NULL, "%s",
+	          tstack_cli_stderr());
+	rc = tstack_cli(out, sizeof(out), "tenant", "set-ttl", name, "59s", NULL);
+	cr_assert_eq(rc, 64, "exit %d: %s", rc, tstack_cli_stderr());
+	cr_assert_eq(tstack_count("SELECT count(*) FROM tenants WHERE name = $1"
+	                          "   AND idempotency_ttl IS NULL",
+	                          name),
+	             1);
+	rc = tstack_cli(out, sizeof(out), "tenant", "set-ttl", name, "60s", NULL);
+	cr_assert_eq(rc, 0, "exit %d: %s", rc, tstack_cli_stderr());
+	/* With shorter waits, a shorter floor. */
+	rc = tstack_cli(out, sizeof(out), "--idempotency-wait", "1s", "--statement-timeout", "2s",
+	                "--idempotency-ttl", "1h", "tenant", "set-ttl", name, "10s", NULL);
+	cr_assert_eq(rc, 0, "exit %d: %s", rc, tstack_cli_stderr());
+	cr_assert_eq(tstack_count("SELECT count(*) FROM tenants WHERE name = $1"
+	                          "   AND idempotency_ttl = interval '10 seconds'",
+	                          name),
+	             1);
 }
