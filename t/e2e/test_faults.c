@@ -126,6 +126,7 @@ static void teardown(void)
 		return;
 	snprintf(sql, sizeof(sql), "ALTER DATABASE \"%s\" RESET ALL", PQdb(admin));
 	PQclear(PQexec(admin, sql));
+	PQclear(PQexec(admin, "ALTER TABLE IF EXISTS api_tokens_hidden RENAME TO api_tokens"));
 	PQclear(PQexec(admin, "ALTER SYSTEM RESET synchronous_standby_names"));
 	PQclear(PQexec(admin, "SELECT pg_reload_conf()"));
 	PQclear(PQexec(admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -735,6 +736,52 @@ Test(faults, a_cancelled_commit_wait_is_outcome_unknown_and_the_retry_replays)
 	tstack_expect_counts(&t, 2, 2, 2);
 	http_response_free(r1);
 	http_response_free(r2);
+}
+
+/* Sessions ever started on the test database, as the statistics have
+ * them (a session is counted once it has ended, at the latest). */
+static long sessions_started(void)
+{
+	PQclear(PQexec(admin, "SELECT pg_stat_clear_snapshot()"));
+	return tstack_count("SELECT sessions FROM pg_stat_database WHERE datname = $1",
+	                    PQdb(admin));
+}
+
+/*
+ * While the workers cannot connect (here: their statements cannot be
+ * prepared, the schema being broken), /readyz reads the schema version on
+ * a connection of its own to say why; /readyz needs no token, so that
+ * connection is tried at most once a second per worker, and the probes in
+ * between are answered from the last try.
+ */
+Test(faults, readyz_during_an_outage_does_not_open_a_connection_per_probe)
+{
+	const int probes = 60;
+	long before, opened;
+	double deadline;
+
+	exec_ok(admin, "ALTER TABLE api_tokens RENAME TO api_tokens_hidden");
+	renew_sessions("idemflow");
+	before = sessions_started();
+	for (int i = 0; i < probes; i++) {
+		struct http_response *r = get(NULL, NULL, "/readyz");
+		expect_503(r, "/problems/unavailable", "/readyz", "database");
+		http_response_free(r);
+		tstack_sleep_ms(20);
+	}
+	/* Let the last sessions end and be counted. */
+	deadline = tstack_now() + 3;
+	tstack_sleep_ms(500);
+	opened = sessions_started() - before;
+	while (tstack_now() < deadline && opened < probes) {
+		tstack_sleep_ms(100);
+		opened = sessions_started() - before;
+	}
+	exec_ok(admin, "ALTER TABLE api_tokens_hidden RENAME TO api_tokens");
+	cr_log_info("%d probes opened %ld sessions", probes, opened);
+	/* 3 workers over ~1.5 s: two tries each, and their own reconnects
+	 * (100 ms doubling). */
+	cr_assert(opened <= 30, "%d probes opened %ld sessions", probes, opened);
 }
 
 /* A worker waiting on a held key has its session ended. */
