@@ -95,8 +95,11 @@ struct db {
 	PGconn *conn;
 	int ready; /* connected, configured and prepared */
 	int connected_once;
-	int failures;    /* failed connects in a row */
-	int unconfirmed; /* a WARNING came during the statements in flight */
+	int failures;                   /* failed connects in a row */
+	int unconfirmed;                /* a WARNING came during the statements in flight */
+	int unavailable;                /* sessions dropped as unavailable (read-only, out of a
+	                                 * resource) in a row, no commit in between */
+	struct timespec unavailable_at; /* of the last such drop */
 	unsigned long reconnects;
 	unsigned long attempts;
 	struct timespec last_attempt; /* of a failed connect; 0 after success */
@@ -661,8 +664,26 @@ static void after_failure(struct db *db, PGTransactionStatusType before, int n, 
 	int lost = PQstatus(db->conn) != CONNECTION_OK ||
 	           (e->sqlstate[0] != '\0' && session_ended(e->sqlstate));
 
-	if (e->code == ERR_DB_DOWN || lost)
+	const int refused = e->code == ERR_DB_DOWN && !lost && PQstatus(db->conn) == CONNECTION_OK;
+	struct timespec now;
+
+	/* A server that answers but takes no writes (read-only, out of a
+	 * resource): the first refusal drops the session at once, for a new
+	 * primary (a multi-host conninfo finds it). A new session refused
+	 * again is kept (reads work on it) for db_backoff_ms(refusals) before
+	 * it is dropped again: each reconnect prepares every statement. */
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (refused && db->unavailable > 0 &&
+	    (now.tv_sec - db->unavailable_at.tv_sec) * 1000 +
+	            (now.tv_nsec - db->unavailable_at.tv_nsec) / 1000000 <
+	        db_backoff_ms(db->unavailable))
+		; /* keep it for now */
+	else if (e->code == ERR_DB_DOWN || lost)
 		db->ready = 0; /* reconnect before the next statement */
+	if (refused && !db->ready) {
+		db->unavailable++;
+		db->unavailable_at = now;
+	}
 	/* An idle-in-transaction timeout rolled the transaction back. */
 	if (lost && strcmp(e->sqlstate, "25P03") != 0 && could_commit(db, before, n, ids)) {
 		e->code = ERR_DB_DOWN;
@@ -706,8 +727,11 @@ PGresult *db_run(struct db *db, int id, int nparams, const char *const *params, 
 	res = PQexecPrepared(db->conn, db->s.stmts[id].name, nparams, params, NULL, NULL, 0);
 	st = PQresultStatus(res);
 	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
-		if (!unconfirmed_commit(db, before, 1, &id, e))
+		if (!unconfirmed_commit(db, before, 1, &id, e)) {
+			if (could_commit(db, before, 1, &id))
+				db->unavailable = 0; /* it takes writes */
 			return res;
+		}
 		PQclear(res);
 		return NULL;
 	}
@@ -806,8 +830,11 @@ int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **re
 		db_classify(conn, NULL, e);
 		goto broken;
 	}
-	if (first_bad < 0 && !unconfirmed_commit(db, before, n, ids, e))
+	if (first_bad < 0 && !unconfirmed_commit(db, before, n, ids, e)) {
+		if (could_commit(db, before, n, ids))
+			db->unavailable = 0; /* it takes writes */
 		return 0;
+	}
 	if (first_bad < 0) {
 		*failed = n - 1;
 		goto fail;

@@ -80,7 +80,12 @@ unsigned long db_connect_attempts(const struct db *db);
  * The pause before the next connect after failures failed connects in a
  * row: 0 for none, then 100 ms doubling up to 1.6 s. A handle whose
  * connection broke tries again at once, then at this pace (it never sleeps:
- * the statement fails with ERR_DB_DOWN until the pause is over).
+ * the statement fails with ERR_DB_DOWN until the pause is over). A server
+ * that answers but refuses writes (read-only, out of a resource) is left
+ * at once the first time (a new primary may be there); a new session
+ * refused again is kept, and still serves reads, for this long after the
+ * n-th such drop before it is left again, until a statement that could
+ * commit succeeds: each reconnect prepares every statement.
  */
 long db_backoff_ms(int failures);
 

@@ -425,6 +425,7 @@ Test(faults, read_only_database_is_503_not_ready_and_each_worker_reconnects)
 	struct http_response *r;
 	struct tstack_tenant t;
 	char key[128], *detail;
+	double deadline;
 	int tries;
 
 	tstack_tenant_create(&t, "ro");
@@ -449,21 +450,25 @@ Test(faults, read_only_database_is_503_not_ready_and_each_worker_reconnects)
 	cr_assert_eq(tenant_rows(&t, "idempotency_keys"), 0);
 
 	/* Writable again. Nobody ends the workers' sessions now: a worker
-	 * drops its session when it finds it read-only, so each answers
-	 * read-only at most once more, then the same request creates. */
+	 * drops its session when it finds it read-only, at once the first
+	 * time, then (each reconnect preparing every statement) after 100 ms
+	 * doubling to 1.6 s; meanwhile it answers read-only, then the same
+	 * request creates. */
 	{
 		char sql[256];
 		snprintf(sql, sizeof(sql),
 		         "ALTER DATABASE \"%s\" RESET default_transaction_read_only", PQdb(admin));
 		exec_ok(admin, sql);
 	}
-	for (tries = 0; tries <= workers; tries++) {
+	deadline = tstack_now() + 5;
+	for (tries = 0; tstack_now() < deadline; tries++) {
 		r = post(NULL, &t, COLLECTION, key, body);
 		if (r->status == 201)
 			break;
 		expect_503(r, "/problems/unavailable", COLLECTION, "read-only");
 		http_response_free(r);
 		r = NULL;
+		tstack_sleep_ms(50);
 	}
 	cr_assert_not_null(r, "still read-only after %d tries", tries);
 	free(tstack_expect_created(r, "ro", "{}"));
@@ -663,8 +668,9 @@ Test(faults, a_weaker_commit_level_is_raised_so_the_commit_waits_for_the_standby
 		p.key = key;
 		probe = sync_rep_on();
 		cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
-		/* With the level as set, the create would not wait at all. */
-		pid = worker_waiting("%INSERT INTO idempotency_keys %");
+		/* With the level as set, no commit would wait at all (the
+		 * worker may be flushing its key counts before the create). */
+		pid = worker_waiting("%");
 		cr_assert_eq(
 		    tstack_count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int"
 		                 "   AND wait_event = 'SyncRep'",
@@ -736,6 +742,61 @@ Test(faults, a_cancelled_commit_wait_is_outcome_unknown_and_the_retry_replays)
 	tstack_expect_counts(&t, 2, 2, 2);
 	http_response_free(r1);
 	http_response_free(r2);
+}
+
+/*
+ * A worker killed while its commit waits for the synchronous standby: its
+ * backend cannot notice (PostgreSQL checks nothing but a cancel, a
+ * termination and the postmaster during that wait), so it keeps its
+ * connection slot and the key's row until the standby acknowledges. Then
+ * the commit completes as any other (durable), the backend sees its client
+ * gone and ends, and the retry replays: one workflow. idemflow does not
+ * terminate it: that would make a commit the standby lacks visible.
+ */
+Test(faults, a_killed_worker_s_waiting_commit_ends_durable_once_the_standby_is_back)
+{
+	const char *body = "{\"type\":\"killed\",\"input\":{}}";
+	struct pending p = { .body = body };
+	struct http_response *again;
+	struct tstack_tenant t;
+	char key[128], *pid, *app;
+	double deadline;
+	pthread_t th;
+	PGconn *probe;
+
+	tstack_tenant_create(&t, "killed");
+	tstack_key(key, sizeof(key), "killed");
+	p.t = &t;
+	p.key = key;
+	probe = sync_rep_on();
+	cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
+	pid = worker_waiting("%INSERT INTO idempotency_keys %");
+	app = tstack_text("SELECT application_name FROM pg_stat_activity WHERE pid = $1::int", pid);
+	cr_assert_not_null(app);
+	cr_assert_eq(kill((pid_t)atol(strrchr(app, '-') + 1), SIGKILL), 0, "%s", app);
+	pthread_join(th, NULL);
+	http_response_free(p.resp);
+	/* The backend outlives its worker, still waiting. */
+	tstack_sleep_ms(1500);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int"
+	                          "   AND wait_event = 'SyncRep'",
+	                          pid),
+	             1, "the killed worker's backend left the wait");
+	cr_assert_eq(tenant_rows(&t, "idempotency_keys"), 0, "visible before the standby has it");
+	sync_rep_off(probe);
+	deadline = tstack_now() + 10;
+	while (tstack_count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int", pid) !=
+	       0) {
+		cr_assert(tstack_now() < deadline, "the killed worker's backend stayed");
+		tstack_sleep_ms(20);
+	}
+	again = post(NULL, &t, COLLECTION, key, body);
+	cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
+	tstack_expect_header(again, "Idempotent-Replayed", "true");
+	http_response_free(again);
+	tstack_expect_counts(&t, 1, 1, 1);
+	free(app);
+	free(pid);
 }
 
 /* Sessions ever started on the test database, as the statistics have
