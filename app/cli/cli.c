@@ -7,6 +7,7 @@
 #include <sysexits.h>
 
 #include "cli/cli.h"
+#include "core/db.h"
 
 void cli_usage(FILE *out)
 {
@@ -63,9 +64,19 @@ int cli_fail(int code, const struct err *e)
 	return code;
 }
 
+int cli_session(PGconn *conn, const struct conf *c, struct err *e)
+{
+	return db_session_setup(conn, c->idempotency_wait, c->statement_timeout, e);
+}
+
 int cli_db_fail(const struct err *e)
 {
-	return cli_fail(e->code == ERR_DB_DOWN ? EX_TEMPFAIL : EX_SOFTWARE, e);
+	/* A held row (lock_timeout) or a conflict is over by the next try. */
+	return cli_fail(e->code == ERR_DB_DOWN || e->code == ERR_LOCK_TIMEOUT ||
+	                        e->code == ERR_SERIALIZE
+	                    ? EX_TEMPFAIL
+	                    : EX_SOFTWARE,
+	                e);
 }
 
 void cli_print_rows(const PGresult *res)

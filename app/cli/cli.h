@@ -43,6 +43,15 @@ int cli_reap(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* debug.c: idempotency-check. */
 int cli_debug(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 
+/*
+ * Configure a CLI session (a new one, or one PQreset() renewed): the
+ * settings every connection pins (db_session_setup), lock_timeout =
+ * idempotency_wait and statement_timeout = statement_timeout, so a command
+ * that meets a held row or a stuck statement ends with "try later" (75)
+ * or an error instead of waiting for ever. Returns 0 or -1 with e.
+ */
+int cli_session(PGconn *conn, const struct conf *c, struct err *e) MUSTCHECK;
+
 /* The usage text, then the configuration keys (conf_usage), on out. */
 void cli_usage(FILE *out);
 
@@ -53,7 +62,9 @@ int cli_usage_error(void) MUSTCHECK;
 int cli_fail(int code, const struct err *e) MUSTCHECK;
 
 /* The same for an error from the database layer: EX_TEMPFAIL when the
- * database is unreachable (ERR_DB_DOWN), else EX_SOFTWARE. */
+ * database is unreachable (ERR_DB_DOWN), a row stayed held past
+ * lock_timeout (ERR_LOCK_TIMEOUT) or a transaction conflicted
+ * (ERR_SERIALIZE), else EX_SOFTWARE. */
 int cli_db_fail(const struct err *e) MUSTCHECK;
 
 /* Every row of res on stdout, its fields separated by tabs, one line each

@@ -7,8 +7,9 @@
  * Results go to stdout (a new token is the only thing printed by
  * "token create", so scripts can capture it); diagnostics go to stderr.
  * Exit codes follow sysexits.h: 64 usage, 65 bad data (unknown tenant,
- * duplicate name), 75 try later (database unreachable, an outbox event
- * held by a dispatcher), 78 configuration.
+ * duplicate name), 75 try later (database unreachable, a row held past
+ * idempotency_wait, an outbox event held by a dispatcher), 78
+ * configuration.
  */
 #include <stdio.h>
 #include <string.h>
@@ -78,6 +79,12 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	PQsetNoticeProcessor(conn, quiet_notices, NULL);
+	/* A migration runs without timeouts: it waits for its advisory lock
+	 * and may rewrite a table for longer than a request's statement. */
+	if (run != cli_migrate && cli_session(conn, c, &e) < 0) {
+		rc = cli_db_fail(&e);
+		goto out;
+	}
 	rc = run(conn, c, argc - next - 1, argv + next + 1);
 out:
 	PQfinish(conn);

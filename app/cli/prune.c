@@ -258,12 +258,14 @@ static int reap_round(PGconn *conn, const struct conf *c, struct reap_counts *n,
 /*
  * --loop: a round every interval_ms until SIGTERM or SIGINT, a line for
  * each round that did something. A database error is said on stderr and
- * the connection is reset: the loop outlives a restart or a failover.
+ * the connection is reset and configured again (cli_session): the loop
+ * outlives a restart or a failover with its settings.
  */
 static int reap_loop(PGconn *conn, const struct conf *c, long interval_ms)
 {
 	struct sigaction sa;
 	struct timespec ts = { interval_ms / 1000, (interval_ms % 1000) * 1000000L };
+	int pinned = 1; /* main.c configured the first session */
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = reap_on_signal; /* no SA_RESTART: the sleep ends at once */
@@ -276,8 +278,15 @@ static int reap_loop(PGconn *conn, const struct conf *c, long interval_ms)
 
 		if (reap_round(conn, c, &n, &e) < 0) {
 			fprintf(stderr, "idemflow: reap: %s\n", e.msg);
-			if (PQstatus(conn) != CONNECTION_OK)
+			/* A new session has none of the settings: pin them
+			 * again, or try again next round. */
+			if (PQstatus(conn) != CONNECTION_OK || !pinned) {
 				PQreset(conn);
+				pinned = PQstatus(conn) == CONNECTION_OK &&
+				         cli_session(conn, c, &e) == 0;
+				if (!pinned && PQstatus(conn) == CONNECTION_OK)
+					fprintf(stderr, "idemflow: reap: %s\n", e.msg);
+			}
 		}
 		if (n.jobs + n.timers + n.timeouts + n.incidents > 0) {
 			printf("reap: jobs=%ld timers=%ld timeouts=%ld incidents=%ld\n", n.jobs,

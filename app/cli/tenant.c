@@ -62,8 +62,10 @@ static int tenant_list(PGconn *conn)
 }
 
 /* tenant set-ttl NAME DURATION|default: durations are read exactly as the
- * idempotency_ttl key is, and at least as long (1 s). */
-static int tenant_set_ttl(PGconn *conn, const char *name, const char *value)
+ * idempotency_ttl key is, and held to the floor the server holds its own
+ * to (conf_check: a key outlives every request that may still hold or
+ * wait for it), with the waits of the configuration the CLI reads. */
+static int tenant_set_ttl(PGconn *conn, const struct conf *c, const char *name, const char *value)
 {
 	char ms[24];
 	const char *p[2] = { name, NULL }; /* NULL: the server's idempotency_ttl */
@@ -81,6 +83,13 @@ static int tenant_set_ttl(PGconn *conn, const char *name, const char *value)
 		}
 		if (conf_set(tmp, "idempotency_ttl", value, "tenant set-ttl", &e) < 0) {
 			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
+			rc = EX_USAGE;
+			goto out;
+		}
+		tmp->idempotency_wait = c->idempotency_wait;
+		tmp->statement_timeout = c->statement_timeout;
+		if (conf_check(tmp, &e) < 0) {
+			fprintf(stderr, "idemflow: %s\n", e.msg);
 			rc = EX_USAGE;
 			goto out;
 		}
@@ -112,12 +121,11 @@ out:
 
 int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv)
 {
-	(void)c;
 	if (argc == 2 && strcmp(argv[0], "create") == 0)
 		return tenant_create(conn, argv[1]);
 	if (argc == 1 && strcmp(argv[0], "list") == 0)
 		return tenant_list(conn);
 	if (argc == 3 && strcmp(argv[0], "set-ttl") == 0)
-		return tenant_set_ttl(conn, argv[1], argv[2]);
+		return tenant_set_ttl(conn, c, argv[1], argv[2]);
 	return cli_usage_error();
 }

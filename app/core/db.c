@@ -41,7 +41,9 @@
  * - client_min_messages: notices a worker logs;
  * - tcp_keepalives_*: see above;
  * - synchronous_commit: an answer is sent after its commit is durable, so
- *   "off" is raised to "on"; any stronger level is kept.
+ *   every level that acknowledges a commit before the synchronous standby
+ *   has flushed it ("off", "local", "remote_write") is raised to "on";
+ *   "remote_apply", which is stronger, is kept.
  * default_transaction_read_only is deliberately not pinned: a read-only
  * database is unavailable for writing, and answered as such (db_classify).
  */
@@ -61,7 +63,8 @@ static const char DB_PIN_SQL[] = "SET bytea_output = 'hex';"
                                  "SET tcp_keepalives_interval = " DB_KEEPALIVES_INTERVAL ";"
                                  "SET tcp_keepalives_count = " DB_KEEPALIVES_COUNT ";"
                                  "SELECT set_config('synchronous_commit', 'on', false)"
-                                 " WHERE current_setting('synchronous_commit') = 'off'";
+                                 " WHERE current_setting('synchronous_commit')"
+                                 "       NOT IN ('on', 'remote_apply')";
 
 /*
  * A handle's sessions (workers, dispatchers) are never idle inside a
@@ -92,7 +95,11 @@ struct db {
 	PGconn *conn;
 	int ready; /* connected, configured and prepared */
 	int connected_once;
-	int failures; /* failed connects in a row */
+	int failures;                   /* failed connects in a row */
+	int unconfirmed;                /* a WARNING came during the statements in flight */
+	int unavailable;                /* sessions dropped as unavailable (read-only, out of a
+	                                 * resource) in a row, no commit in between */
+	struct timespec unavailable_at; /* of the last such drop */
 	unsigned long reconnects;
 	unsigned long attempts;
 	struct timespec last_attempt; /* of a failed connect; 0 after success */
@@ -206,7 +213,6 @@ PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err 
 		               wants_read_write(conninfo) ? "read-write" : NULL, conninfo, appname,
 		               NULL };
 	PGconn *conn;
-	PGresult *res;
 
 	/* NULL or empty values count as not given: "" for conninfo means
 	 * libpq defaults and PG* variables. */
@@ -227,16 +233,36 @@ PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err 
 		PQfinish(conn);
 		return NULL;
 	}
-	res = PQexec(conn, DB_PIN_SQL);
+	if (db_session_setup(conn, -1, -1, e) < 0) {
+		PQfinish(conn);
+		return NULL;
+	}
+	return conn;
+}
+
+int db_session_setup(PGconn *conn, long lock_timeout_ms, long statement_timeout_ms, struct err *e)
+{
+	char sql[sizeof(DB_PIN_SQL) + 128];
+	PGresult *res;
+	int n = 0;
+
+	/* The timeouts first: the pin ends with its SELECT. */
+	if (lock_timeout_ms >= 0)
+		n += snprintf(sql + n, sizeof(sql) - (size_t)n, "SET lock_timeout = '%ldms';",
+		              lock_timeout_ms);
+	if (statement_timeout_ms >= 0)
+		n += snprintf(sql + n, sizeof(sql) - (size_t)n, "SET statement_timeout = '%ldms';",
+		              statement_timeout_ms);
+	snprintf(sql + n, sizeof(sql) - (size_t)n, "%s", DB_PIN_SQL);
+	res = PQexec(conn, sql);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK) {
 		db_classify(conn, res, e);
 		err_prefix(e, "could not configure the session");
 		PQclear(res);
-		PQfinish(conn);
-		return NULL;
+		return -1;
 	}
 	PQclear(res);
-	return conn;
+	return 0;
 }
 
 PGconn *db_connect_retry(const char *conninfo, const char *appname, int attempts, struct err *e)
@@ -269,17 +295,33 @@ PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const 
 	return NULL;
 }
 
+/*
+ * A COMMIT waiting for the synchronous standby (synchronous_commit = on or
+ * remote_apply) whose wait is cancelled (pg_cancel_backend, a cancel
+ * request) does not fail: PostgreSQL has committed it locally, ends the
+ * wait with "WARNING: canceling wait for synchronous replication due to
+ * user request" (the plain warning class, 01000; syncrep.c,
+ * SyncRepWaitForLSN) and answers COMMIT. The standby may never get it, so
+ * a failover can take it back: it is not an acknowledgement. The code,
+ * unlike the text, is the same in every lc_messages. Terminated instead
+ * (57P01, pg_terminate_backend, a shutdown), the session ends after the
+ * warning: the commit is then a lost connection, unknown as well.
+ */
+#define DB_SYNCREP_CANCELLED "01000"
+
 /* Server messages outside a query (a NOTICE, or the FATAL that comes before
  * the server closes a connection) go to the log as one logfmt line instead
  * of libpq's raw stderr text. A FATAL (or PANIC) means the server is ending
  * the session: the handle connects afresh at its next statement, even when
  * the connection's EOF has not arrived yet (a backend leaves
- * pg_stat_activity before its socket closes). */
+ * pg_stat_activity before its socket closes). A WARNING of class 01000
+ * marks the statements in flight as unconfirmed (DB_SYNCREP_CANCELLED). */
 static void log_notice(void *arg, const PGresult *res)
 {
 	struct db *db = arg;
 	const char *message = PQresultErrorMessage(res);
 	const char *severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+	const char *sqlstate = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 	char line[512];
 	size_t n = 0, len;
 	char msg[400];
@@ -293,6 +335,9 @@ static void log_notice(void *arg, const PGresult *res)
 	log_info("postgresql says", "%s", line);
 	if (severity != NULL && (strcmp(severity, "FATAL") == 0 || strcmp(severity, "PANIC") == 0))
 		db->ready = 0;
+	if (severity != NULL && strcmp(severity, "WARNING") == 0 && sqlstate != NULL &&
+	    strcmp(sqlstate, DB_SYNCREP_CANCELLED) == 0)
+		db->unconfirmed = 1;
 }
 
 /* The most parameters db_stmt_check() can count. */
@@ -619,13 +664,51 @@ static void after_failure(struct db *db, PGTransactionStatusType before, int n, 
 	int lost = PQstatus(db->conn) != CONNECTION_OK ||
 	           (e->sqlstate[0] != '\0' && session_ended(e->sqlstate));
 
-	if (e->code == ERR_DB_DOWN || lost)
+	const int refused = e->code == ERR_DB_DOWN && !lost && PQstatus(db->conn) == CONNECTION_OK;
+	struct timespec now;
+
+	/* A server that answers but takes no writes (read-only, out of a
+	 * resource): the first refusal drops the session at once, for a new
+	 * primary (a multi-host conninfo finds it). A new session refused
+	 * again is kept (reads work on it) for db_backoff_ms(refusals) before
+	 * it is dropped again: each reconnect prepares every statement. */
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (refused && db->unavailable > 0 &&
+	    (now.tv_sec - db->unavailable_at.tv_sec) * 1000 +
+	            (now.tv_nsec - db->unavailable_at.tv_nsec) / 1000000 <
+	        db_backoff_ms(db->unavailable))
+		; /* keep it for now */
+	else if (e->code == ERR_DB_DOWN || lost)
 		db->ready = 0; /* reconnect before the next statement */
+	if (refused && !db->ready) {
+		db->unavailable++;
+		db->unavailable_at = now;
+	}
 	/* An idle-in-transaction timeout rolled the transaction back. */
 	if (lost && strcmp(e->sqlstate, "25P03") != 0 && could_commit(db, before, n, ids)) {
 		e->code = ERR_DB_DOWN;
 		e->outcome_unknown = 1;
 	}
+}
+
+/*
+ * After statements that succeeded: 1 with e filled (ERR_DB_DOWN, outcome
+ * unknown) when a warning of DB_SYNCREP_CANCELLED's class came while they
+ * ran and they could have committed: the commit stands locally, but its
+ * wait for the synchronous standby was cancelled, so it is not known to
+ * survive a failover. The connection is fine and stays.
+ */
+static int unconfirmed_commit(struct db *db, PGTransactionStatusType before, int n, const int *ids,
+                              struct err *e)
+{
+	if (!db->unconfirmed || !could_commit(db, before, n, ids))
+		return 0;
+	err_set(e, ERR_DB_DOWN,
+	        "the commit's wait for the synchronous standby was cancelled: committed "
+	        "locally, not confirmed durable");
+	snprintf(e->sqlstate, sizeof(e->sqlstate), "%s", DB_SYNCREP_CANCELLED);
+	e->outcome_unknown = 1;
+	return 1;
 }
 
 PGresult *db_run(struct db *db, int id, int nparams, const char *const *params, struct err *e)
@@ -640,10 +723,18 @@ PGresult *db_run(struct db *db, int id, int nparams, const char *const *params, 
 	if (check_call(db, id, nparams, e) < 0 || ensure_connected(db, e) < 0)
 		return NULL;
 	before = PQtransactionStatus(db->conn);
+	db->unconfirmed = 0;
 	res = PQexecPrepared(db->conn, db->s.stmts[id].name, nparams, params, NULL, NULL, 0);
 	st = PQresultStatus(res);
-	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK))
-		return res;
+	if (res != NULL && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
+		if (!unconfirmed_commit(db, before, 1, &id, e)) {
+			if (could_commit(db, before, 1, &id))
+				db->unavailable = 0; /* it takes writes */
+			return res;
+		}
+		PQclear(res);
+		return NULL;
+	}
 	db_classify(db->conn, res, e);
 	PQclear(res);
 	after_failure(db, before, 1, &id, e);
@@ -701,6 +792,7 @@ int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **re
 		db_classify(conn, NULL, e);
 		return -1;
 	}
+	db->unconfirmed = 0;
 	for (i = 0; i < n; i++)
 		if (!PQsendQueryPrepared(conn, db->s.stmts[calls[i].id].name, calls[i].nparams,
 		                         calls[i].params, NULL, NULL, 0))
@@ -738,8 +830,15 @@ int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **re
 		db_classify(conn, NULL, e);
 		goto broken;
 	}
-	if (first_bad < 0)
+	if (first_bad < 0 && !unconfirmed_commit(db, before, n, ids, e)) {
+		if (could_commit(db, before, n, ids))
+			db->unavailable = 0; /* it takes writes */
 		return 0;
+	}
+	if (first_bad < 0) {
+		*failed = n - 1;
+		goto fail;
+	}
 	*failed = first_bad;
 	if (PQtransactionStatus(conn) != PQTRANS_IDLE)
 		PQclear(PQexec(conn, "ROLLBACK"));

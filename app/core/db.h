@@ -80,7 +80,12 @@ unsigned long db_connect_attempts(const struct db *db);
  * The pause before the next connect after failures failed connects in a
  * row: 0 for none, then 100 ms doubling up to 1.6 s. A handle whose
  * connection broke tries again at once, then at this pace (it never sleeps:
- * the statement fails with ERR_DB_DOWN until the pause is over).
+ * the statement fails with ERR_DB_DOWN until the pause is over). A server
+ * that answers but refuses writes (read-only, out of a resource) is left
+ * at once the first time (a new primary may be there); a new session
+ * refused again is kept, and still serves reads, for this long after the
+ * n-th such drop before it is left again, until a statement that could
+ * commit succeeds: each reconnect prepares every statement.
  */
 long db_backoff_ms(int failures);
 
@@ -94,7 +99,11 @@ long db_backoff_ms(int failures);
  * unavailable (ERR_DB_DOWN) the connection is dropped and the next
  * statement reconnects; e->outcome_unknown is set when the connection was
  * lost while the statement could have committed (it ran outside an
- * explicit transaction, or was a COMMIT).
+ * explicit transaction, or was a COMMIT). A statement that could commit
+ * and succeeded with a WARNING of class 01000 (a COMMIT whose wait for the
+ * synchronous standby was cancelled: committed locally, maybe never
+ * replicated) is a failure too: NULL, ERR_DB_DOWN, outcome unknown, the
+ * connection kept.
  */
 PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
                  struct err *e) MUSTCHECK;
@@ -120,7 +129,8 @@ struct db_call {
  * table's count (ERR_INTERNAL). A transaction may span pipelines: BEGIN in one,
  * COMMIT in the next. At most DB_PIPELINE_MAX statements. A lost
  * connection sets e->outcome_unknown as for db_run(): when the pipeline
- * holds a COMMIT, or statements outside an explicit transaction.
+ * holds a COMMIT, or statements outside an explicit transaction; so does
+ * an unconfirmed commit (as for db_run(); *failed is then n - 1).
  */
 int db_pipeline(struct db *db, int n, const struct db_call *calls, PGresult **res, int *failed,
                 struct err *e) MUSTCHECK;
@@ -145,6 +155,16 @@ PGconn *db_conn(struct db *db);
  * with the session settings pinned as for db_open(). Returns a connection
  * (caller PQfinish()es) or NULL with e filled. */
 PGconn *db_connect_simple(const char *conninfo, const char *appname, struct err *e) MUSTCHECK;
+
+/*
+ * Pin the session settings on conn as db_connect_simple() does, and set
+ * its lock_timeout and statement_timeout (milliseconds, 0 = none, -1 =
+ * leave as they are): for a connection that PQreset() renewed (a new
+ * session has none of it), or a CLI session that wants timeouts. Returns 0,
+ * or -1 with e filled (the connection stays; the caller decides).
+ */
+int db_session_setup(PGconn *conn, long lock_timeout_ms, long statement_timeout_ms,
+                     struct err *e) MUSTCHECK;
 
 /* db_connect_simple(), tried up to attempts times while the database is
  * unreachable, pausing db_backoff_ms() between tries (a failover takes

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/canon.h"
 #include "core/fp.h"
@@ -365,6 +366,42 @@ static void rollback(struct handler_ctx *ctx)
 	PQclear(db_run(ctx->db, Q_ROLLBACK, 0, NULL, &ignored));
 }
 
+/*
+ * A key's lifetime counts from its commit, not from the claim's start
+ * (the row's now()): a COMMIT may wait for the synchronous standby for as
+ * long as the standby is away, and a key committed after its TTL would be
+ * visible already expired, so the retry of the request that created it
+ * would create a second workflow. After a claim-to-commit that took
+ * KEY_REFRESH_AFTER_MS or more, the key's expiry is counted again from
+ * now, before the answer is sent. A failure here changes nothing of the
+ * answer: the key keeps its first expiry.
+ */
+#define KEY_REFRESH_AFTER_MS 1000
+
+static long ms_since(const struct timespec *t0)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (now.tv_sec - t0->tv_sec) * 1000 + (now.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+static void refresh_key(struct handler_ctx *ctx, const char *key, const char *ttl,
+                        const struct timespec *t0)
+{
+	char tenant[24];
+	const char *p[KR__N];
+	struct err ignored;
+
+	if (ms_since(t0) < KEY_REFRESH_AFTER_MS)
+		return;
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	p[KR_TENANT] = tenant;
+	p[KR_KEY] = key;
+	p[KR_TTL] = ttl;
+	PQclear(db_run(ctx->db, Q_KEY_REFRESH, KR__N, p, &ignored));
+}
+
 /* One keyed request: its key as statement parameters. */
 struct keyed {
 	char tenant[24];
@@ -397,7 +434,10 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
 		                          { Q_TRACE_SET, TS__N, trace_params(ctx, tp) },
 		                          { c->stmt, c->nparams, c->params } };
 	PGresult *r[4];
+	struct timespec t0;
 	int failed, rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 
 	if (db_pipeline(ctx->db, 4, calls, r, &failed, e) < 0) {
 		*in_flight = failed == 1 && e->code == ERR_LOCK_TIMEOUT;
@@ -423,6 +463,7 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
 		ctx->created = 0;
 		return ATTEMPT_FAILED;
 	}
+	refresh_key(ctx, req->idem_key, k->ttl, &t0);
 	ctx->idem = IDEM_CREATED;
 	return ATTEMPT_DONE;
 }
@@ -435,8 +476,12 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
                                    struct http_resp *resp, const struct cmd *c, PGresult **row,
                                    int *in_flight, struct err *e)
 {
-	PGresult *res = db_run(ctx->db, c->stmt, c->nparams, c->params, e);
+	struct timespec t0;
+	PGresult *res;
 	const char *outcome;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	res = db_run(ctx->db, c->stmt, c->nparams, c->params, e);
 
 	if (res == NULL) {
 		*in_flight = e->code == ERR_LOCK_TIMEOUT;
@@ -471,6 +516,7 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
 		*row = res; /* 'existing' */
 		return ATTEMPT_TAKEN;
 	}
+	refresh_key(ctx, req->idem_key, c->params[CK_TTL], &t0);
 	ctx->idem = IDEM_CREATED;
 	ctx->created = 1;
 	if (c->render(ctx, req, resp, res, c, e) < 0) {
@@ -506,6 +552,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 	for (int round = 0; round < 3; round++) {
 		PGresult *row = NULL;
 		enum attempt a;
+		int fresh;
 
 		in_flight = 0;
 		/* The claim and the command share a round trip; a wait in it is
@@ -522,6 +569,10 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 			goto failed;
 		/* The tenant is known now, from the token or the statement. */
 		snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
+		/* Taken by an owner that committed while the single statement
+		 * waited on it: committed just now, so live whatever its
+		 * expires_at says (a lifetime counts from the commit). */
+		fresh = row == NULL && c->tx == CMD_TX_SINGLE;
 		if (row == NULL) {
 			row = db_run(ctx->db, Q_KEY_GET, KG__N, k.kg, &e);
 			if (row == NULL)
@@ -531,7 +582,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 				continue;
 			}
 		}
-		if (!key_expired(row)) {
+		if (fresh || !key_expired(row)) {
 			answer_row(ctx, resp, req, row, c->fp_text);
 			PQclear(row);
 			return;

@@ -67,8 +67,10 @@ void handler_problem(struct http_resp *resp, const struct http_req *req, enum pr
 
 /*
  * The one mapping from a database-layer error to an answer:
- * - the connection was lost while a write could have committed: 503
- *   outcome-unknown (only for methods that write: a GET writes nothing);
+ * - the connection was lost while a write could have committed, or its
+ *   commit stands only locally (its wait for the synchronous standby was
+ *   cancelled): 503 outcome-unknown (only for methods that write: a GET
+ *   writes nothing);
  * - the database is unavailable (down, read-only, shutting down, out of a
  *   resource), a serialization failure or a lock timeout: 503 unavailable,
  *   nothing stored;
@@ -94,13 +96,15 @@ void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const str
 		handler_problem(
 		    resp, req, P_OUTCOME_UNKNOWN,
 		    req->idem_key != NULL
-		        ? "the connection to the database was lost while the request was "
-		          "being committed: it may or may not have taken effect. Send the "
-		          "same request with the same Idempotency-Key: it is safe, and "
-		          "answered as the first one was or run now"
-		        : "the connection to the database was lost while the request was "
-		          "being committed: it may or may not have taken effect, and "
-		          "without an Idempotency-Key a retry may apply it twice");
+		        ? "the database did not confirm the request's commit (the connection "
+		          "was lost, or the commit's wait for the standby was cancelled): it "
+		          "may or may not have taken effect. Send the same request with the "
+		          "same Idempotency-Key: it is safe, and answered as the first one "
+		          "was or run now"
+		        : "the database did not confirm the request's commit (the connection "
+		          "was lost, or the commit's wait for the standby was cancelled): it "
+		          "may or may not have taken effect, and without an Idempotency-Key "
+		          "a retry may apply it twice");
 		return;
 	}
 	if (strcmp(e->sqlstate, "25006") == 0) {

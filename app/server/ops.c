@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/fp.h"
 #include "core/migrate.h"
@@ -32,8 +33,12 @@ void ops_openapi(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 	buf_append(&resp->body, openapi_json, openapi_json_len);
 }
 
+#define READYZ_DIRECT_EVERY_MS 1000
+
 /*
- * The schema version, read on a connection of our own. Only when the
+ * The schema version, read on a connection of our own, at most once a
+ * READYZ_DIRECT_EVERY_MS per worker (the last result answers meanwhile;
+ * the worker's own reconnects are paced by db_backoff_ms()). Only when the
  * worker's connection failed: a worker cannot connect at all when it cannot
  * prepare its statements, which is what a schema older than the build
  * usually causes (the statements name columns it lacks), and the reason is
@@ -41,24 +46,46 @@ void ops_openapi(struct handler_ctx *ctx, struct http_req *req, struct http_resp
  */
 static int schema_version_direct(const struct conf *c, struct err *e)
 {
+	/* /readyz needs no token: during an outage every probe would open a
+	 * connection of its own. A worker tries at most once a
+	 * READYZ_DIRECT_EVERY_MS and answers from that try meanwhile. */
+	static struct {
+		struct timespec at; /* 0: never */
+		int version;
+		struct err e;
+	} last;
 	char appname[96];
+	struct timespec now;
 	PGconn *conn;
-	int v;
 
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (last.at.tv_sec != 0 &&
+	    (now.tv_sec - last.at.tv_sec) * 1000 + (now.tv_nsec - last.at.tv_nsec) / 1000000 <
+	        READYZ_DIRECT_EVERY_MS) {
+		*e = last.e;
+		return last.version;
+	}
+	last.at = now;
+	err_clear(&last.e);
 	snprintf(appname, sizeof(appname), "%s-readyz", c->application_name);
-	conn = db_connect_simple(c->db, appname, e);
-	if (conn == NULL)
-		return -1;
-	v = migrate_current(conn, e);
-	PQfinish(conn);
-	return v;
+	conn = db_connect_simple(c->db, appname, &last.e);
+	if (conn == NULL) {
+		last.version = -1;
+	} else {
+		last.version = migrate_current(conn, &last.e);
+		PQfinish(conn);
+	}
+	*e = last.e;
+	return last.version;
 }
 
 /*
  * Readiness: the database answers, takes writes, and its schema is the one
  * this build needs. One statement per probe on the worker's own
  * connection, with no cache: reading the version is as cheap as a SELECT 1
- * and is itself the round trip that proves the database reachable. A
+ * and is itself the round trip that proves the database reachable. When
+ * that connection is down, the version read on a connection of its own
+ * (schema_version_direct) is tried at most once a second. A
  * server in recovery (a standby) or read-only (a demoted primary,
  * default_transaction_read_only) is not ready, and the worker's connection
  * is dropped so its next statement reconnects (to the new primary, with a

@@ -89,6 +89,13 @@ const struct db_stmt queries[Q__COUNT] = {
 	                           " DELETE FROM idempotency_key_stats s USING d"
 	                           "  WHERE s.tenant_id = d.tenant_id AND s.key = d.key" },
 
+	[Q_KEY_REFRESH] = { "key_refresh", KR__N,
+	                    "UPDATE idempotency_keys"
+	                    "   SET expires_at = greatest(expires_at, now() + coalesce("
+	                    "       (SELECT idempotency_ttl FROM tenants WHERE id = $1),"
+	                    "       $3::interval))"
+	                    " WHERE tenant_id = $1 AND key = $2" },
+
 	[Q_CREATE_KEYED_FAIL] = { "create_keyed_fail", CK__N,
 	                          CREATE_KEYED(" WHERE 1 / (1 - (SELECT count(*) FROM o)) = 1") },
 

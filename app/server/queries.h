@@ -47,6 +47,9 @@ enum query_id {
 	Q_KEY_GET,
 	/* Removes the row (and its counts) only if it has expired. */
 	Q_KEY_DELETE_EXPIRED,
+	/* A key's lifetime counted again from now (never shortened): after
+	 * a commit that took long, e.g. waiting for the synchronous standby. */
+	Q_KEY_REFRESH,
 	/* -> one workflow row (WF_COLUMNS in queries.c): (id, type, state,
 	 * input, created_at, business_key, steps, step), then the progress
 	 * of the current step's job (NULL when none was reported) */
@@ -164,6 +167,9 @@ enum create_unkeyed_param {
 
 /* Q_KEY_GET, Q_KEY_DELETE_EXPIRED */
 enum key_param { KG_TENANT, KG_KEY, KG__N };
+
+/* Q_KEY_REFRESH: the server's TTL (an interval) unless the tenant has one */
+enum key_refresh_param { KR_TENANT, KR_KEY, KR_TTL, KR__N };
 
 /* Q_WF_GET */
 enum wf_get_param { WG_TENANT, WG_ID, WG__N };

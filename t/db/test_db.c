@@ -541,6 +541,35 @@ Test(db, every_connection_pins_the_settings_the_sql_depends_on)
 	free(ci);
 }
 
+/* Every level that acknowledges a commit before the synchronous standby
+ * has it is raised to "on"; "remote_apply" (stronger) is kept. */
+Test(db, synchronous_commit_is_at_least_on_whatever_the_default)
+{
+	const char *const levels[][2] = { { "off", "on" },
+		                          { "local", "on" },
+		                          { "remote_write", "on" },
+		                          { "on", "on" },
+		                          { "remote_apply", "remote_apply" } };
+
+	for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++) {
+		char *ci;
+		struct err e;
+		PGconn *conn;
+		PGresult *res;
+
+		cr_assert(asprintf(&ci, "%s options='-c synchronous_commit=%s'",
+		                   getenv("DATABASE_URL"), levels[i][0]) > 0);
+		conn = db_connect_simple(ci, "test_db", &e);
+		cr_assert_not_null(conn, "%s", e.msg);
+		res = db_exec(conn, "SELECT current_setting('synchronous_commit')", 0, NULL, &e);
+		cr_assert_not_null(res, "%s", e.msg);
+		cr_assert_str_eq(PQgetvalue(res, 0, 0), levels[i][1], "given %s", levels[i][0]);
+		PQclear(res);
+		PQfinish(conn);
+		free(ci);
+	}
+}
+
 /* The value of a connection option as libpq uses it, or "". */
 static char *conn_option(PGconn *conn, const char *name)
 {
@@ -673,6 +702,46 @@ Test(db, a_read_only_server_is_unavailable_and_the_connection_is_dropped)
 	db_close(db);
 	free(ro);
 	free(ci);
+}
+
+/* A write refused by a read-only server drops the connection, and each
+ * reconnect prepares every statement: the first is at once (a new primary
+ * may be there); a new session refused again is kept, answering every
+ * write with the server's refusal, and left again after a back-off. */
+Test(db, a_read_only_server_is_asked_again_with_backoff)
+{
+	struct timespec t0, t;
+	struct err e;
+	char *ro;
+	double elapsed;
+	long refused = 0;
+
+	cr_assert(asprintf(&ro, "%s options='-c default_transaction_read_only=on'",
+	                   getenv("DATABASE_URL")) > 0);
+	struct db_settings s = {
+		.conninfo = ro, .application_name = "test_db", .stmts = queries, .nstmts = Q__COUNT
+	};
+	struct db *db = db_open(&s, &e);
+	cr_assert_not_null(db);
+	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		const char *kg[KG__N] = { [KG_TENANT] = "1", [KG_KEY] = "ro" };
+		PGresult *res = db_run(db, Q_KEY_DELETE_EXPIRED, KG__N, kg, &e);
+		cr_assert_null(res);
+		cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
+		refused += strcmp(e.sqlstate, "25006") == 0;
+		usleep(5000);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		elapsed = (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9;
+	} while (elapsed < 1.6);
+	/* Connects at 0 (open), 0, 100, 300, 700 and 1500 ms; every write
+	 * in between is refused on the session kept meanwhile. */
+	cr_assert(db_connect_attempts(db) >= 4 && db_connect_attempts(db) <= 6,
+	          "%lu connects in 1.6 s (%ld writes refused)", db_connect_attempts(db), refused);
+	cr_assert_gt(refused, 2 * (long)db_connect_attempts(db), "%ld writes refused", refused);
+	db_close(db);
+	free(ro);
 }
 
 /* The time a worker sends is its own clock's: it may be wrong. Whatever it

@@ -12,7 +12,10 @@
  * - a connection lost while a write could have committed is 503
  *   outcome-unknown, and the retry with the same key finds out (a replay
  *   when it had committed); lost before anything could commit is 503
- *   unavailable, nothing stored;
+ *   unavailable, nothing stored; a commit whose wait for the synchronous
+ *   standby was cancelled (committed locally only) is 503 outcome-unknown
+ *   too, and a weaker synchronous_commit of the database is raised so
+ *   that every commit waits for the standby;
  * - a multi-host conninfo finds the writable server after a "failover" with
  *   bounded back-off, without a pool restart;
  * - a key TTL too short for idempotency_wait is refused at start and on
@@ -123,6 +126,9 @@ static void teardown(void)
 		return;
 	snprintf(sql, sizeof(sql), "ALTER DATABASE \"%s\" RESET ALL", PQdb(admin));
 	PQclear(PQexec(admin, sql));
+	PQclear(PQexec(admin,
+	               "DO $$ BEGIN IF to_regclass('api_tokens_hidden') IS NOT NULL THEN"
+	               " ALTER TABLE api_tokens_hidden RENAME TO api_tokens; END IF; END $$"));
 	PQclear(PQexec(admin, "ALTER SYSTEM RESET synchronous_standby_names"));
 	PQclear(PQexec(admin, "SELECT pg_reload_conf()"));
 	PQclear(PQexec(admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -421,6 +427,7 @@ Test(faults, read_only_database_is_503_not_ready_and_each_worker_reconnects)
 	struct http_response *r;
 	struct tstack_tenant t;
 	char key[128], *detail;
+	double deadline;
 	int tries;
 
 	tstack_tenant_create(&t, "ro");
@@ -445,21 +452,25 @@ Test(faults, read_only_database_is_503_not_ready_and_each_worker_reconnects)
 	cr_assert_eq(tenant_rows(&t, "idempotency_keys"), 0);
 
 	/* Writable again. Nobody ends the workers' sessions now: a worker
-	 * drops its session when it finds it read-only, so each answers
-	 * read-only at most once more, then the same request creates. */
+	 * drops its session when it finds it read-only, at once the first
+	 * time, then (each reconnect preparing every statement) after 100 ms
+	 * doubling to 1.6 s; meanwhile it answers read-only, then the same
+	 * request creates. */
 	{
 		char sql[256];
 		snprintf(sql, sizeof(sql),
 		         "ALTER DATABASE \"%s\" RESET default_transaction_read_only", PQdb(admin));
 		exec_ok(admin, sql);
 	}
-	for (tries = 0; tries <= workers; tries++) {
+	deadline = tstack_now() + 5;
+	for (tries = 0; tstack_now() < deadline; tries++) {
 		r = post(NULL, &t, COLLECTION, key, body);
 		if (r->status == 201)
 			break;
 		expect_503(r, "/problems/unavailable", COLLECTION, "read-only");
 		http_response_free(r);
 		r = NULL;
+		tstack_sleep_ms(50);
 	}
 	cr_assert_not_null(r, "still read-only after %d tries", tries);
 	free(tstack_expect_created(r, "ro", "{}"));
@@ -630,6 +641,256 @@ Test(faults, connection_lost_after_commit_is_outcome_unknown_and_the_retry_repla
 	tstack_expect_counts(&t, 2, 2, 2);
 	http_response_free(r1);
 	http_response_free(r2);
+}
+
+/*
+ * A role or database set to a level that acknowledges a commit before the
+ * synchronous standby has it ("local", "remote_write") is raised to "on":
+ * the create's commit waits for the standby, and is answered only once
+ * the standby (here: none at all) lets it go.
+ */
+Test(faults, a_weaker_commit_level_is_raised_so_the_commit_waits_for_the_standby)
+{
+	const char *const levels[] = { "local", "remote_write" };
+	struct tstack_tenant t;
+
+	tstack_tenant_create(&t, "weak");
+	for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++) {
+		const char *body = "{\"type\":\"weak\",\"input\":{}}";
+		struct pending p = { .t = &t, .body = body };
+		char key[128], value[40];
+		pthread_t th;
+		PGconn *probe;
+		char *pid;
+
+		snprintf(value, sizeof(value), "'%s'", levels[i]);
+		db_set("synchronous_commit", value);
+		renew_sessions("idemflow");
+		tstack_key(key, sizeof(key), levels[i]);
+		p.key = key;
+		probe = sync_rep_on();
+		cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
+		/* With the level as set, no commit would wait at all (the
+		 * worker may be flushing its key counts before the create). */
+		pid = worker_waiting("%");
+		cr_assert_eq(
+		    tstack_count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int"
+		                 "   AND wait_event = 'SyncRep'",
+		                 pid),
+		    1, "synchronous_commit = %s", levels[i]);
+		free(pid);
+		sync_rep_off(probe);
+		pthread_join(th, NULL);
+		cr_assert_not_null(p.resp, "%s", p.err);
+		cr_assert_eq(p.resp->status, 201, "%d %s", p.resp->status, p.resp->body);
+		http_response_free(p.resp);
+	}
+	tstack_expect_counts(&t, 2, 2, 2);
+}
+
+/* POST body under key, cancel the worker's statement (like query) while
+ * its commit waits for the standby, and return the answer. */
+static struct http_response *cancel_at_commit(const struct tstack_tenant *t, const char *key,
+                                              const char *body, const char *query)
+{
+	struct pending p = { .t = t, .key = key, .body = body };
+	pthread_t th;
+	char *pid;
+
+	cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
+	pid = worker_waiting(query);
+	tstack_exec(admin, "SELECT pg_cancel_backend($1::int)", pid);
+	free(pid);
+	pthread_join(th, NULL);
+	cr_assert_not_null(p.resp, "%s", p.err);
+	return p.resp;
+}
+
+/*
+ * A cancelled wait for the synchronous standby does not fail the COMMIT:
+ * PostgreSQL commits locally and warns. That commit may not survive a
+ * failover, so it is never a 201: 503 outcome-unknown. The row is visible
+ * on this primary at once, so the retry replays it.
+ */
+Test(faults, a_cancelled_commit_wait_is_outcome_unknown_and_the_retry_replays)
+{
+	const char *plain = "{\"type\":\"cancelled\",\"input\":{\"p\":1}}";
+	const char *steps =
+	    "{\"type\":\"cancelled-steps\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}";
+	struct http_response *r1, *r2, *again;
+	struct tstack_tenant t;
+	char k1[128], k2[128];
+	PGconn *probe;
+
+	tstack_tenant_create(&t, "cancelled");
+	tstack_key(k1, sizeof(k1), "cancel-plain");
+	tstack_key(k2, sizeof(k2), "cancel-steps");
+
+	probe = sync_rep_on();
+	r1 = cancel_at_commit(&t, k1, plain, "%INSERT INTO idempotency_keys %");
+	r2 = cancel_at_commit(&t, k2, steps, "COMMIT");
+	expect_503(r1, "/problems/outcome-unknown", COLLECTION, "same Idempotency-Key");
+	expect_503(r2, "/problems/outcome-unknown", COLLECTION, "same Idempotency-Key");
+	sync_rep_off(probe);
+
+	again = post(NULL, &t, COLLECTION, k1, plain);
+	cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
+	tstack_expect_header(again, "Idempotent-Replayed", "true");
+	http_response_free(again);
+	again = post(NULL, &t, COLLECTION, k2, steps);
+	cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
+	tstack_expect_header(again, "Idempotent-Replayed", "true");
+	http_response_free(again);
+	tstack_expect_counts(&t, 2, 2, 2);
+	http_response_free(r1);
+	http_response_free(r2);
+}
+
+/*
+ * A worker killed while its commit waits for the synchronous standby: its
+ * backend cannot notice (PostgreSQL checks nothing but a cancel, a
+ * termination and the postmaster during that wait), so it keeps its
+ * connection slot and the key's row until the standby acknowledges. Then
+ * the commit completes as any other (durable), the backend sees its client
+ * gone and ends, and the retry replays: one workflow. idemflow does not
+ * terminate it: that would make a commit the standby lacks visible.
+ */
+Test(faults, a_killed_worker_s_waiting_commit_ends_durable_once_the_standby_is_back)
+{
+	const char *body = "{\"type\":\"killed\",\"input\":{}}";
+	struct pending p = { .body = body };
+	struct http_response *again;
+	struct tstack_tenant t;
+	char key[128], *pid, *app;
+	double deadline;
+	pthread_t th;
+	PGconn *probe;
+
+	tstack_tenant_create(&t, "killed");
+	tstack_key(key, sizeof(key), "killed");
+	p.t = &t;
+	p.key = key;
+	probe = sync_rep_on();
+	cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
+	pid = worker_waiting("%INSERT INTO idempotency_keys %");
+	app = tstack_text("SELECT application_name FROM pg_stat_activity WHERE pid = $1::int", pid);
+	cr_assert_not_null(app);
+	cr_assert_eq(kill((pid_t)atol(strrchr(app, '-') + 1), SIGKILL), 0, "%s", app);
+	pthread_join(th, NULL);
+	http_response_free(p.resp);
+	/* The backend outlives its worker, still waiting. */
+	tstack_sleep_ms(1500);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int"
+	                          "   AND wait_event = 'SyncRep'",
+	                          pid),
+	             1, "the killed worker's backend left the wait");
+	cr_assert_eq(tenant_rows(&t, "idempotency_keys"), 0, "visible before the standby has it");
+	sync_rep_off(probe);
+	deadline = tstack_now() + 10;
+	while (tstack_count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int", pid) !=
+	       0) {
+		cr_assert(tstack_now() < deadline, "the killed worker's backend stayed");
+		tstack_sleep_ms(20);
+	}
+	again = post(NULL, &t, COLLECTION, key, body);
+	cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
+	tstack_expect_header(again, "Idempotent-Replayed", "true");
+	http_response_free(again);
+	tstack_expect_counts(&t, 1, 1, 1);
+	free(app);
+	free(pid);
+}
+
+/*
+ * A key's lifetime counts from its commit: a create whose COMMIT waited
+ * for the standby longer than the key's TTL is not visible already
+ * expired, so the retry replays instead of creating a second workflow.
+ * For the one-statement create and a command committed in its own
+ * COMMIT; the tenant's TTL (2 s, set below the floor by hand) is shorter
+ * than the wait.
+ */
+Test(faults, a_key_lives_its_ttl_from_a_commit_that_waited_for_the_standby)
+{
+	const char *const bodies[] = {
+		"{\"type\":\"long\",\"input\":{}}",
+		"{\"type\":\"long-steps\",\"steps\":[{\"name\":\"a\",\"job_type\":\"j\"}]}",
+	};
+	struct tstack_tenant t;
+
+	tstack_tenant_create(&t, "long");
+	tstack_exec(admin,
+	            "UPDATE tenants SET idempotency_ttl = interval '2 seconds' WHERE id = $1",
+	            t.id_text);
+	for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+		struct pending p = { .t = &t, .body = bodies[i] };
+		struct http_response *again;
+		char key[128];
+		pthread_t th;
+		PGconn *probe;
+
+		tstack_key(key, sizeof(key), "long");
+		p.key = key;
+		probe = sync_rep_on();
+		cr_assert_eq(pthread_create(&th, NULL, pending_run, &p), 0);
+		free(worker_waiting(i == 0 ? "%INSERT INTO idempotency_keys %" : "COMMIT"));
+		tstack_sleep_ms(3000); /* past the key's TTL from its claim */
+		sync_rep_off(probe);
+		pthread_join(th, NULL);
+		cr_assert_not_null(p.resp, "%s", p.err);
+		cr_assert_eq(p.resp->status, 201, "%d %s", p.resp->status, p.resp->body);
+		http_response_free(p.resp);
+		again = post(NULL, &t, COLLECTION, key, bodies[i]);
+		cr_assert_eq(again->status, 201, "%d %s", again->status, again->body);
+		tstack_expect_header(again, "Idempotent-Replayed", "true");
+		http_response_free(again);
+	}
+	tstack_expect_counts(&t, 2, 2, 2);
+}
+
+/* Sessions ever started on the test database, as the statistics have
+ * them (a session is counted once it has ended, at the latest). */
+static long sessions_started(void)
+{
+	PQclear(PQexec(admin, "SELECT pg_stat_clear_snapshot()"));
+	return tstack_count("SELECT sessions FROM pg_stat_database WHERE datname = $1",
+	                    PQdb(admin));
+}
+
+/*
+ * While the workers cannot connect (here: their statements cannot be
+ * prepared, the schema being broken), /readyz reads the schema version on
+ * a connection of its own to say why; /readyz needs no token, so that
+ * connection is tried at most once a second per worker, and the probes in
+ * between are answered from the last try.
+ */
+Test(faults, readyz_during_an_outage_does_not_open_a_connection_per_probe)
+{
+	const int probes = 60;
+	long before, opened;
+	double deadline;
+
+	exec_ok(admin, "ALTER TABLE api_tokens RENAME TO api_tokens_hidden");
+	renew_sessions("idemflow");
+	before = sessions_started();
+	for (int i = 0; i < probes; i++) {
+		struct http_response *r = get(NULL, NULL, "/readyz");
+		expect_503(r, "/problems/unavailable", "/readyz", "database");
+		http_response_free(r);
+		tstack_sleep_ms(20);
+	}
+	/* Let the last sessions end and be counted. */
+	deadline = tstack_now() + 3;
+	tstack_sleep_ms(500);
+	opened = sessions_started() - before;
+	while (tstack_now() < deadline && opened < probes) {
+		tstack_sleep_ms(100);
+		opened = sessions_started() - before;
+	}
+	exec_ok(admin, "ALTER TABLE api_tokens_hidden RENAME TO api_tokens");
+	cr_log_info("%d probes opened %ld sessions", probes, opened);
+	/* 3 workers over ~1.5 s: two tries each, and their own reconnects
+	 * (100 ms doubling). */
+	cr_assert(opened <= 30, "%d probes opened %ld sessions", probes, opened);
 }
 
 /* A worker waiting on a held key has its session ended. */

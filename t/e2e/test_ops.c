@@ -190,7 +190,10 @@ Test(prune, removes_exactly_the_expired_keys_while_keyed_traffic_continues)
 
 	tstack_tenant_create(&brief, "prune-brief");
 	tstack_tenant_create(&lasting, "prune-lasting");
-	cli_ok(out, "tenant", "set-ttl", brief.name, "1s");
+	/* A 1 s TTL is below the floor of the default waits: with waits of
+	 * 100 ms and no statement timeout, the floor is 1 s. */
+	cli_ok(out, "--idempotency-wait", "100ms", "--statement-timeout", "0", "--idempotency-ttl",
+	       "1s", "tenant", "set-ttl", brief.name, "1s");
 
 	/* One key made through the API with the tenant's 1 s TTL, and
 	 * replayed once, so it has counts that must go with it. */
