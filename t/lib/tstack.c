@@ -243,12 +243,16 @@ static int live_child(pid_t pid, pid_t supervisor)
 }
 
 /*
- * The supervisor's children in one read of its task's children list: one
- * snapshot taken by the kernel. A walk of /proc instead runs in pid order
- * while workers come and go; once pids wrap, a worker forked with a pid
- * the walk has passed is missed while the one it replaces is already a
- * zombie, and a pool that never shrank reads as one worker short. The walk
- * stays as the fallback for kernels without the list.
+ * The supervisor's children in one read of its task's children list. A
+ * walk of /proc instead runs in pid order while workers come and go; once
+ * pids wrap, a worker forked with a pid the walk has passed is missed
+ * while the one it replaces is already a zombie. The list is no snapshot
+ * either: the kernel writes it one child at a time, and a child reaped
+ * between two steps shifts the list, so the next one is skipped. While
+ * workers come and go, a reading can be short: poll until it shows the
+ * state waited for, and never take a low reading as proof that the pool
+ * shrank (test_reload counts the pool from the supervisor's log). The
+ * walk stays as the fallback for kernels without the list.
  */
 size_t tstack_workers(pid_t supervisor, pid_t *out, size_t max)
 {
