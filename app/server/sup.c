@@ -28,12 +28,20 @@ _Static_assert(SCOREBOARD_SLOTS == METRICS_SLOTS, "a worker's slot is both");
 #define YOUNG_SECONDS 5 /* a worker dying younger than this counts as a crash */
 #define BACKOFF_MAX   30
 
+/*
+ * Deadlines (a retiring worker's SIGKILL, the respawn back-off) are kept
+ * in milliseconds of CLOCK_MONOTONIC, and the next tick is armed for the
+ * nearest one. In whole seconds of time(NULL), "now + 1 s" taken at
+ * 12:00:00.9 was due at 12:00:01.0, and any wake-up then (a SIGCHLD, a
+ * readiness report) cut a 1 s shutdown_timeout to 0.1 s.
+ */
 struct child {
 	pid_t pid;
 	unsigned gen;
 	int slot; /* its metrics slot */
 	time_t started;
-	time_t kill_at;                 /* when retiring: SIGKILL after this; 0 = not retiring */
+	long long kill_at;              /* when retiring: SIGKILL at this (ms); 0 = not retiring */
+	int killed;                     /* SIGKILL sent at kill_at; waiting to reap it */
 	unsigned long long slow_logged; /* the slot's request number last logged slow */
 	int terminated;                 /* killed by request_terminate_timeout */
 	int ready;                      /* reported its database connection up (notify.h) */
@@ -48,9 +56,8 @@ struct sup {
 	int nkids;
 	unsigned gen;
 	int crash_streak;
-	time_t respawn_at; /* back-off: no spawning before this */
+	long long respawn_at; /* back-off: no spawning before this (ms) */
 	int stopping;
-	time_t stop_deadline;
 	int ready_sent; /* READY=1 told for this generation */
 };
 
@@ -77,6 +84,15 @@ static void log_failure(const char *msg, const struct err *e)
 
 	log_kv(line, sizeof(line), &n, "error", e->msg);
 	log_error(msg, "%s", line);
+}
+
+/* CLOCK_MONOTONIC in milliseconds: never steps, never 0 after boot. */
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int is_unix_path(const char *listen)
@@ -159,7 +175,7 @@ static void spawn(struct sup *s)
 	pid = fork();
 	if (pid < 0) {
 		log_error("could not fork a worker", "error=%s", LOG_Q(strerror(errno)));
-		s->respawn_at = time(NULL) + 1;
+		s->respawn_at = mono_ms() + 1000;
 		return;
 	}
 	if (pid == 0) {
@@ -186,9 +202,12 @@ static void spawn(struct sup *s)
 	log_debug("worker spawned", "worker_pid=%ld gen=%u slot=%d", (long)pid, s->gen, slot);
 }
 
+/* SIGTERM now, SIGKILL once shutdown_timeout has passed (maintain()). */
 static void retire(struct sup *s, struct child *k)
 {
-	k->kill_at = time(NULL) + (s->conf->shutdown_timeout + 999) / 1000;
+	k->kill_at = mono_ms() + s->conf->shutdown_timeout;
+	log_debug("retiring worker", "worker_pid=%ld gen=%u shutdown_timeout_ms=%ld", (long)k->pid,
+	          k->gen, (long)s->conf->shutdown_timeout);
 	kill(k->pid, SIGTERM);
 }
 
@@ -237,7 +256,7 @@ static void reap(struct sup *s)
 				int d = 1 << (s->crash_streak - 3 > 5 ? 5 : s->crash_streak - 3);
 				if (d > BACKOFF_MAX)
 					d = BACKOFF_MAX;
-				s->respawn_at = time(NULL) + d;
+				s->respawn_at = mono_ms() + (long long)d * 1000;
 				log_warning("workers keep crashing; delaying respawn",
 				            "delay_s=%d crashes_in_a_row=%d", d, s->crash_streak);
 			}
@@ -297,21 +316,33 @@ static void watch(struct sup *s)
 	}
 }
 
-/* Bring the pool to its configured size and generation. Returns 1 when
- * something is still pending that needs a timer tick. */
-static int maintain(struct sup *s)
+/* Keep the earlier of *due and at (ms; -1 = none). */
+static void due_min(long long *due, long long at)
 {
-	time_t now = time(NULL);
-	int cur = 0, old = 0, retiring = 0, pending = 0;
+	if (*due < 0 || at < *due)
+		*due = at;
+}
+
+/* Bring the pool to its configured size and generation. Returns the
+ * monotonic time (ms) of the next deadline it waits for, -1 when none. */
+static long long maintain(struct sup *s)
+{
+	long long now = mono_ms(), due = -1;
+	int cur = 0, old = 0, retiring = 0;
 
 	for (int i = 0; i < s->nkids; i++) {
 		struct child *k = &s->kids[i];
 		if (k->kill_at) {
 			retiring++;
-			if (now >= k->kill_at) {
+			if (k->killed) {
+				continue; /* its SIGCHLD is on the way */
+			} else if (now >= k->kill_at) {
 				log_warning("worker did not stop in time; killing it",
 				            "worker_pid=%ld", (long)k->pid);
 				kill(k->pid, SIGKILL);
+				k->killed = 1;
+			} else {
+				due_min(&due, k->kill_at);
 			}
 		} else if (k->gen == s->gen) {
 			cur++;
@@ -320,9 +351,7 @@ static int maintain(struct sup *s)
 		}
 	}
 	if (s->stopping)
-		return s->nkids > 0;
-	if (retiring)
-		pending = 1;
+		return due;
 	/* Rolling replacement: one old worker at a time, after its
 	 * successor has been forked. */
 	if (old > 0 && retiring == 0) {
@@ -333,15 +362,17 @@ static int maintain(struct sup *s)
 		for (int i = 0; i < s->nkids; i++) {
 			if (s->kids[i].gen != s->gen && !s->kids[i].kill_at) {
 				retire(s, &s->kids[i]);
+				due_min(&due, s->kids[i].kill_at);
 				break;
 			}
 		}
 		old--;
-		pending = 1;
 	}
 	if (cur + old < s->conf->workers) {
-		if (now < s->respawn_at)
-			return 1;
+		if (now < s->respawn_at) {
+			due_min(&due, s->respawn_at);
+			return due;
+		}
 		while (cur + old < s->conf->workers && s->nkids < MAX_CHILDREN) {
 			spawn(s);
 			cur++;
@@ -350,11 +381,11 @@ static int maintain(struct sup *s)
 	for (int i = 0; i < s->nkids && cur > s->conf->workers; i++) {
 		if (s->kids[i].gen == s->gen && !s->kids[i].kill_at) {
 			retire(s, &s->kids[i]);
+			due_min(&due, s->kids[i].kill_at);
 			cur--;
-			pending = 1;
 		}
 	}
-	return pending || old > 0;
+	return due;
 }
 
 /* --- The service manager (notify.h): readiness, reloads, status, watchdog. */
@@ -423,15 +454,19 @@ static void reload_notify(struct sup *s)
 	notify_send("RELOADING=1", "reloading the configuration");
 }
 
-/* The next tick: in 1 s when something is pending (pending), and no later
- * than the next watchdog ping; none when neither. */
-static void timer_arm(int pending)
+/* The next tick: in wait_us (-1: none), and no later than the next
+ * watchdog ping; none when neither. */
+static void timer_arm(long long wait_us)
 {
-	long long us = pending ? 1000000 : 0, wd = notify_watchdog_wait_us();
+	long long us = wait_us, wd = notify_watchdog_wait_us();
 	struct itimerval it = { 0 };
 
-	if (wd >= 0 && (us == 0 || wd < us))
-		us = wd > 0 ? wd : 1;
+	if (wd >= 0 && (us < 0 || wd < us))
+		us = wd;
+	if (us == 0)
+		us = 1; /* due now: 0 would disarm the timer */
+	if (us < 0)
+		us = 0;
 	it.it_value.tv_sec = (time_t)(us / 1000000);
 	it.it_value.tv_usec = (suseconds_t)(us % 1000000);
 	setitimer(ITIMER_REAL, &it, NULL);
@@ -567,15 +602,24 @@ int sup_run(struct conf *c, int argc, char **argv)
 	notify_start();
 
 	for (;;) {
-		(void)maintain(&s);
+		long long due = maintain(&s), tick_us = 1000000;
+
 		pool_notify(&s);
 		notify_watchdog();
 		if (s.stopping && s.nkids == 0)
 			break;
-		/* A tick every second, pending or not: watch() runs on it; and
-		 * no later than the next watchdog ping. */
+		/* A tick every second, pending or not: watch() runs on it;
+		 * sooner when a deadline is due sooner; and no later than the
+		 * next watchdog ping. */
 		watch(&s);
-		timer_arm(1);
+		if (due >= 0) {
+			long long left_ms = due - mono_ms();
+			if (left_ms < 0)
+				left_ms = 0;
+			if (left_ms * 1000 < tick_us)
+				tick_us = left_ms * 1000;
+		}
+		timer_arm(tick_us);
 		while (!got_chld && !got_term && !got_hup && !got_alrm && !got_usr1 && !got_io)
 			sigsuspend(&waitmask);
 		if (got_io) {
@@ -608,7 +652,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 		got_alrm = 0;
 	}
 	notify_close();
-	timer_arm(0);
+	timer_arm(-1);
 	close(s.listen_fd);
 	if (is_unix_path(s.conf->listen))
 		unlink(s.conf->listen);

@@ -12,9 +12,10 @@
 # byte-identical, and 20 simultaneous same-key requests over both
 # instances made 1 creation and 19 replays. Two checks test the harness,
 # and say so: the consumers' inbox applied each event once, and every
-# fault kind hit something (a live process, a dispatcher holding
-# unrecorded events). scripts/chaos checks and prints all of it; its exit
-# status is this test's.
+# fault kind hit what it names (a worker still serving when killed, a
+# reload that replaced every worker, a dispatcher that died holding events
+# not recorded as delivered, a live process). scripts/chaos checks and
+# prints all of it; its exit status is this test's.
 #
 # scripts/chaos starts and stops its own stack (t/run-test starts nothing
 # for t/chaos). About 50 s. The JSON record (and the stack's logs, when it

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -23,6 +24,14 @@
 #include "tsql.h"
 #include "tstack.h"
 #include "twait.h"
+
+/*
+ * Settings of its own (TSTACK_SETTINGS): idempotency_wait, which is also
+ * every worker's lock_timeout, is 10 s, not the harness's 1 s, a window
+ * too short on a loaded machine: a publication racing a create, and five sends of one
+ * message, wait on one another's locks.
+ */
+TSTACK_SETTINGS("idempotency_wait = 10s\n")
 
 TSTACK_SEQUENTIAL
 
@@ -363,12 +372,14 @@ Test(buffered, an_expired_message_is_not_delivered_and_prune_deletes_it)
 	free(wf);
 }
 
-#define RACE_ROUNDS 20
+#define RACE_ROUNDS     20  /* at least */
+#define RACE_ROUNDS_MAX 200 /* at most, until each order was seen */
 
 struct publisher {
 	const struct tstack_tenant *t;
 	pthread_barrier_t *start;
 	int round;
+	long delay_us; /* after the barrier: the create's head start */
 	struct http_response *resp;
 };
 
@@ -381,6 +392,8 @@ static void *publish_run(void *arg)
 	         "{\"name\":\"pay\",\"business_key\":\"R-%d\",\"message_id\":\"r-%d\"}", p->round,
 	         p->round);
 	pthread_barrier_wait(p->start);
+	if (p->delay_us > 0)
+		usleep((useconds_t)p->delay_us);
 	p->resp = tstack_post_raw(p->t, "/v1/messages", NULL, body);
 	return NULL;
 }
@@ -388,17 +401,22 @@ static void *publish_run(void *arg)
 /*
  * A publication and a create of a workflow that begins waiting for it, at
  * once: whichever commits first, the message reaches the workflow
- * (delivered, or buffered and taken by the create), never neither.
+ * (delivered, or buffered and taken by the create), never neither. Both
+ * orders must have happened: the side that starts first alternates, by
+ * 0 to 8 ms, and rounds go on (at most RACE_ROUNDS_MAX) until each was
+ * seen.
  */
 Test(buffered, a_message_racing_a_create_with_the_key_is_delivered_either_way)
 {
 	struct tstack_tenant t;
-	int delivered = 0, taken = 0;
+	int delivered = 0, taken = 0, i;
 
 	tstack_tenant_create(&t, "race");
-	for (int i = 0; i < RACE_ROUNDS; i++) {
+	for (i = 0; i < RACE_ROUNDS_MAX && (i < RACE_ROUNDS || delivered == 0 || taken == 0); i++) {
 		pthread_barrier_t start;
-		struct publisher p = { &t, &start, i, NULL };
+		/* Even rounds: the create sleeps; odd: the publication. */
+		long head_us = (long)(i / 2 % 5) * 2000;
+		struct publisher p = { &t, &start, i, i % 2 ? head_us : 0, NULL };
 		pthread_t th;
 		char bk[16], *wf;
 
@@ -406,6 +424,8 @@ Test(buffered, a_message_racing_a_create_with_the_key_is_delivered_either_way)
 		cr_assert_eq(pthread_barrier_init(&start, NULL, 2), 0);
 		cr_assert_eq(pthread_create(&th, NULL, publish_run, &p), 0);
 		pthread_barrier_wait(&start);
+		if (i % 2 == 0 && head_us > 0)
+			usleep((useconds_t)head_us);
 		wf = create(&t, "order", bk, WAIT_PAY);
 		pthread_join(th, NULL);
 		pthread_barrier_destroy(&start);
@@ -423,7 +443,10 @@ Test(buffered, a_message_racing_a_create_with_the_key_is_delivered_either_way)
 		http_response_free(p.resp);
 		free(wf);
 	}
-	cr_log_info("delivered at once: %d, buffered then taken: %d", delivered, taken);
+	cr_log_info("%d rounds: delivered at once: %d, buffered then taken: %d", i, delivered,
+	            taken);
+	cr_assert_gt(delivered, 0, "in %d rounds the create never came first", i);
+	cr_assert_gt(taken, 0, "in %d rounds the publication never came first", i);
 }
 
 /* --- Deduplication ----------------------------------------------------- */

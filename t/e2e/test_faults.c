@@ -46,6 +46,14 @@
 #define COLLECTION "/v1/workflows"
 #define JSON_CT    "Content-Type: application/json"
 
+/*
+ * Settings of its own (TSTACK_SETTINGS): idempotency_wait, which is also
+ * every worker's lock_timeout, is 10 s, not the harness's 1 s, a window
+ * too short on a loaded machine: three workers wait on one held claim, and a waiting
+ * session is terminated, all inside that wait.
+ */
+TSTACK_SETTINGS("idempotency_wait = 10s\n")
+
 TSTACK_SEQUENTIAL
 
 /* The test's own session, immune to the database-level settings it makes. */

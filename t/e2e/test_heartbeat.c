@@ -24,6 +24,13 @@
 #include "tstack.h"
 #include "twait.h"
 
+/*
+ * Settings of its own (TSTACK_SETTINGS): idempotency_wait, which is also
+ * every worker's lock_timeout, is 10 s, not the harness's 1 s, a window
+ * too short on a loaded machine: heartbeats and reapers wait on one job's row.
+ */
+TSTACK_SETTINGS("idempotency_wait = 10s\n")
+
 TestSuite(heartbeat, .timeout = 90);
 
 /* --- Helpers ----------------------------------------------------------- */

@@ -24,6 +24,14 @@
 #include "tstack.h"
 #include "twait.h"
 
+/*
+ * Settings of its own (TSTACK_SETTINGS): idempotency_wait, which is also
+ * every worker's lock_timeout, is 10 s, not the harness's 1 s, a window
+ * too short on a loaded machine: concurrent deliveries, creates and activations wait on
+ * one another's row locks.
+ */
+TSTACK_SETTINGS("idempotency_wait = 10s\n")
+
 TestSuite(steps, .timeout = 90);
 TestSuite(lease, .timeout = 60);
 TestSuite(retries, .timeout = 60);

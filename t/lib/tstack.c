@@ -243,12 +243,16 @@ static int live_child(pid_t pid, pid_t supervisor)
 }
 
 /*
- * The supervisor's children in one read of its task's children list: one
- * snapshot taken by the kernel. A walk of /proc instead runs in pid order
- * while workers come and go; once pids wrap, a worker forked with a pid
- * the walk has passed is missed while the one it replaces is already a
- * zombie, and a pool that never shrank reads as one worker short. The walk
- * stays as the fallback for kernels without the list.
+ * The supervisor's children in one read of its task's children list. A
+ * walk of /proc instead runs in pid order while workers come and go; once
+ * pids wrap, a worker forked with a pid the walk has passed is missed
+ * while the one it replaces is already a zombie. The list is no snapshot
+ * either: the kernel writes it one child at a time, and a child reaped
+ * between two steps shifts the list, so the next one is skipped. While
+ * workers come and go, a reading can be short: poll until it shows the
+ * state waited for, and never take a low reading as proof that the pool
+ * shrank (test_reload counts the pool from the supervisor's log). The
+ * walk stays as the fallback for kernels without the list.
  */
 size_t tstack_workers(pid_t supervisor, pid_t *out, size_t max)
 {
@@ -326,6 +330,59 @@ void tstack_sequential_hook(void *test_set)
 {
 	(void)test_set;
 	criterion_options.jobs = 1;
+}
+
+/* The runner's failure before any test: no Criterion context to assert in. */
+static void settings_fail(const char *what, const char *detail)
+{
+	fprintf(stderr, "TSTACK_SETTINGS: %s: %s\n", what, detail);
+	exit(1);
+}
+
+void tstack_settings_hook(const char *lines)
+{
+	const char *conf = getenv("IDEMFLOW_CONF"), *pidfile = getenv("IDEMFLOW_FCGI_PIDFILE");
+	const char *log = getenv("IDEMFLOW_FCGI_LOG");
+	pid_t sup, old[64], cur[64];
+	size_t nold, size = 0;
+	double deadline;
+	FILE *f;
+
+	if (conf == NULL || pidfile == NULL)
+		return; /* not under t/run-test: --list, --help */
+	sup = (pid_t)tstack_pidfile_read(pidfile);
+	if (sup <= 0)
+		settings_fail("no supervisor pid", pidfile);
+	/* Let the first reading settle: a pool still starting is short. */
+	deadline = tstack_now() + 60;
+	while ((nold = tstack_workers(sup, old, 64)) == 0 || nold > 64) {
+		if (tstack_now() > deadline)
+			settings_fail("the pool has no workers", log ? log : "");
+		tstack_sleep_ms(50);
+	}
+	f = fopen(conf, "a");
+	if (f == NULL)
+		settings_fail(conf, strerror(errno));
+	fprintf(f, "# TSTACK_SETTINGS\n%s", lines);
+	fclose(f);
+	size = (size_t)tstack_conf_long("workers", 0);
+	if (kill(sup, SIGHUP) < 0)
+		settings_fail("SIGHUP", strerror(errno));
+	/* Done when every old worker is gone (a pid is asked about, not
+	 * looked for in a list) and the pool reads its size again. */
+	deadline = tstack_now() + 60;
+	for (;;) {
+		size_t left = 0, n;
+
+		for (size_t i = 0; i < nold; i++)
+			left += !tstack_pid_gone(old[i]);
+		n = tstack_workers(sup, cur, 64);
+		if (left == 0 && n == size)
+			return;
+		if (tstack_now() > deadline)
+			settings_fail("the pool did not reload with the settings", log ? log : "");
+		tstack_sleep_ms(50);
+	}
 }
 
 int tstack_socket_accepts(const char *path)

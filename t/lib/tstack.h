@@ -99,4 +99,25 @@ void tstack_sequential_hook(void *test_set);
 		tstack_sequential_hook(tstack_set);                                                \
 	}
 
+/*
+ * TSTACK_SETTINGS("key = value\n...") at file scope gives the binary's
+ * tests settings of their own on the harness's pool: before the first test
+ * starts, the lines are appended to $IDEMFLOW_CONF (later lines win, for
+ * the server and for tstack_conf_*), the supervisor is sent SIGHUP, and
+ * the hook waits until every worker it had is gone and the pool is back
+ * at its size. Each test binary has a stack of its own, so no other
+ * binary sees them. A failed reload ends the run with a message.
+ *
+ * For the tests whose requests wait on a lock the test holds, or on one
+ * another: the harness's idempotency_wait (1 s) is also every worker's
+ * lock_timeout, too short a window on a loaded machine.
+ */
+void tstack_settings_hook(const char *lines);
+#define TSTACK_SETTINGS(lines)                                                                     \
+	ReportHook(PRE_ALL)(struct criterion_test_set * tstack_set)                                \
+	{                                                                                          \
+		(void)tstack_set;                                                                  \
+		tstack_settings_hook(lines);                                                       \
+	}
+
 #endif
