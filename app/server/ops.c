@@ -44,39 +44,43 @@ void ops_openapi(struct handler_ctx *ctx, struct http_req *req, struct http_resp
  * usually causes (the statements name columns it lacks), and the reason is
  * what the operator needs. -1 with e filled when this fails too.
  */
+/* /readyz needs no token: during an outage every probe would open a
+ * connection of its own. A worker tries at most once a
+ * READYZ_DIRECT_EVERY_MS and answers from that try meanwhile. The try
+ * belongs to one outage: once the worker's own connection answers again
+ * it is forgotten, so the next outage is not told with the last one's
+ * reason. */
+static struct {
+	struct timespec at; /* 0: none */
+	int version;
+	struct err e;
+} direct_last;
+
 static int schema_version_direct(const struct conf *c, struct err *e)
 {
-	/* /readyz needs no token: during an outage every probe would open a
-	 * connection of its own. A worker tries at most once a
-	 * READYZ_DIRECT_EVERY_MS and answers from that try meanwhile. */
-	static struct {
-		struct timespec at; /* 0: never */
-		int version;
-		struct err e;
-	} last;
 	char appname[96];
 	struct timespec now;
 	PGconn *conn;
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
-	if (last.at.tv_sec != 0 &&
-	    (now.tv_sec - last.at.tv_sec) * 1000 + (now.tv_nsec - last.at.tv_nsec) / 1000000 <
-	        READYZ_DIRECT_EVERY_MS) {
-		*e = last.e;
-		return last.version;
+	if (direct_last.at.tv_sec != 0 && (now.tv_sec - direct_last.at.tv_sec) * 1000 +
+	                                          (now.tv_nsec - direct_last.at.tv_nsec) / 1000000 <
+	                                      READYZ_DIRECT_EVERY_MS) {
+		*e = direct_last.e;
+		return direct_last.version;
 	}
-	last.at = now;
-	err_clear(&last.e);
+	direct_last.at = now;
+	err_clear(&direct_last.e);
 	snprintf(appname, sizeof(appname), "%s-readyz", c->application_name);
-	conn = db_connect_simple(c->db, appname, &last.e);
+	conn = db_connect_simple(c->db, appname, &direct_last.e);
 	if (conn == NULL) {
-		last.version = -1;
+		direct_last.version = -1;
 	} else {
-		last.version = migrate_current(conn, &last.e);
+		direct_last.version = migrate_current(conn, &direct_last.e);
 		PQfinish(conn);
 	}
-	*e = last.e;
-	return last.version;
+	*e = direct_last.e;
+	return direct_last.version;
 }
 
 /*
@@ -109,6 +113,7 @@ void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		else if (strcmp(PQgetvalue(res, 0, 2), "on") == 0)
 			read_only = "read-only (transaction_read_only is on)";
 		PQclear(res);
+		direct_last.at.tv_sec = 0;
 	} else {
 		ctx->err = e; /* for the log line */
 		version = schema_version_direct(ctx->conf, &direct);
