@@ -464,7 +464,8 @@ struct step {
 	 * are being delivered. */
 	char owner[160];
 	/* What the reader found. */
-	PGresult *claimed;
+	PGresult *claimed; /* the claim's rows, whenever the claim went through */
+	int recorded;      /* the recording (if any) went through */
 	int rc;
 	struct err e;
 	pthread_t reader;
@@ -562,21 +563,27 @@ static int read_segment(PGconn *conn, int n, int keep, PGresult **kept, struct e
 
 /* Read the step's results into s: the claim's rows (if any) to
  * s->claimed. The recording is read first and stands whatever the claim
- * does. */
+ * does. A claim that went through keeps its rows even when the recording
+ * failed: they are leased, and must be handed back. */
 static void step_read(PGconn *conn, struct step *s)
 {
 	int rc = 0;
 
 	err_clear(&s->e);
 	s->claimed = NULL;
-	if (s->nrecord && read_segment(conn, s->nrecord, 0, NULL, &s->e) < 0)
+	s->recorded = 1;
+	if (s->nrecord && read_segment(conn, s->nrecord, 0, NULL, &s->e) < 0) {
+		s->recorded = 0;
 		rc = -1;
+	}
 	if (s->has_claim &&
 	    read_segment(conn, 1, 1, &s->claimed, rc == 0 ? &s->e : &(struct err){ 0 }) < 0)
 		rc = -1;
-	if (rc == 0 && !PQexitPipelineMode(conn))
-		rc = db_classify(conn, NULL, &s->e);
-	if (rc < 0) {
+	if (!PQexitPipelineMode(conn)) {
+		/* Out of step: nothing more can be sent on it. */
+		if (rc == 0)
+			db_classify(conn, NULL, &s->e);
+		rc = -1;
 		PQclear(s->claimed);
 		s->claimed = NULL;
 	}
@@ -619,7 +626,8 @@ static void step_read_async(struct dispatcher *d, struct step *s)
 	step_read(db_conn(d->db), s);
 }
 
-/* Wait for the step's results; the claim's rows (if any) go to *claimed. */
+/* Wait for the step's results; the claim's rows (if any) go to *claimed,
+ * also when the step failed otherwise. */
 static int step_recv(struct step *s, PGresult **claimed, struct err *e)
 {
 	if (s->reading) {
@@ -643,8 +651,10 @@ static int step_sync(struct dispatcher *d, struct batch *b, int claim, struct ba
 	if (step_send(d, b, claim, &s, e) < 0)
 		return -1;
 	step_read(db_conn(d->db), &s);
-	if (step_recv(&s, &res, e) < 0)
+	if (step_recv(&s, &res, e) < 0) {
+		PQclear(res);
 		return -1;
+	}
 	if (!claim)
 		return 0;
 	return batch_init(next, d, res, s.owner, s.claim_at, e);
@@ -653,6 +663,45 @@ static int step_sync(struct dispatcher *d, struct batch *b, int claim, struct ba
 static int out_of_time(const struct dispatcher *d)
 {
 	return d->c->max_runtime > 0 && elapsed_s(&d->started) * 1e3 >= (double)d->c->max_runtime;
+}
+
+/*
+ * The step sent with batch k's delivery failed (its recording of k-1 or
+ * its claim of k+1), or the sink did (deliver() returned -1): the run
+ * ends, but first, on a connection still in step, it records what it
+ * knows. Batch k-1 again if its recording failed (each statement holds
+ * only under its claim's owner: recording twice changes nothing); batch
+ * k, whose delivered events would otherwise be claimed and delivered
+ * again once the lease ran out, the rest of it released; and the batch
+ * claimed ahead (ahead, owned from now on), released untouched, its
+ * attempt taken back. What fails here is logged; the run's error stays
+ * the first one.
+ */
+static void drain_settle(struct dispatcher *d, const struct step *s, struct batch *prev,
+                         struct batch *cur, PGresult *ahead, struct dispatch_stats *st)
+{
+	PGconn *conn = db_conn(d->db);
+	struct batch next;
+	struct err e;
+
+	if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) != PQ_PIPELINE_OFF ||
+	    PQtransactionStatus(conn) != PQTRANS_IDLE) {
+		PQclear(ahead);
+		return;
+	}
+	if (prev->res != NULL && !s->recorded && step_sync(d, prev, 0, NULL, &e) < 0)
+		log_warning("could not record a delivered batch", "error=%s", LOG_Q(e.msg));
+	batch_outcome(d, cur, st);
+	if (step_sync(d, cur, 0, NULL, &e) < 0)
+		log_warning("could not record a delivered batch", "error=%s", LOG_Q(e.msg));
+	if (ahead == NULL)
+		return;
+	if (batch_init(&next, d, ahead, s->owner, s->claim_at, &e) == 0 && next.n > 0) {
+		batch_outcome(d, &next, st); /* nothing attempted: all released */
+		if (step_sync(d, &next, 0, NULL, &e) < 0)
+			log_warning("could not release a claimed batch", "error=%s", LOG_Q(e.msg));
+	}
+	batch_free(&next);
 }
 
 /* Claim, deliver and record until a claim comes back empty. Returns the
@@ -682,7 +731,7 @@ static int drain(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		delivered = batch_deliver(d, &cur, e);
 		if (step_recv(&s, &res, delivered < 0 ? &(struct err){ 0 } : e) < 0 ||
 		    delivered < 0) {
-			PQclear(res);
+			drain_settle(d, &s, &prev, &cur, res, st);
 			goto out;
 		}
 		batch_free(&prev);

@@ -967,6 +967,120 @@ Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_unto
 	cr_log_info("lease release: %ld claims for 10 events", claims);
 }
 
+/* A trigger that makes this tenant's outbox updates matching cond (over
+ * OLD and NEW) run body first, until fault_stop(). The sequence
+ * test_fault_n counts the calls, outside every transaction. */
+static int faulting;
+
+static void fault_start(const char *cond, const char *body)
+{
+	char q[1024];
+
+	faulting = 1;
+	PQclear(sql("CREATE SEQUENCE test_fault_n", 0, NULL));
+	snprintf(q, sizeof(q),
+	         "CREATE FUNCTION test_fault() RETURNS trigger LANGUAGE plpgsql AS"
+	         " $$BEGIN %s RETURN NEW; END$$",
+	         body);
+	PQclear(sql(q, 0, NULL));
+	snprintf(q, sizeof(q),
+	         "CREATE TRIGGER test_fault BEFORE UPDATE ON outbox FOR EACH ROW"
+	         " WHEN (NEW.tenant_id = %s AND %s) EXECUTE FUNCTION test_fault()",
+	         tenant, cond);
+	PQclear(sql(q, 0, NULL));
+}
+
+static void fault_stop(void)
+{
+	if (!faulting)
+		return;
+	faulting = 0;
+	PQclear(sql("DROP TRIGGER test_fault ON outbox", 0, NULL));
+	PQclear(sql("DROP FUNCTION test_fault()", 0, NULL));
+	PQclear(sql("DROP SEQUENCE test_fault_n", 0, NULL));
+}
+
+/* The receiver got n deliveries, each of a different event of this
+ * tenant's, each recorded as published on attempt 1. */
+static void delivered_once_and_published(size_t want)
+{
+	struct receiver_delivery *d;
+	size_t n;
+
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
+	cr_assert_eq(n, want, "%zu deliveries, want %zu (log: %s)", n, want, logfile);
+	for (size_t i = 0; i < n; i++) {
+		const char *p[2] = { tenant, d[i].event_id };
+		for (size_t j = 0; j < i; j++)
+			cr_assert_str_neq(d[i].event_id, d[j].event_id, "%s delivered twice",
+			                  d[i].event_id);
+		cr_assert_eq(scalar("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+		                    " AND event_id = $2 AND published_at IS NOT NULL"
+		                    " AND attempts = 1 AND lease_owner IS NULL",
+		                    2, p),
+		             1, "%s was delivered but is not recorded published (log: %s)",
+		             d[i].event_id, logfile);
+	}
+	receiver_deliveries_free(d, n);
+}
+
+/*
+ * The claim of batch k+1 goes out with batch k's delivery and fails while
+ * the sink delivers (here: the statement timeout of 1 s cancels it). The
+ * run ends, but records batch k first: before, it ended at once, and the
+ * events it had delivered were claimed and delivered again once their
+ * lease ran out. The claim that failed took nothing: its events are due,
+ * never attempted.
+ */
+Test(dispatch, a_claim_that_fails_during_a_delivery_leaves_that_delivery_recorded,
+     .fini = fault_stop)
+{
+	seed(4, 1);
+	/* The run's second claim (owner host:pid:2) outlasts the timeout. */
+	fault_start("NEW.lease_owner LIKE '%:2'", "PERFORM pg_sleep(5);");
+	const char *a[] = { "--batch", "2", "--statement-timeout", "1s", NULL };
+	int rc = run(a);
+	cr_assert_eq(rc, 70, "the failed claim fails the run: exit %d (log: %s)", rc, logfile);
+	cr_assert(log_has("canceling statement due to statement timeout"), "log: %s", logfile);
+	delivered_once_and_published(2);
+	cr_assert_eq(count_where("published_at IS NULL AND attempts = 0 AND lease_owner IS NULL"),
+	             2, "the events of the failed claim are due, never attempted");
+
+	/* The next run delivers the rest, and nothing twice. */
+	fault_stop();
+	cr_assert_eq(run(NULL), 0, "log: %s", logfile);
+	delivered_once_and_published(4);
+}
+
+/*
+ * The recording of batch k-1 fails (once) while the claim of batch k+1,
+ * its own transaction, goes through. The run ends, but first records
+ * k-1 again and batch k, and hands back the batch it claimed ahead with
+ * its attempt taken back. Before, k-1 and k were delivered but left
+ * leased, to be delivered again, and k+1 waited out a lease with an
+ * attempt that never happened.
+ */
+Test(dispatch, a_failed_recording_ends_the_run_with_every_batch_recorded_or_released,
+     .fini = fault_stop)
+{
+	seed(6, 1);
+	/* The first row of the first recording that publishes fails. */
+	fault_start("NEW.published_at IS NOT NULL AND OLD.published_at IS NULL",
+	            "IF nextval('test_fault_n') = 1 THEN"
+	            " RAISE EXCEPTION 'test: recording fails'; END IF;");
+	const char *a[] = { "--batch", "2", NULL };
+	int rc = run(a);
+	cr_assert_eq(rc, 70, "the failed recording fails the run: exit %d (log: %s)", rc, logfile);
+	cr_assert(log_has("test: recording fails"), "log: %s", logfile);
+	delivered_once_and_published(4);
+	cr_assert_eq(count_where("published_at IS NULL AND attempts = 0 AND lease_owner IS NULL"),
+	             2, "the batch claimed ahead is released, its attempt taken back");
+
+	fault_stop();
+	cr_assert_eq(run(NULL), 0, "log: %s", logfile);
+	delivered_once_and_published(6);
+}
+
 Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued)
 {
 	char *dead, *held, ctl[256], cmd[2048];

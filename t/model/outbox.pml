@@ -26,13 +26,10 @@
  * The dispatcher's order is drain()'s: record batch k-1 and claim batch
  * k+1 (one pipeline, two transactions), deliver batch k, and only then
  * learn whether the claim failed; a failed claim, or a sink whose
- * deliver() returns -1, ends the run there, batch k unrecorded. That
- * breaks the property "recording" (t/model/README.md, "What the model
- * found"). Options:
+ * deliver() returns -1, ends the run, but first (drain_settle()) the run
+ * records batch k and releases the batch claimed ahead. Options:
  *   SKIP_RECORDING       leave the "recording" assertion out, to check
- *                        the code's other properties to the end
- *   RECORD_BEFORE_EXIT   the fix: record batch k, release the batch
- *                        claimed ahead, then end the run
+ *                        another property alone
  *   MAXSFAIL=n           sink calls that fail (0 unless given)
  *
  * Broken variants (-D NAME), each rejected by spin with a counterexample:
@@ -40,9 +37,12 @@
  *   OWNER_PER_PROCESS    one lease_owner for all claims of a process
  *   NO_NOT_EXISTS        d_claim without its NOT EXISTS over earlier events
  *   NO_LEASE_GUARD       batch_deliver without its lease_end check
+ *   EXIT_UNRECORDED      drain() before the fix: a failed claim or an
+ *                        unusable sink ends the run at once, batch k
+ *                        unrecorded, the batch claimed ahead not released
  *   SAME_TX              recording and the next claim in one transaction
- *                        (with RECORD_BEFORE_EXIT: the fix does not save
- *                        a recording the claim rolled back)
+ *                        (recording batch k before the end does not save
+ *                        a recording of k-1 the claim rolled back)
  *   REQUEUE_CLEARS_LEASE outbox requeue that clears a live lease
  * Each assertion's line names its property ("property NAME"), which is
  * how t/model/run-spin.sh tells which one a counterexample broke.
@@ -349,10 +349,9 @@ inline record_body()
 
 /* Property "recording": a run that ends on a failed claim or an unusable
  * sink has recorded every event whose outcome it knew (unless the lease
- * had passed to another claim, whose dispatcher records it). The code
- * breaks it (t/model/README.md, "What the model found"); -DSKIP_RECORDING
- * leaves the assertion out, so that the code's other properties are
- * checked to the end. */
+ * had passed to another claim, whose dispatcher records it). drain()
+ * broke it before the fix (-DEXIT_UNRECORDED; t/model/README.md, "What
+ * the model found"); -DSKIP_RECORDING leaves the assertion out. */
 #ifdef SKIP_RECORDING
 #define RECORDED true
 #else
@@ -469,9 +468,8 @@ newrun:
 		   }
 		:: todo == 0 -> break
 		od;
-		/* step_recv: "if (step_recv(...) < 0 || delivered < 0) goto
-		 * out". The run ends there: batch k was delivered, or partly,
-		 * and is not recorded. */
+		/* step_recv: "if (step_recv(...) < 0 || delivered < 0)":
+		 * drain_settle(), then the run ends. */
 		if
 		:: cfailed || sfailed -> goto run_failed
 		:: else -> skip
@@ -493,11 +491,13 @@ newrun:
 	goto newrun;
 
 run_failed:
-#ifdef RECORD_BEFORE_EXIT
-	/* The fix (t/model/README.md): before returning -1, record batch k
-	 * (step_sync(d, &cur, 0, ...)): what it attempted with its known
+#ifndef EXIT_UNRECORDED
+	/* drain_settle(): before returning -1, record batch k
+	 * (step_sync(d, cur, 0, ...)): what it attempted with its known
 	 * outcomes, the rest released; and release the batch claimed
-	 * ahead. A recording that fails is a death (MAY_DIE). */
+	 * ahead. A recording that fails is a death (MAY_DIE). Without it
+	 * (-DEXIT_UNRECORDED, the code before the fix) the run ends with
+	 * batch k unrecorded. */
 	MAY_DIE;
 	atomic {
 		prv[d] = cur[d];
