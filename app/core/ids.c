@@ -107,7 +107,7 @@ static atomic_ullong *floor_of = &own_floor;
 
 void ids_share_clock(atomic_ullong *floor)
 {
-	uint64_t mine = atomic_load(&own_floor), shared = atomic_load(floor);
+	unsigned long long mine = atomic_load(&own_floor), shared = atomic_load(floor);
 
 	/* Whatever this process made already stays below what comes next. */
 	while (shared < mine && !atomic_compare_exchange_weak(floor, &shared, mine))
@@ -126,7 +126,7 @@ int ids_uuid7(char *out)
 int ids_uuid7_at(char *out, const struct timespec *now)
 {
 	uint8_t b[16];
-	uint64_t t, last;
+	unsigned long long t, last; /* atomic_ullong's type, which clang holds to */
 
 	/* Bytes 0 to 7 are the time and the version; 8 to 15 random. */
 	if (ids_random_id(b + 8, 8) < 0)
