@@ -18,9 +18,9 @@
 --
 -- Timers were taken strictly by due time, so an "until" far in the past
 -- went ahead of everything, and one tenant's flood of them starved every
--- other tenant's sleeps and timeouts. A batch now takes each tenant's
--- earliest timers in turn: the tenants with due timers share it equally
--- (idemflow_due_timers), and within a tenant the earliest go first.
+-- other tenant's sleeps and timeouts. The tenants with due timers now
+-- share each batch equally (idemflow_due_timers), and within a tenant the
+-- earliest go first.
 --
 -- Lease reaping (idemflow_reap), prune and the dispatcher's recording set
 -- values on many tenants' rows too, but no row of theirs can fail on its
@@ -42,12 +42,14 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT left(p_sqlstate, 2) IN ('40', '53', '57', '58', '08', 'XX') OR p_sqlstate = '55P03'
 $$;
 
--- Up to p_batch due timers with their workflows, locked (SKIP LOCKED: a
+-- About p_batch due timers with their workflows, locked (SKIP LOCKED: a
 -- timer another reaper holds, or whose workflow is busy with a command, is
--- left for the next round). Tenants take turns: each tenant's first timer,
--- then each one's second, and so on; no tenant gets more than its equal
--- share of the batch while others wait. Cost: one probe of
--- timers_tenant_due per tenant, and at most the batch's rows.
+-- left for the next round, and the next due timer is taken instead, so
+-- reapers running at once share the work). The tenants with due timers
+-- share the batch equally: each takes at most ceil(p_batch / tenants) of
+-- its earliest timers, so no tenant's flood holds back another's. Cost:
+-- one probe of timers_tenant_due per tenant, and at most the batch's rows
+-- (plus one per tenant, from the rounding).
 CREATE FUNCTION idemflow_due_timers(p_batch integer)
 RETURNS TABLE (tenant_id bigint, workflow_id uuid, step integer, kind text, due_at timestamptz,
                state text, wf_step integer, steps jsonb)
@@ -62,22 +64,16 @@ BEGIN
                     WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now());
     RETURN QUERY
     SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at, w.state, w.step, w.steps
-      FROM (SELECT c.tenant_id, c.workflow_id, c.step, c.due_at, c.turn
-              FROM tenants tn
-             CROSS JOIN LATERAL (
-                   SELECT x.tenant_id, x.workflow_id, x.step, x.due_at,
-                          row_number() OVER (ORDER BY x.due_at) AS turn
-                     FROM timers x
-                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now()
-                    ORDER BY x.due_at
-                    LIMIT v_share) c) d
-      JOIN timers t ON t.tenant_id = d.tenant_id AND t.workflow_id = d.workflow_id
-                   AND t.step = d.step
+      FROM tenants tn
+     CROSS JOIN LATERAL (
+           SELECT x.tenant_id, x.workflow_id, x.step, x.kind, x.due_at
+             FROM timers x
+            WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now()
+            ORDER BY x.due_at
+            LIMIT v_share
+              FOR UPDATE SKIP LOCKED) t
       JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
-     WHERE t.fired_at IS NULL
-     ORDER BY d.turn, d.due_at
-     LIMIT p_batch
-       FOR UPDATE OF t, w SKIP LOCKED;
+       FOR UPDATE OF w SKIP LOCKED;
 END
 $$;
 

@@ -46,22 +46,16 @@ BEGIN
                     WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now());
     RETURN QUERY
     SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at, w.state, w.step, w.steps
-      FROM (SELECT c.tenant_id, c.workflow_id, c.step, c.due_at, c.turn
-              FROM tenants tn
-             CROSS JOIN LATERAL (
-                   SELECT x.tenant_id, x.workflow_id, x.step, x.due_at,
-                          row_number() OVER (ORDER BY x.due_at) AS turn
-                     FROM timers x
-                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now()
-                    ORDER BY x.due_at
-                    LIMIT v_share) c) d
-      JOIN timers t ON t.tenant_id = d.tenant_id AND t.workflow_id = d.workflow_id
-                   AND t.step = d.step
+      FROM tenants tn
+     CROSS JOIN LATERAL (
+           SELECT x.tenant_id, x.workflow_id, x.step, x.kind, x.due_at
+             FROM timers x
+            WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now()
+            ORDER BY x.due_at
+            LIMIT v_share
+              FOR UPDATE SKIP LOCKED) t
       JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
-     WHERE t.fired_at IS NULL
-     ORDER BY d.turn, d.due_at
-     LIMIT p_batch
-       FOR UPDATE OF t, w SKIP LOCKED;
+       FOR UPDATE OF w SKIP LOCKED;
 END
 $$;
 

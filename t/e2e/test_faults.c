@@ -39,6 +39,7 @@
 
 #include "http.h"
 #include "tapi.h"
+#include "tlog.h"
 #include "tsql.h"
 #include "tstack.h"
 #include "twait.h"
@@ -871,6 +872,20 @@ static long sessions_started(void)
  * connection is tried at most once a second per worker, and the probes in
  * between are answered from the last try.
  */
+static struct http_response *send_readyz(int i, void *arg)
+{
+	(void)i;
+	(void)arg;
+	return get(NULL, NULL, "/readyz");
+}
+
+static void any_answer(const struct http_response *r, int i, void *arg)
+{
+	(void)r;
+	(void)i;
+	(void)arg;
+}
+
 Test(faults, readyz_during_an_outage_does_not_open_a_connection_per_probe)
 {
 	const int probes = 60;
@@ -896,6 +911,12 @@ Test(faults, readyz_during_an_outage_does_not_open_a_connection_per_probe)
 	}
 	exec_ok(admin, "ALTER TABLE api_tokens_hidden RENAME TO api_tokens");
 	cr_log_info("%d probes opened %ld sessions", probes, opened);
+	/* Leave every worker connected: one still backing off would answer
+	 * the next test's first request 503 at once. Past the longest pause
+	 * (1.6 s), a probe on each worker connects it. */
+	tstack_sleep_ms(2000);
+	tstack_every_worker(tstack_supervisor_pid(), tstack_env("IDEMFLOW_FCGI_LOG"), 6, 50,
+	                    send_readyz, any_answer, NULL);
 	/* 3 workers over ~1.5 s: two tries each, and their own reconnects
 	 * (100 ms doubling). */
 	cr_assert(opened <= 30, "%d probes opened %ld sessions", probes, opened);
