@@ -94,7 +94,8 @@ expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.yml" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
 expect_file "$inst_pkgdatadir/grafana/idemflow-dashboard.json" 644
 # The reference clients (doc/clients.md).
-CLIENTS=(python/idemflow_client.py node/idemflow-client.mjs)
+CLIENTS=(python/idemflow_client.py python/webhook_receiver.py node/idemflow-client.mjs
+	node/webhook-receiver.mjs)
 for f in "${CLIENTS[@]}"; do
 	expect_file "$inst_pkgdatadir/clients/$f" 644
 done
