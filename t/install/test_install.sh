@@ -102,7 +102,7 @@ done
 expect_file "$inst_docdir/README.md" 644
 # The reference the README links to, beside it.
 DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
-	ha.md distribution.md)
+	ha.md distribution.md clients.md)
 for d in "${DOCS[@]}"; do
 	expect_file "$inst_docdir/$d" 644
 done
