@@ -15,8 +15,6 @@ is used up every request passes:
                   idemflow answers when its commit may or may not have
                   happened
   unavailable[:N] do not forward; answer 503 unavailable, Retry-After: N (1)
-  inflight[:N]    do not forward; answer 409 idempotency-key-in-flight,
-                  Retry-After: N (1)
 
 Every answer it sends says Connection: close and the connection is closed
 after it, so each request is one connection and a client never writes into
@@ -232,12 +230,6 @@ class FaultProxy:
                                       "injected by the fault proxy; nothing was forwarded",
                                       retry_after, x.path))
                 x.sent_status = 503
-            elif name == "inflight":
-                conn.sendall(_problem(409, "Conflict", "idempotency-key-in-flight",
-                                      "Idempotency-Key In Flight",
-                                      "injected by the fault proxy; nothing was forwarded",
-                                      retry_after, x.path))
-                x.sent_status = 409
             else:
                 raise ValueError(f"unknown action {x.action!r}")
         except Exception as e:  # recorded for the test to see, never raised
