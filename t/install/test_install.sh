@@ -93,10 +93,16 @@ expect_file "$inst_sysusersdir/idemflow.conf" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.yml" 644
 expect_file "$inst_pkgdatadir/prometheus/idemflow-rules.test.yml" 644
 expect_file "$inst_pkgdatadir/grafana/idemflow-dashboard.json" 644
+# The reference clients (doc/clients.md).
+CLIENTS=(python/idemflow_client.py python/webhook_receiver.py node/idemflow-client.mjs
+	node/webhook-receiver.mjs)
+for f in "${CLIENTS[@]}"; do
+	expect_file "$inst_pkgdatadir/clients/$f" 644
+done
 expect_file "$inst_docdir/README.md" 644
 # The reference the README links to, beside it.
 DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
-	ha.md distribution.md)
+	ha.md distribution.md clients.md)
 for d in "${DOCS[@]}"; do
 	expect_file "$inst_docdir/$d" 644
 done
@@ -122,6 +128,7 @@ want=$(
 		"$inst_pkgdatadir/sql/roles.sql" \
 		"$inst_pkgdatadir/openapi.yaml" "$inst_pkgdatadir/openapi.json"
 	for d in "${DOCS[@]}"; do echo "$inst_docdir/$d"; done
+	for f in "${CLIENTS[@]}"; do echo "$inst_pkgdatadir/clients/$f"; done
 	for f in "$top_srcdir"/sql/[0-9]*.sql; do echo "$inst_pkgdatadir/sql/${f##*/}"; done
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
 	if [[ $inst_unitdir != no ]]; then
