@@ -873,3 +873,44 @@ stack_nats_stop() {
 	stack_sweep "$ndir"
 	return 0
 }
+
+# stack_nats_stream_add URL NAME SUBJECTS: create the JetStream stream NAME
+# (file storage) taking SUBJECTS (e.g. 'idemflow.>') on the server at URL
+# (nats://host:port), unless it exists, through JetStream's API on the NATS
+# protocol itself (Debian ships no nats command). Prints nothing; returns
+# non-zero with the server's answer when it refuses.
+stack_nats_stream_add() {
+	python3 - "$1" "$2" "$3" <<'EOT'
+import json, socket, sys
+url, name, subjects = sys.argv[1:4]
+host, port = url.split("://", 1)[-1].rsplit("@", 1)[-1].split(":")
+sock = socket.create_connection((host, int(port)), timeout=10)
+f = sock.makefile("rb")
+if not f.readline().startswith(b"INFO"):
+    sys.exit("not a NATS server at %s" % url)
+req = json.dumps({"name": name, "subjects": [subjects], "storage": "file"}).encode()
+sock.sendall(b'CONNECT {"verbose":false,"headers":true,"no_responders":true}\r\n'
+             b"SUB _INBOX.stack 1\r\n"
+             b"PUB $JS.API.STREAM.CREATE.%s _INBOX.stack %d\r\n%s\r\n"
+             % (name.encode(), len(req), req))
+while True:
+    line = f.readline()
+    if not line:
+        sys.exit("the server closed the connection")
+    if line.startswith(b"PING"):
+        sock.sendall(b"PONG\r\n")
+    elif line.startswith(b"-ERR"):
+        sys.exit(line.decode().strip())
+    elif line.startswith(b"HMSG"):
+        sys.exit("no JetStream on %s (no responders)" % url)
+    elif line.startswith(b"MSG"):
+        size = int(line.split()[-1])
+        answer = json.loads(f.read(size + 2)[:size])
+        error = answer.get("error")
+        # The same stream created again is no error; one of that name
+        # with another configuration is (10058).
+        if error:
+            sys.exit("stream %s: %s" % (name, error.get("description")))
+        break
+EOT
+}
