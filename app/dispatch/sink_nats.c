@@ -43,20 +43,20 @@
 #include <string.h>
 #include <time.h>
 
-#define NATS_SERVERS_MAX   16
-#define NATS_SUBJECT_MAX   511  /* bytes of "<prefix>.<type>" */
-#define NATS_PREFIX_MAX    200
-#define NATS_STREAM_MAX    255
-#define NATS_HEADER_MAX    1024 /* bytes of one header value */
-#define NATS_NO_PREV       SIZE_MAX
+#define NATS_SERVERS_MAX 16
+#define NATS_SUBJECT_MAX 511 /* bytes of "<prefix>.<type>" */
+#define NATS_PREFIX_MAX  200
+#define NATS_STREAM_MAX  255
+#define NATS_HEADER_MAX  1024 /* bytes of one header value */
+#define NATS_NO_PREV     SIZE_MAX
 
 struct nats_sink {
 	struct sink base;
 	natsOptions *opts;
-	char *urls_buf;                   /* nats_url split in place: urls points into it */
+	char *urls_buf; /* nats_url split in place: urls points into it */
 	const char *urls[NATS_SERVERS_MAX];
 	int nurls;
-	char shown[512];                  /* the URLs without credentials, for messages */
+	char shown[512]; /* the URLs without credentials, for messages */
 	char *prefix;
 	char *stream; /* NULL: any stream may take the events */
 	long timeout_ms;
@@ -265,14 +265,17 @@ static void event_check(const struct nats_sink *ns, const struct sink_event *ev,
 
 	why[0] = '\0';
 	if (ev->event_id == NULL || !header_value_valid(ev->event_id))
-		snprintf(why, wlen, "the event id cannot be a NATS header (Nats-Msg-Id): empty, a "
-		                    "control character (CR, LF) or longer than 1024 bytes");
+		snprintf(why, wlen,
+		         "the event id cannot be a NATS header (Nats-Msg-Id): empty, a "
+		         "control character (CR, LF) or longer than 1024 bytes");
 	else if (ev->workflow_id != NULL && !header_value_valid(ev->workflow_id))
-		snprintf(why, wlen, "the workflow id cannot be a NATS header: a control character "
-		                    "(CR, LF) or longer than 1024 bytes");
+		snprintf(why, wlen,
+		         "the workflow id cannot be a NATS header: a control character "
+		         "(CR, LF) or longer than 1024 bytes");
 	else if (tl == 0 || !subject_valid(ev->type, tl) || !header_value_valid(ev->type))
-		snprintf(why, wlen, "the event type is no NATS subject: empty, an empty token, a "
-		                    "space, a wildcard (* >) or a control character");
+		snprintf(why, wlen,
+		         "the event type is no NATS subject: empty, an empty token, a "
+		         "space, a wildcard (* >) or a control character");
 	else if (pl + 1 + tl > NATS_SUBJECT_MAX)
 		snprintf(why, wlen, "the subject is longer than %d bytes", NATS_SUBJECT_MAX);
 	else if (ev->payload_len > (size_t)INT32_MAX)
@@ -338,8 +341,8 @@ static enum pub_result publish_one(struct nats_sink *ns, const struct sink_event
 	case NATS_MAX_PAYLOAD:
 		outcome_set(o, SINK_RETRY, 0, "");
 		snprintf(o->error, sizeof(o->error),
-		         "the event (%zu bytes) is larger than the server's max_payload",
-		         ev->payload_len);
+		         "the event (%zu bytes) is larger than the server's max_payload: %.150s",
+		         ev->payload_len, why);
 		r = PUB_FAILED;
 		break;
 	case NATS_ERR:
@@ -436,10 +439,11 @@ static int nats_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 
 		if (prev[i] != NATS_NO_PREV && outs[prev[i]].result != SINK_OK) {
 			outcome_set(o, SINK_RETRY, 0, "");
-			snprintf(o->error, sizeof(o->error),
-			         "not sent: event %s of the same workflow, earlier in this batch, was "
-			         "not delivered",
-			         evs[prev[i]].event_id);
+			snprintf(
+			    o->error, sizeof(o->error),
+			    "not sent: event %s of the same workflow, earlier in this batch, was "
+			    "not delivered",
+			    evs[prev[i]].event_id);
 			continue;
 		}
 		event_check(ns, ev, subject, why, sizeof(why));
@@ -517,8 +521,9 @@ static int urls_parse(struct nats_sink *ns, const char *spec, struct err *e)
 			               "invalid value for \"nats_url\": more than %d servers",
 			               NATS_SERVERS_MAX);
 		ns->urls[ns->nurls++] = tok;
-		sl += (size_t)snprintf(ns->shown + sl, sl < sizeof(ns->shown) ? sizeof(ns->shown) - sl : 0,
-		                       "%s%s", sl ? "," : "", one);
+		sl += (size_t)snprintf(ns->shown + sl,
+		                       sl < sizeof(ns->shown) ? sizeof(ns->shown) - sl : 0, "%s%s",
+		                       sl ? "," : "", one);
 		if (sl >= sizeof(ns->shown))
 			sl = sizeof(ns->shown) - 1;
 	}
@@ -547,7 +552,8 @@ struct sink *sink_nats_open(const struct conf *c, struct err *e)
 	ns->timeout_ms = c->timeout;
 	if (urls_parse(ns, c->nats_url != NULL ? c->nats_url : "", e) < 0)
 		goto fail;
-	if (*prefix && (strlen(prefix) > NATS_PREFIX_MAX || !subject_valid(prefix, strlen(prefix)))) {
+	if (*prefix &&
+	    (strlen(prefix) > NATS_PREFIX_MAX || !subject_valid(prefix, strlen(prefix)))) {
 		err_set(e, ERR_CONFIG,
 		        "invalid value \"%s\" for \"nats_subject_prefix\": expected subject tokens "
 		        "separated by dots (no empty token, space, * or >), at most %d bytes",
@@ -555,10 +561,11 @@ struct sink *sink_nats_open(const struct conf *c, struct err *e)
 		goto fail;
 	}
 	if (strlen(stream) > NATS_STREAM_MAX || strpbrk(stream, ". *>/\\\t\r\n") != NULL) {
-		err_set(e, ERR_CONFIG,
-		        "invalid value \"%s\" for \"nats_stream\": a stream name has no dot, space, "
-		        "*, >, slash or backslash, and at most %d bytes",
-		        stream, NATS_STREAM_MAX);
+		err_set(
+		    e, ERR_CONFIG,
+		    "invalid value \"%s\" for \"nats_stream\": a stream name has no dot, space, "
+		    "*, >, slash or backslash, and at most %d bytes",
+		    stream, NATS_STREAM_MAX);
 		goto fail;
 	}
 	if (ns->timeout_ms <= 0) {

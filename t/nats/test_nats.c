@@ -5,8 +5,9 @@
  * its event id as Nats-Msg-Id, the AMQP sink's headers and the payload
  * byte for byte; a second delivery is acknowledged as a duplicate and
  * stored nowhere; a subject no stream takes, an expected stream that is
- * another, nothing listening and a server that went away are retries with
- * their reason; an event that cannot be sent (a line break in an id, a
+ * another, nothing listening, a server that went away, an event beyond
+ * max_payload and no acknowledgement in time are retries with their
+ * reason; an event that cannot be sent (a line break in an id, a
  * type that is no subject) is dead; a failed event holds back the later
  * events of its workflow; bad configuration names its key.
  *
@@ -44,7 +45,7 @@
 
 TSTACK_SEQUENTIAL
 
-#define MAX_EVENTS 16
+#define MAX_EVENTS  16
 #define TRACEPARENT "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 #define TRACESTATE  "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
 
@@ -115,8 +116,10 @@ static void batch_fill(struct batch *b, size_t n, const char *label)
 	}
 }
 
-/* A sink on url with the prefix (and expected stream, "" for any). */
-static struct sink *sink_with(const char *url, const char *pfx, const char *expect)
+/* A sink on url with the prefix (and expected stream, "" for any), and
+ * the given timeout. */
+static struct sink *sink_timeout(const char *url, const char *pfx, const char *expect,
+                                 const char *timeout)
 {
 	struct conf *c = conf_new();
 	struct err e = { 0 };
@@ -127,13 +130,18 @@ static struct sink *sink_with(const char *url, const char *pfx, const char *expe
 	cr_assert_eq(conf_set(c, "nats_url", url, "test", &e), 0, "%s", e.msg);
 	cr_assert_eq(conf_set(c, "nats_subject_prefix", pfx, "test", &e), 0, "%s", e.msg);
 	cr_assert_eq(conf_set(c, "nats_stream", expect, "test", &e), 0, "%s", e.msg);
-	cr_assert_eq(conf_set(c, "timeout", "5s", "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(conf_set(c, "timeout", timeout, "test", &e), 0, "%s", e.msg);
 	s = sink_open(c, &e);
 	cr_assert_not_null(s, "sink_open: %s", e.msg);
 	cr_assert_str_eq(s->name, "nats");
 	/* The sink must keep its own copies: the configuration may be reloaded. */
 	conf_free(c);
 	return s;
+}
+
+static struct sink *sink_with(const char *url, const char *pfx, const char *expect)
+{
+	return sink_timeout(url, pfx, expect, "5s");
 }
 
 static void deliver(struct sink *s, struct batch *b)
@@ -265,7 +273,7 @@ Test(nats_sink, a_failed_event_holds_back_the_later_events_of_its_workflow)
 	}
 	s = sink_with(tstack_env("IDEMFLOW_NATS_URL"), prefix, "");
 	batch_fill(&b, 3, "order");
-	b.ev[0].type = "other.thing"; /* A's first: no stream */
+	b.ev[0].type = "other.thing";  /* A's first: no stream */
 	b.ev[2].workflow_id = b.wf[0]; /* A's second */
 	deliver(s, &b);
 	cr_assert_eq(b.out[0].result, SINK_RETRY);
@@ -405,6 +413,89 @@ Test(nats_sink, a_server_that_went_away_between_batches_is_reconnected)
 	s->close(s);
 }
 
+/*
+ * An event larger than the server's max_payload (1 MB by default) cannot
+ * be sent as it is: a retry with the reason (the operator may raise the
+ * limit), and the rest of the batch goes on the same connection.
+ */
+Test(nats_sink, an_event_larger_than_max_payload_is_a_retry_and_the_batch_goes_on)
+{
+	const size_t big = 1536 * 1024;
+	struct batch b;
+	struct sink *s;
+	char *payload = malloc(big), want[128];
+
+	cr_assert_not_null(payload);
+	memset(payload, 'x', big);
+	payload[0] = '"';
+	payload[big - 1] = '"';
+	stream_own(0);
+	s = sink_with(tstack_env("IDEMFLOW_NATS_URL"), prefix, "");
+	batch_fill(&b, 3, "big");
+	b.ev[1].payload = payload;
+	b.ev[1].payload_len = big;
+	deliver(s, &b);
+	cr_assert_eq(b.out[0].result, SINK_OK, "%s", b.out[0].error);
+	cr_assert_eq(b.out[1].result, SINK_RETRY);
+	/* The library's reason follows, naming the limit. */
+	snprintf(want, sizeof(want),
+	         "the event (%zu bytes) is larger than the server's max_payload: Payload ", big);
+	cr_assert_eq(strncmp(b.out[1].error, want, strlen(want)), 0, "%s", b.out[1].error);
+	cr_assert_not_null(strstr(b.out[1].error, " greater than maximum allowed: 1048576"), "%s",
+	                   b.out[1].error);
+	cr_assert_eq(b.out[2].result, SINK_OK, "%s", b.out[2].error);
+	cr_assert_eq(tnats_stream_msgs(&nats, stream), 2);
+	s->close(s);
+	free(payload);
+}
+
+/*
+ * A server that stops answering (SIGSTOP) past the batch's timeout: the
+ * event waiting for its acknowledgement is a retry, the next is not sent,
+ * the connection is dropped. The server, resumed, still stores what it
+ * had read: sent again on a new connection, that event is acknowledged as
+ * a duplicate, the other one is stored now.
+ */
+Test(nats_sink, no_acknowledgement_in_time_is_a_retry_and_the_late_copy_is_a_duplicate)
+{
+	char path[600], want[300];
+	struct batch b;
+	struct sink *s;
+	pid_t pid;
+
+	stream_own(0);
+	s = sink_timeout(tstack_env("IDEMFLOW_NATS_URL"), prefix, "", "1s");
+	batch_fill(&b, 1, "warm");
+	deliver(s, &b); /* connected */
+	expect_all(&b, SINK_OK, 0);
+	snprintf(path, sizeof(path), "%s/nats.pid", tstack_env("IDEMFLOW_NATS_DIR"));
+	pid = (pid_t)tstack_pidfile_read(path);
+	cr_assert_gt(pid, 0);
+
+	batch_fill(&b, 2, "silent");
+	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	double t0 = tstack_now();
+	deliver(s, &b);
+	double took = tstack_now() - t0;
+	cr_assert_eq(kill(pid, SIGCONT), 0);
+	expect_all(&b, SINK_RETRY, 0);
+	cr_assert_str_eq(b.out[0].error,
+	                 "no acknowledgement from JetStream within 1000 ms (the batch's timeout)");
+	snprintf(want, sizeof(want), "not sent: %s", b.out[0].error);
+	cr_assert_str_eq(b.out[1].error, want);
+	cr_assert(took >= 0.9 && took < 3, "the batch took %.3f s, its timeout is 1 s", took);
+
+	for (size_t i = 0; i < b.n; i++)
+		b.ev[i].attempt = 2;
+	deliver(s, &b);
+	cr_assert_eq(b.out[0].result, SINK_OK, "%s", b.out[0].error);
+	cr_assert_eq(b.out[0].duplicate, 1, "the copy the server read before it stopped");
+	cr_assert_eq(b.out[1].result, SINK_OK, "%s", b.out[1].error);
+	cr_assert_eq(b.out[1].duplicate, 0);
+	cr_assert_eq(tnats_stream_msgs(&nats, stream), 3);
+	s->close(s);
+}
+
 static void expect_config_error(const char *key, const char *value, const char *want)
 {
 	struct conf *c = conf_new();
@@ -436,7 +527,8 @@ Test(nats_sink, bad_configuration_names_the_key_and_hides_passwords)
 	snprintf(want, sizeof(want), "invalid value \"http://127.0.0.1:4222\" for \"nats_url\": %s",
 	         url_form);
 	expect_config_error("nats_url", "http://127.0.0.1:4222", want);
-	snprintf(want, sizeof(want), "invalid value \"nats://***@\" for \"nats_url\": %s", url_form);
+	snprintf(want, sizeof(want), "invalid value \"nats://***@\" for \"nats_url\": %s",
+	         url_form);
 	expect_config_error("nats_url", "nats://127.0.0.1:1,nats://user:s3cret@", want);
 	snprintf(want, sizeof(want), "invalid value \"nats://***@a b\" for \"nats_url\": %s",
 	         url_form);
@@ -804,7 +896,8 @@ Test(nats_dispatch, killed_between_publish_and_record_the_stream_keeps_one_messa
  * second time (no duplicate to count). A consumer reading the stream
  * through the inbox applies the effect once and drops the second copy.
  */
-Test(nats_dispatch, a_redelivery_after_the_duplicate_window_is_stored_again_and_the_inbox_absorbs_it)
+Test(nats_dispatch,
+     a_redelivery_after_the_duplicate_window_is_stored_again_and_the_inbox_absorbs_it)
 {
 	struct err e;
 	natsMsg **m;
@@ -867,8 +960,8 @@ Test(nats_dispatch, a_server_stopped_mid_batch_loses_nothing)
 	seed((int)total);
 	/* A back-off longer than the run: the events it fails wait for the
 	 * rerun instead of being claimed again by this run. */
-	const char *a[] = { "--batch", "2000", "--lease",   "30s", "--timeout",
-		            "20s",     "--backoff", "1h",    NULL };
+	const char *a[] = { "--batch", "2000",      "--lease", "30s", "--timeout",
+		            "20s",     "--backoff", "1h",      NULL };
 	pid = spawn(prefix, a);
 	deadline = tstack_now() + 60;
 	while ((before = tnats_stream_msgs(&nats, stream)) < 100) {
@@ -904,7 +997,8 @@ Test(nats_dispatch, a_server_stopped_mid_batch_loses_nothing)
 	ids_free(pub, np);
 	ids_free(st, ns);
 
-	PQclear(sql("UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
+	PQclear(
+	    sql("UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
 	cr_assert_eq(run(prefix, a), 0, "log: %s", logfile);
 	cr_assert_eq(count_where("published_at IS NOT NULL"), total, "log: %s", logfile);
 	expect_one_message_per_event();
@@ -934,10 +1028,11 @@ Test(nats_dispatch, without_a_stream_events_stay_pending_then_die_never_publishe
 	cr_assert_eq(count_where(want), 3, "pending after attempt 1 (log: %s)", logfile);
 	cr_assert(file_has(logfile, "status=503"), "log: %s", logfile);
 
-	PQclear(sql("UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
+	PQclear(
+	    sql("UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
 	cr_assert_eq(run(pfx, a), 0, "log: %s", logfile);
-	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NOT NULL AND attempts = 2"), 3,
-	             "dead after the last attempt, never published (log: %s)", logfile);
-	cr_assert(file_has(logfile, "published=0 retried=0 dead=3 broker_duplicates=0 "),
-	          "log: %s", logfile);
+	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NOT NULL AND attempts = 2"),
+	             3, "dead after the last attempt, never published (log: %s)", logfile);
+	cr_assert(file_has(logfile, "published=0 retried=0 dead=3 broker_duplicates=0 "), "log: %s",
+	          logfile);
 }
