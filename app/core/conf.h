@@ -66,16 +66,21 @@ struct conf {
 	char *backoff;      /* delays after attempt 1, 2, ...: "5s,5m,30m,2h,5h,10h,10h" */
 	long lease;         /* ms a claim is held before another dispatcher may take it */
 	long poll_interval; /* ms between polls in --loop when no notification comes */
-	char *sink;         /* http | amqp | exec */
+	char *sink;         /* http | amqp | nats | exec */
 	char *url;          /* http: the webhook URL */
 	char *secret;       /* http: Standard Webhooks secret ("whsec_" + base64, or raw) */
-	long timeout;       /* ms per delivery (http, amqp, exec) */
+	long timeout;       /* ms per delivery (http, amqp, nats, exec) */
 	int dead_on_4xx;    /* http: 4xx other than 408/429 is dead at once */
 	int parallel;       /* http: requests in flight at once */
 	char *amqp_url;     /* amqp://user:pass@host:port/vhost */
 	char *exchange;     /* amqp exchange ("" = default exchange) */
 	char *routing_key;  /* amqp routing key; "{type}" is the event type */
 	char *exec;         /* exec: shell command, event JSON on stdin */
+
+	/* idemflow-dispatch, sink = nats (NATS JetStream) */
+	char *nats_url;            /* server URLs, comma-separated, tried in order */
+	char *nats_subject_prefix; /* subject = prefix "." type; "" = the type alone */
+	char *nats_stream;         /* the stream that must take the events; "" = any */
 
 	/* idemflow prune */
 	long outbox_retention; /* ms a delivered event is kept */

@@ -175,10 +175,11 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 	if (d->ndelays < 0)
 		goto fail;
 	/* A chunk must finish within `timeout`: one round of parallel
-	 * requests (http), one confirm wait (amqp), one command (exec). */
+	 * requests (http), one confirm wait (amqp), one deadline for its
+	 * acknowledgements (nats), one command (exec). */
 	if (strcmp(s->name, "http") == 0)
 		d->chunk = c->parallel;
-	else if (strcmp(s->name, "amqp") == 0)
+	else if (strcmp(s->name, "amqp") == 0 || strcmp(s->name, "nats") == 0)
 		d->chunk = c->batch;
 	else
 		d->chunk = 1;
@@ -383,6 +384,8 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 			buf_puts(&b->done, id);
 			b->ndone++;
 			st->published++;
+			if (o->duplicate)
+				st->broker_duplicates++;
 		} else {
 			long delay = dispatch_backoff_delay(d->delays, d->ndelays,
 			                                    b->evs[i].attempt, &d->seed);
@@ -420,6 +423,9 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 			snprintf(num, sizeof(num), "%d", o->status);
 			log_kv(line, sizeof(line), &ll, "status", num);
 		}
+		/* The broker already held it: an earlier attempt got through. */
+		if (o->result == SINK_OK && o->duplicate)
+			log_kv(line, sizeof(line), &ll, "duplicate", "true");
 		if (o->result != SINK_OK)
 			log_kv(line, sizeof(line), &ll, "error", o->error);
 		if (dead)

@@ -24,6 +24,7 @@
 struct dispatch_stats {
 	long claimed;
 	long published;
+	long broker_duplicates; /* of published: the broker already held them */
 	long retried;
 	long dead;
 	long pending;            /* undelivered, not dead, at the end */

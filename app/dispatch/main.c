@@ -30,7 +30,7 @@ static void usage(FILE *out)
 {
 	fprintf(out,
 	        "Usage: idemflow-dispatch [--config FILE] [--db CONNINFO] [--once | --loop]\n"
-	        "                         [--sink http|amqp|exec] [--KEY VALUE ...]\n"
+	        "                         [--sink http|amqp|nats|exec] [--KEY VALUE ...]\n"
 	        "Claim due outbox events, deliver them, record the outcome.\n"
 	        "\n"
 	        "  --once              run until nothing is due (the default; for cron)\n"
@@ -38,9 +38,10 @@ static void usage(FILE *out)
 	        "  --batch N           events claimed at a time\n"
 	        "  --max-runtime D     stop after D (e.g. 55s); 0 = no limit\n"
 	        "  --max-attempts N    attempts before an event is dead\n"
-	        "  --sink S            http | amqp | exec\n"
+	        "  --sink S            http | amqp | nats | exec\n"
 	        "  --url U --secret S --timeout D --parallel N  http sink\n"
 	        "  --amqp-url U --exchange X --routing-key K  amqp sink ({type} = event type)\n"
+	        "  --nats-url U --nats-subject-prefix P --nats-stream S  nats sink (JetStream)\n"
 	        "  --exec CMD                                 exec sink\n"
 	        "\n");
 	conf_usage(out);
@@ -88,8 +89,13 @@ static int write_textfile(const char *path, const struct dispatch_stats *st, int
 			{ "published", "Events the last run delivered." },
 			{ "retried", "Events the last run failed to deliver and rescheduled." },
 			{ "dead", "Events the last run gave up on (dead letters)." },
+			{ "broker_duplicates",
+			  "Events the last run delivered that the broker already held and "
+			  "dropped (JetStream acknowledgements marked duplicate); also counted in "
+			  "published." },
 		};
-		const long values[] = { st->claimed, st->published, st->retried, st->dead };
+		const long values[] = { st->claimed, st->published, st->retried, st->dead,
+			                st->broker_duplicates };
 		for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++)
 			fprintf(f,
 			        "# HELP idemflow_dispatch_last_run_%s %s\n"
@@ -217,10 +223,10 @@ int main(int argc, char **argv)
 	if (dispatch_run(d, &st, &e) < 0)
 		goto fail;
 	log_info("run finished",
-	         "claimed=%ld published=%ld retried=%ld dead=%ld pending=%ld oldest_pending_s=%.1f "
-	         "duration_s=%.3f",
-	         st.claimed, st.published, st.retried, st.dead, st.pending, st.oldest_pending_s,
-	         st.duration_s);
+	         "claimed=%ld published=%ld retried=%ld dead=%ld broker_duplicates=%ld pending=%ld "
+	         "oldest_pending_s=%.1f duration_s=%.3f",
+	         st.claimed, st.published, st.retried, st.dead, st.broker_duplicates, st.pending,
+	         st.oldest_pending_s, st.duration_s);
 	goto out;
 fail:
 	rc = exit_code(&e);

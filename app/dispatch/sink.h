@@ -1,14 +1,16 @@
 /*
  * sink.h - where the dispatcher delivers outbox events: an HTTP webhook
- * (sink_http.c), a RabbitMQ exchange (sink_amqp.c) or a command
- * (sink_exec.c). One interface, chosen by the `sink` configuration key.
+ * (sink_http.c), a RabbitMQ exchange (sink_amqp.c), a NATS JetStream
+ * stream (sink_nats.c) or a command (sink_exec.c). One interface, chosen
+ * by the `sink` configuration key.
  *
  * A sink delivers a batch and reports one outcome per event. It never
  * touches the database: the dispatcher records the outcomes. Delivery is
  * at least once: a sink may be asked to deliver an event it delivered
  * before (after a crash), always with the same event id, and says so to
  * the receiver in a way it can deduplicate on (webhook-id and
- * Idempotency-Key headers, AMQP message_id, $IDEMFLOW_EVENT_ID). Each
+ * Idempotency-Key headers, AMQP message_id, Nats-Msg-Id,
+ * $IDEMFLOW_EVENT_ID). Each
  * passes on the event's trace context the same way (struct sink_event).
  */
 #ifndef IDF_SINK_H
@@ -46,11 +48,15 @@ struct sink_outcome {
 	long retry_after_s; /* >= 0 when the receiver asked for a delay (Retry-After), else -1 */
 	int status;         /* HTTP status, AMQP reply code or exit code; 0 if none */
 	double latency_ms;  /* time this event's delivery took; 0 = not measured */
-	char error[256];    /* human-readable reason when not SINK_OK */
+	/* SINK_OK only: the broker already held the event and dropped this
+	 * copy (a JetStream acknowledgement marked duplicate). Delivered all
+	 * the same; counted apart. 0 for every sink that cannot tell. */
+	int duplicate;
+	char error[256]; /* human-readable reason when not SINK_OK */
 };
 
 struct sink {
-	const char *name; /* "http", "amqp", "exec" */
+	const char *name; /* "http", "amqp", "nats", "exec" */
 	/*
 	 * Deliver n events; fill outs[i] for every i. Returns 0, or -1 only
 	 * when the sink itself is unusable (then e says why and the run
@@ -70,6 +76,7 @@ struct sink {
  */
 struct sink *sink_http_open(const struct conf *c, struct err *e);
 struct sink *sink_amqp_open(const struct conf *c, struct err *e);
+struct sink *sink_nats_open(const struct conf *c, struct err *e);
 struct sink *sink_exec_open(const struct conf *c, struct err *e);
 
 /* Open the sink named by c->sink. */

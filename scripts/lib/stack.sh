@@ -8,11 +8,12 @@
 #   - the FastCGI server idemflow-fcgi stack_fcgi_start CONF SOCK PIDFILE LOG / stack_fcgi_stop
 #   - nginx in a private prefix        stack_nginx_start DIR PORT SOCK TEMPLATE / stack_nginx_stop
 #   - a private RabbitMQ node          stack_rabbit_start DIR / stack_rabbit_stop [RDIR]
+#   - a private NATS server, JetStream stack_nats_start DIR / stack_nats_stop [NDIR]
 #
 # PostgreSQL refuses to run as root: as root its commands run as the Debian
 # `postgres` user (runuser), so DIR must be traversable by that user; nginx
 # workers then run as www-data and need to reach the FastCGI socket; RabbitMQ
-# runs as the `rabbitmq` user.
+# runs as the `rabbitmq` user, NATS as the `nats` user.
 # Functions return non-zero on failure and never exit the caller.
 
 STACK_LOG_PREFIX=${STACK_LOG_PREFIX:-stack}
@@ -738,4 +739,178 @@ stack_rabbit_stop() {
 	# Last resort: beam carries "-home RDIR/home", our epmd's argv[0] is RDIR/epmd.
 	stack_sweep "$rdir"
 	return 0
+}
+
+# ---------------------------------------------------------------- NATS
+
+# stack_nats_bin: print the nats-server program.
+stack_nats_bin() {
+	local bin
+	for bin in "${NATS_SERVER:-}" /usr/sbin/nats-server /usr/bin/nats-server; do
+		[[ -n $bin && -x $bin ]] && { echo "$bin"; return 0; }
+	done
+	bin=$(command -v nats-server 2>/dev/null) && { echo "$bin"; return 0; }
+	stack_log "nats-server not found (install the nats-server package)"
+	return 1
+}
+
+# _stack_nats_user: the user a private server runs as when we are root:
+# nats (the Debian package's), else nobody.
+_stack_nats_user() {
+	if getent passwd nats >/dev/null 2>&1; then echo nats; else echo nobody; fi
+}
+
+# _stack_nats_write_conf NDIR: the server's configuration, on the ports in
+# STACK_NATS_PORT (clients) and STACK_NATS_MONITOR_PORT (HTTP monitoring).
+_stack_nats_write_conf() {
+	local ndir=$1
+	cat >"$ndir/nats.conf" <<EOT
+# written by scripts/lib/stack.sh: a private JetStream server on loopback
+server_name: idf_$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
+host: 127.0.0.1
+port: $STACK_NATS_PORT
+http: 127.0.0.1:$STACK_NATS_MONITOR_PORT
+pid_file: "$ndir/nats.pid"
+jetstream {
+  store_dir: "$ndir/js"
+  max_memory_store: 64MB
+  max_file_store: 1GB
+}
+EOT
+}
+
+# stack_nats_run NDIR: start the server configured in NDIR/nats.conf (by
+# stack_nats_start, or an earlier run: the same ports, the same streams
+# and messages) and wait up to 30 s until JetStream answers on its
+# monitoring port. Sets STACK_NATS_PORT, STACK_NATS_MONITOR_PORT and
+# STACK_NATS_LOG (its output, NDIR/server.out).
+stack_nats_run() {
+	local ndir=$1 bin user pid tenths=300
+	bin=$(stack_nats_bin) || return 1
+	STACK_NATS_LOG=$ndir/server.out
+	STACK_NATS_PORT=$(sed -n 's/^port: //p' "$ndir/nats.conf")
+	STACK_NATS_MONITOR_PORT=$(sed -n 's/^http: 127.0.0.1://p' "$ndir/nats.conf")
+	rm -f -- "$ndir/nats.pid"
+	# In its own session, so that one process group holds it; its command
+	# line names NDIR, for stack_sweep.
+	if stack_is_root; then
+		user=$(_stack_nats_user)
+		(cd / && exec setsid runuser -u "$user" -- "$bin" -c "$ndir/nats.conf") \
+			</dev/null >>"$STACK_NATS_LOG" 2>&1 &
+	else
+		(cd / && exec setsid "$bin" -c "$ndir/nats.conf") </dev/null >>"$STACK_NATS_LOG" 2>&1 &
+	fi
+	pid=$!
+	disown "$pid"
+	echo "$pid" >"$ndir/server.pgid"
+	until curl -fsS -o /dev/null --max-time 2 \
+		"http://127.0.0.1:$STACK_NATS_MONITOR_PORT/healthz" 2>/dev/null; do
+		if ! stack_alive "$pid"; then
+			stack_log "nats-server exited during startup"
+			stack_tail "$STACK_NATS_LOG"
+			return 1
+		fi
+		if ((tenths-- <= 0)); then
+			stack_log "nats-server does not answer on 127.0.0.1:$STACK_NATS_MONITOR_PORT after 30s"
+			stack_tail "$STACK_NATS_LOG"
+			return 2
+		fi
+		sleep 0.1
+	done
+	stack_port_open "$STACK_NATS_PORT"
+}
+
+# stack_nats_start DIR: start a private NATS server with JetStream, all
+# under DIR/nats (configuration, streams, log), clients and monitoring on
+# free 127.0.0.1 ports; as root, as the nats user. Exports IDEMFLOW_NATS_URL
+# (nats://127.0.0.1:PORT), IDEMFLOW_NATS_MONITOR (http://127.0.0.1:PORT) and
+# IDEMFLOW_NATS_DIR; sets STACK_NATS_DIR and STACK_NATS_LOG.
+stack_nats_start() {
+	local dir=$1 ndir try rc
+	stack_nats_bin >/dev/null || return 1
+	ndir=$dir/nats
+	STACK_NATS_DIR=$ndir
+	if stack_is_root; then
+		install -d -o "$(_stack_nats_user)" -m 700 -- "$ndir" || return 1
+	else
+		install -d -m 700 -- "$ndir" || return 1
+	fi
+	for try in 1 2 3; do
+		STACK_NATS_PORT=$(stack_free_port) || return 1
+		STACK_NATS_MONITOR_PORT=$(stack_free_port "$STACK_NATS_PORT") || return 1
+		_stack_nats_write_conf "$ndir"
+		rc=0
+		stack_nats_run "$ndir" || rc=$?
+		if ((rc == 0)); then
+			export IDEMFLOW_NATS_URL=nats://127.0.0.1:$STACK_NATS_PORT
+			export IDEMFLOW_NATS_MONITOR=http://127.0.0.1:$STACK_NATS_MONITOR_PORT
+			export IDEMFLOW_NATS_DIR=$ndir
+			return 0
+		fi
+		stack_nats_stop "$ndir"
+		# Only a port taken since stack_free_port is worth another try.
+		((rc == 1)) || break
+		stack_log "nats-server did not start (attempt $try)"
+	done
+	return 1
+}
+
+# stack_nats_stop [NDIR]: SIGTERM to the server's process group (it closes
+# its clients and its streams' files), SIGKILL after 15 s.
+stack_nats_stop() {
+	local ndir=${1:-${STACK_NATS_DIR:-}} pgid
+	[[ -n $ndir && -d $ndir ]] || return 0
+	pgid=$(stack_pid_from "$ndir/server.pgid") || pgid=''
+	if [[ -n $pgid ]] && kill -0 -- "-$pgid" 2>/dev/null; then
+		kill -TERM -- "-$pgid" 2>/dev/null || true
+		if ! stack_wait_gone "$pgid" 15; then
+			stack_log "nats-server $pgid did not stop: killing it"
+			kill -KILL -- "-$pgid" 2>/dev/null || true
+			stack_wait_gone "$pgid" 5 || true
+		fi
+	fi
+	rm -f -- "$ndir/server.pgid"
+	stack_sweep "$ndir"
+	return 0
+}
+
+# stack_nats_stream_add URL NAME SUBJECTS: create the JetStream stream NAME
+# (file storage) taking SUBJECTS (e.g. 'idemflow.>') on the server at URL
+# (nats://host:port), unless it exists, through JetStream's API on the NATS
+# protocol itself (Debian ships no nats command). Prints nothing; returns
+# non-zero with the server's answer when it refuses.
+stack_nats_stream_add() {
+	python3 - "$1" "$2" "$3" <<'EOT'
+import json, socket, sys
+url, name, subjects = sys.argv[1:4]
+host, port = url.split("://", 1)[-1].rsplit("@", 1)[-1].split(":")
+sock = socket.create_connection((host, int(port)), timeout=10)
+f = sock.makefile("rb")
+if not f.readline().startswith(b"INFO"):
+    sys.exit("not a NATS server at %s" % url)
+req = json.dumps({"name": name, "subjects": [subjects], "storage": "file"}).encode()
+sock.sendall(b'CONNECT {"verbose":false,"headers":true,"no_responders":true}\r\n'
+             b"SUB _INBOX.stack 1\r\n"
+             b"PUB $JS.API.STREAM.CREATE.%s _INBOX.stack %d\r\n%s\r\n"
+             % (name.encode(), len(req), req))
+while True:
+    line = f.readline()
+    if not line:
+        sys.exit("the server closed the connection")
+    if line.startswith(b"PING"):
+        sock.sendall(b"PONG\r\n")
+    elif line.startswith(b"-ERR"):
+        sys.exit(line.decode().strip())
+    elif line.startswith(b"HMSG"):
+        sys.exit("no JetStream on %s (no responders)" % url)
+    elif line.startswith(b"MSG"):
+        size = int(line.split()[-1])
+        answer = json.loads(f.read(size + 2)[:size])
+        error = answer.get("error")
+        # The same stream created again is no error; one of that name
+        # with another configuration is (10058).
+        if error:
+            sys.exit("stream %s: %s" % (name, error.get("description")))
+        break
+EOT
 }

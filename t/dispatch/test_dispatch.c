@@ -640,7 +640,7 @@ Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
 	cr_assert_eq(run(smtp), 78);
 	cr_assert(log_has("level=error component=dispatch") &&
 	              log_has("msg=\"bad configuration\" error=\"invalid value \\\"smtp\\\" for"
-	                      " \\\"sink\\\": expected http, amqp or exec\" exit=78"),
+	                      " \\\"sink\\\": expected http, amqp, nats or exec\" exit=78"),
 	          "the message names the key, the value and the choices");
 	const char *badurl[] = { "--url", "not a url", NULL };
 	cr_assert_eq(run(badurl), 78);
