@@ -253,7 +253,7 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 {
 	struct receiver_delivery *d;
 	size_t n, distinct;
-	struct err e;
+	struct idemflow_inbox_err e;
 	pid_t pid;
 
 	seed(20, 1);
@@ -276,14 +276,14 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	/* A consumer with the inbox pattern: every delivery, in arrival
 	 * order, duplicates included, each in its own transaction with its
 	 * effect. */
-	cr_assert_eq(inbox_setup(conn, &e), 0, "%s", e.msg);
+	cr_assert_eq(idemflow_inbox_setup(conn, &e), 0, "%s", e.msg);
 	PQclear(sql("CREATE TABLE IF NOT EXISTS test_effects (event_id text)", 0, NULL));
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	cr_assert_geq(n, 25, "at least the 5 seen before the kill went out twice: %zu", n);
 	for (size_t i = 0; i < n; i++) {
 		const char *p[1] = { d[i].event_id };
 		PQclear(sql("BEGIN", 0, NULL));
-		int first = inbox_claim(conn, "test-effects", d[i].event_id, &e);
+		int first = idemflow_inbox_claim(conn, "test-effects", d[i].event_id, &e);
 		cr_assert_geq(first, 0, "%s", e.msg);
 		if (first)
 			PQclear(sql("INSERT INTO test_effects VALUES ($1)", 1, p));
@@ -299,7 +299,7 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	                    " ON o.event_id = e.event_id WHERE o.tenant_id = $1",
 	                    1, p),
 	             20, "each effect applied exactly once");
-	cr_assert_eq(inbox_duplicates(conn, "test-effects", &e), (long)(n - 20),
+	cr_assert_eq(idemflow_inbox_duplicates(conn, "test-effects", &e), (long long)(n - 20),
 	             "every redelivery was counted as a dropped duplicate");
 	cr_log_info("crash mid-batch: %zu deliveries for 20 events, %zu duplicates dropped", n,
 	            n - 20);

@@ -12,7 +12,7 @@ set -euo pipefail
 : "${top_builddir:?run me from make check}" "${top_srcdir:?}"
 : "${inst_prefix:?}" "${inst_bindir:?}" "${inst_sbindir:?}" "${inst_sysconfdir:?}"
 : "${inst_pkgdatadir:?}" "${inst_mandir:?}" "${inst_docdir:?}" "${inst_unitdir:?}"
-: "${inst_sysusersdir:?}"
+: "${inst_sysusersdir:?}" "${inst_libdir:?}" "${inst_includedir:?}"
 
 FAILS=0
 TMP=$(mktemp -d /tmp/idemflow-install.XXXXXX)
@@ -102,14 +102,44 @@ done
 expect_file "$inst_docdir/README.md" 644
 # The reference the README links to, beside it.
 DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
-	ha.md distribution.md clients.md)
+	ha.md distribution.md clients.md consumers.md)
 for d in "${DOCS[@]}"; do
 	expect_file "$inst_docdir/$d" 644
 done
-PAGES=(man1/idemflow.1 man5/idemflow.conf.5 man8/idemflow-fcgi.8 man8/idemflow-dispatch.8)
+PAGES=(man1/idemflow.1 man5/idemflow.conf.5 man8/idemflow-fcgi.8 man8/idemflow-dispatch.8
+	man3/libidemflow-inbox.3)
 for p in "${PAGES[@]}"; do
 	expect_file "$inst_mandir/$p" 644
 done
+# The consumer inbox: the shared library with its soname, its header and
+# pkg-config file, its SQL and the Python module that uses only the SQL.
+INBOX_LIB=libidemflow-inbox.so.1.0.0
+INBOX=("$inst_libdir/$INBOX_LIB" "$inst_libdir/libidemflow-inbox.la"
+	"$inst_includedir/idemflow/inbox.h" "$inst_libdir/pkgconfig/idemflow-inbox.pc"
+	"$inst_pkgdatadir/consumer/inbox.sql" "$inst_pkgdatadir/consumer/idemflow_inbox.py")
+for f in "${INBOX[@]}"; do
+	expect_file "$f"
+done
+for l in libidemflow-inbox.so.1 libidemflow-inbox.so; do
+	[[ $(readlink "$DEST$inst_libdir/$l") == "$INBOX_LIB" ]] ||
+		fail "$inst_libdir/$l is not a link to $INBOX_LIB"
+done
+if command -v readelf >/dev/null; then
+	soname=$(readelf -d "$DEST$inst_libdir/$INBOX_LIB" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+	[[ $soname == libidemflow-inbox.so.1 ]] || fail "$INBOX_LIB: soname '$soname', want libidemflow-inbox.so.1"
+	# The interface, and nothing else: debian/libidemflow-inbox1.symbols lists the same.
+	syms=$(nm -D --defined-only "$DEST$inst_libdir/$INBOX_LIB" | awk '$2 == "T" { print $3 }' | sort | tr '\n' ' ')
+	want_syms="idemflow_inbox_claim idemflow_inbox_duplicates idemflow_inbox_metrics idemflow_inbox_setup idemflow_inbox_write_textfile "
+	[[ $syms == "$want_syms" ]] || fail "$INBOX_LIB exports '$syms', want '$want_syms'"
+fi
+pc_dir=$DEST$inst_libdir/pkgconfig
+PKG_CONFIG_PATH=$pc_dir pkg-config --validate idemflow-inbox || fail "idemflow-inbox.pc does not validate"
+pc_libs=$(PKG_CONFIG_PATH=$pc_dir pkg-config --libs-only-l idemflow-inbox | xargs)
+[[ $pc_libs == "-lidemflow-inbox -lpq" ]] || fail "pkg-config --libs-only-l idemflow-inbox: $pc_libs"
+grep -q 'core/' "$DEST$inst_includedir/idemflow/inbox.h" &&
+	fail "the installed header names the service's internal headers"
+cmp -s "$top_srcdir/sql/consumer/inbox.sql" "$DEST$inst_pkgdatadir/consumer/inbox.sql" ||
+	fail "the installed inbox.sql is not sql/consumer/inbox.sql"
 
 # Nothing else: a stray file is as much a bug as a missing one.
 want=$(
@@ -131,6 +161,7 @@ want=$(
 	for f in "${CLIENTS[@]}"; do echo "$inst_pkgdatadir/clients/$f"; done
 	for f in "$top_srcdir"/sql/[0-9]*.sql; do echo "$inst_pkgdatadir/sql/${f##*/}"; done
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
+	printf '%s\n' "${INBOX[@]}"
 	if [[ $inst_unitdir != no ]]; then
 		for u in idemflow-fcgi.service idemflow-dispatch.service idemflow-dispatch.timer; do
 			echo "$inst_unitdir/$u"

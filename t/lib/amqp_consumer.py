@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""amqp_consumer.py - a RabbitMQ consumer with an inbox, for tests (stdlib only).
+"""amqp_consumer.py - a RabbitMQ consumer with an inbox, for tests (stdlib and
+python3-psycopg2, for the inbox).
 
 The RabbitMQ counterpart of receiver.py: it declares the exchange the
 dispatcher's amqp sink publishes to (a durable topic exchange), a durable
 queue bound to it with a binding key, and consumes with manual
 acknowledgements. Every message is applied through the inbox
-(t/lib/inbox.py), keyed by its message_id (the event id), and acknowledged
+(t/lib/inbox.py over idemflow's shipped inbox, in the PostgreSQL database
+--inbox names, as consumer --consumer), keyed by its message_id (the
+event id), and acknowledged
 only after the inbox committed: a consumer killed in between gets the
 message again from the broker (redelivered), and the inbox drops it.
 
@@ -23,14 +26,13 @@ with status 1 (whoever runs it restarts it).
 
 Usage: amqp_consumer.py --url amqp://guest:guest@127.0.0.1:5672/
            --exchange idemflow --queue NAME [--binding-key '#']
-           --inbox FILE [--via amqp] --log FILE [--prefetch 100]
+           --inbox DSN [--consumer NAME] [--via amqp] --log FILE [--prefetch 100]
 """
 
 import argparse
 import json
 import os
 import socket
-import sqlite3
 import struct
 import sys
 import time
@@ -270,16 +272,23 @@ def main():
     ap.add_argument("--exchange", default="idemflow")
     ap.add_argument("--queue", required=True)
     ap.add_argument("--binding-key", default="#")
-    ap.add_argument("--inbox", required=True, help="the inbox's SQLite file")
-    ap.add_argument("--via", default="amqp", help="this consumer's name in the inbox")
+    ap.add_argument("--inbox", required=True,
+                    help="the inbox's PostgreSQL database (a libpq connection string)")
+    ap.add_argument("--consumer", default="idemflow-test", help="the consumer's name in the inbox")
+    ap.add_argument("--via", default="amqp", help="this transport's name in the effects")
     ap.add_argument("--log", required=True, help="append one JSON line per message here")
     ap.add_argument("--prefetch", type=int, default=100)
     a = ap.parse_args()
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from inbox import Inbox  # noqa: E402 - next to this script
+    from inbox import Error as InboxError, Inbox  # noqa: E402 - next to this script
 
-    inbox = Inbox(a.inbox, a.via)
+    try:
+        inbox = Inbox(a.inbox, a.consumer, a.via)
+    except InboxError as exc:
+        print("amqp_consumer: could not open the inbox: %s" % str(exc).strip(), file=sys.stderr,
+              flush=True)
+        return 1
     log = open(a.log, "a", encoding="utf-8")
     seq = 0
     try:
@@ -295,7 +304,7 @@ def main():
                 workflow = None
             try:
                 outcome = inbox.claim(mid, workflow) if mid else "error"
-            except sqlite3.Error:
+            except InboxError:
                 outcome = "error"
             # Logged before the acknowledgement: like receiver.py, a line
             # means "processed", whether or not the broker heard of it.
@@ -306,6 +315,9 @@ def main():
             log.flush()
             if outcome == "error":
                 conn.reject(tag)
+                # The database is away (restarting): the broker hands the
+                # message back at once; do not spin on it meanwhile.
+                time.sleep(0.2)
             else:
                 conn.ack(tag)
     except (AmqpError, OSError) as exc:

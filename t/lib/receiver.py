@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""receiver.py - a webhook receiver for the dispatcher tests (stdlib only).
+"""receiver.py - a webhook receiver for the dispatcher tests (stdlib only; --inbox
+also needs python3-psycopg2).
 
 Listens on 127.0.0.1 (port 0 = any free port) with HTTP/1.1 keep-alive and
 prints the port it got as the first line of stdout. Every POST except
@@ -23,8 +24,10 @@ C code under test); without it, null. A delivery is logged when it has been deci
 delay_ms and before the answer is written: like a real receiver that
 processed the event and then lost its client.
 
-With --inbox FILE the receiver is also a consumer with an inbox
-(t/lib/inbox.py, named --via in it): a delivery it would answer 2xx is
+With --inbox DSN the receiver is also a consumer with an inbox
+(t/lib/inbox.py over idemflow's shipped inbox, in the PostgreSQL database
+DSN names, as consumer --consumer, transport --via; it needs
+python3-psycopg2, nothing else does): a delivery it would answer 2xx is
 applied through the inbox, keyed by its webhook-id, before it is logged
 and answered, and "inbox" in its line says "applied" or "duplicate" (a
 redelivery whose effect was skipped); null when not applied. An inbox
@@ -61,7 +64,6 @@ import hmac
 import json
 import os
 import random
-import sqlite3
 import sys
 import threading
 import time
@@ -98,6 +100,7 @@ class State:
     def __init__(self, log_path, seed, key, inbox=None):
         self.key = key
         self.inbox = inbox
+        self.inbox_error = ()  # the inbox's exception class, when there is one
         self.lock = threading.Lock()
         self.settings = json.loads(json.dumps(DEFAULTS))
         self.rng = random.Random(seed)
@@ -149,7 +152,7 @@ class State:
             if self.inbox is not None and not failed and headers["webhook_id"] is not None:
                 try:
                     applied = self.inbox.claim(headers["webhook_id"], _workflow_of(body))
-                except sqlite3.Error:
+                except self.inbox_error:
                     status, failed = 503, True
             retry_after = self.settings["retry_after"] if failed else None
             location = self.settings["location"] if failed else None
@@ -274,8 +277,10 @@ def main():
     ap.add_argument("--port", type=int, default=0, help="0 = any free port")
     ap.add_argument("--seed", type=int, default=0, help="seed of fail_rate's choices")
     ap.add_argument("--secret", help="check signatures: whsec_<base64> or raw text")
-    ap.add_argument("--inbox", help="apply deliveries through an inbox in this SQLite file")
-    ap.add_argument("--via", default="http", help="this consumer's name in the inbox")
+    ap.add_argument("--inbox", help="apply deliveries through an inbox in this PostgreSQL "
+                    "database (a libpq connection string)")
+    ap.add_argument("--consumer", default="idemflow-test", help="the consumer's name in the inbox")
+    ap.add_argument("--via", default="http", help="this transport's name in the effects")
     args = ap.parse_args()
 
     key = None
@@ -290,9 +295,11 @@ def main():
     inbox = None
     if args.inbox is not None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from inbox import Inbox  # noqa: E402 - next to this script
-        inbox = Inbox(args.inbox, args.via)
+        from inbox import Error as InboxError, Inbox  # noqa: E402 - next to this script
+        inbox = Inbox(args.inbox, args.consumer, args.via)
     Handler.state = State(args.log, args.seed, key, inbox)
+    if inbox is not None:
+        Handler.state.inbox_error = InboxError
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     print(server.server_address[1], flush=True)

@@ -899,7 +899,7 @@ Test(nats_dispatch, killed_between_publish_and_record_the_stream_keeps_one_messa
 Test(nats_dispatch,
      a_redelivery_after_the_duplicate_window_is_stored_again_and_the_inbox_absorbs_it)
 {
-	struct err e;
+	struct idemflow_inbox_err e;
 	natsMsg **m;
 	size_t n;
 	char handler[64];
@@ -921,13 +921,13 @@ Test(nats_dispatch,
 	/* The consumer: each message in stream order, its effect and its
 	 * inbox row in one transaction. */
 	snprintf(handler, sizeof(handler), "nats-%s", stream);
-	cr_assert_eq(inbox_setup(conn, &e), 0, "%s", e.msg);
+	cr_assert_eq(idemflow_inbox_setup(conn, &e), 0, "%s", e.msg);
 	PQclear(sql("CREATE TABLE IF NOT EXISTS test_nats_effects (handler text, event_id text)", 0,
 	            NULL));
 	for (size_t i = 0; i < n; i++) {
 		const char *p[2] = { handler, tnats_header(m[i], "Nats-Msg-Id") };
 		PQclear(sql("BEGIN", 0, NULL));
-		int first = inbox_claim(conn, handler, p[1], &e);
+		int first = idemflow_inbox_claim(conn, handler, p[1], &e);
 		cr_assert_geq(first, 0, "%s", e.msg);
 		if (first)
 			PQclear(sql("INSERT INTO test_nats_effects VALUES ($1, $2)", 2, p));
@@ -937,7 +937,8 @@ Test(nats_dispatch,
 	const char *p[1] = { handler };
 	cr_assert_eq(scalar("SELECT count(*) FROM test_nats_effects WHERE handler = $1", 1, p), 1,
 	             "the effect happened once");
-	cr_assert_eq(inbox_duplicates(conn, handler, &e), 1, "the second copy was dropped");
+	cr_assert_eq(idemflow_inbox_duplicates(conn, handler, &e), 1,
+	             "the second copy was dropped");
 }
 
 /*

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # t/package/test_package.sh - the Debian package, built and installed for real.
 #
-# Builds the package with `dpkg-buildpackage -us -uc -b` from a clean copy
-# of the committed tree (git archive HEAD), runs lintian on it (exit status
+# Builds the packages with `dpkg-buildpackage -us -uc -b` from a clean copy
+# of the committed tree (git archive HEAD), runs lintian on them (exit status
 # 0 with --fail-on error,warning: neither an error nor a warning, and
 # lintian itself ran), checks its contents, and
 # drives its maintainer scripts in a throwaway Debian 12 root made by
@@ -15,7 +15,10 @@
 # and mode, no service enabled or started, each cron job starting its
 # program only once the configuration names a database and the program is
 # installed, the edit kept, the programs gone, the configuration and logs
-# gone after purge.
+# gone after purge. The consumer inbox's packages (libidemflow-inbox1,
+# libidemflow-inbox-dev, idemflow-inbox) are installed into the same root
+# with a compiler, and a program built with `pkg-config --cflags --libs
+# idemflow-inbox` links against the installed library and runs.
 #
 # Slow (a package build and a debootstrap: minutes), so not in `make
 # check`: `scripts/test --package` runs it. Needs root (chroot), network
@@ -91,6 +94,31 @@ done
 dpkg-deb -I "$DEB" conffiles >"$WORK/conffiles"
 check "the configuration is a conffile" grep -qxF /etc/idemflow/idemflow.conf "$WORK/conffiles"
 check "nothing is installed under /usr/local" bash -c "! grep -q '^/usr/local' '$WORK/files'"
+check "the service's package holds nothing of the consumer inbox" \
+	bash -c "! grep -Eq 'inbox|^/usr/include|\\.so' '$WORK/files'"
+
+# The consumer inbox: the library, its development files, its SQL and Python.
+MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+LIB_DEB=$(ls "$WORK"/build/libidemflow-inbox1_*.deb)
+DEV_DEB=$(ls "$WORK"/build/libidemflow-inbox-dev_*.deb)
+SQL_DEB=$(ls "$WORK"/build/idemflow-inbox_*_all.deb)
+contents() { dpkg-deb -c "$1" | awk '{ print $6 }' | sed 's|^\.||' | grep -v '/$' | sort; }
+contents "$LIB_DEB" >"$WORK/lib.files"
+contents "$DEV_DEB" >"$WORK/dev.files"
+contents "$SQL_DEB" >"$WORK/sql.files"
+for f in /usr/lib/$MA/libidemflow-inbox.so.1.0.0 /usr/lib/$MA/libidemflow-inbox.so.1; do
+	check "libidemflow-inbox1 holds $f" grep -qxF "$f" "$WORK/lib.files"
+done
+for f in /usr/include/idemflow/inbox.h /usr/lib/$MA/libidemflow-inbox.so \
+	/usr/lib/$MA/pkgconfig/idemflow-inbox.pc /usr/share/man/man3/libidemflow-inbox.3.gz; do
+	check "libidemflow-inbox-dev holds $f" grep -qxF "$f" "$WORK/dev.files"
+done
+for f in /usr/share/idemflow/consumer/inbox.sql /usr/share/idemflow/consumer/idemflow_inbox.py; do
+	check "idemflow-inbox holds $f" grep -qxF "$f" "$WORK/sql.files"
+done
+check "no libtool archive is shipped" bash -c "! cat '$WORK/lib.files' '$WORK/dev.files' | grep -q '\\.la$'"
+check "libidemflow-inbox1 has a shlibs entry for its soname" \
+	bash -c "dpkg-deb -I '$LIB_DEB' shlibs | grep -qE '^libidemflow-inbox 1 libidemflow-inbox1 \\(>= [0-9.]+\\)$'"
 
 # The previous build, to upgrade from: the same files under a lower
 # version, but with two conffiles that differ from this build's, as a
@@ -250,6 +278,59 @@ check "purge takes the configuration" bash -c "[[ ! -e '$ROOT/etc/idemflow' ]]"
 check "purge takes the cron file" bash -c "[[ ! -e '$ROOT/etc/cron.d/idemflow' ]]"
 check "purge takes the logs" bash -c "[[ ! -e '$ROOT/var/log/idemflow' ]]"
 check "dpkg forgets the package" bash -c "! chroot '$ROOT' dpkg-query -W idemflow >/dev/null 2>&1"
+
+# ---------------------------------------------------------------- the inbox's packages
+step "the consumer inbox: install, build a program with pkg-config, run it"
+cp "$LIB_DEB" "$DEV_DEB" "$SQL_DEB" "$ROOT/tmp/"
+if in_root apt-get install -y --no-install-recommends gcc libc6-dev pkg-config \
+	"/tmp/${LIB_DEB##*/}" "/tmp/${DEV_DEB##*/}" "/tmp/${SQL_DEB##*/}" >>"$WORK/apt.log" 2>&1; then
+	ok "the inbox packages install (with a compiler and their dependencies)"
+else
+	tail -n 30 "$WORK/apt.log" >&2
+	bad "apt-get install of the inbox packages failed"
+fi
+# A consumer's first program: the library answers through its API. No
+# database in this root: a claim on no connection fails with the
+# library's own message, and setup on a refused connection fails.
+cat >"$ROOT/tmp/inbox_demo.c" <<'EOF'
+#include <stdio.h>
+#include <string.h>
+#include <idemflow/inbox.h>
+
+int main(void)
+{
+	struct idemflow_inbox_err err;
+	PGconn *conn;
+	int r = idemflow_inbox_claim(NULL, "billing", "evt-1", &err);
+
+	printf("claim %d: %s\n", r, err.msg);
+	conn = PQconnectdb("host=/nonexistent connect_timeout=2");
+	r = idemflow_inbox_setup(conn, &err);
+	printf("setup %d: %s\n", r,
+	       strstr(err.msg, "could not set up the inbox: ") == err.msg ? "refused" : err.msg);
+	PQfinish(conn);
+	return 0;
+}
+EOF
+# shellcheck disable=SC2016 # $(pkg-config ...) is expanded inside the root
+if in_root sh -c 'cc -Wall -Werror -o /tmp/inbox_demo /tmp/inbox_demo.c $(pkg-config --cflags --libs idemflow-inbox)' \
+	>"$WORK/cc.log" 2>&1; then
+	ok "a program builds with pkg-config --cflags --libs idemflow-inbox"
+else
+	cat "$WORK/cc.log" >&2
+	bad "the program does not build against the installed library"
+fi
+in_root /tmp/inbox_demo >"$WORK/demo.out" 2>&1 || true
+cat "$WORK/demo.out" >&2
+check "it runs, and the library answers" cmp -s "$WORK/demo.out" <(printf '%s\n' \
+	"claim -1: could not claim the event: no connection" "setup -1: refused")
+# (/lib is /usr/lib in Debian 12: the loader's cache may name either.)
+check "it runs on the packaged libidemflow-inbox.so.1" \
+	bash -c "chroot '$ROOT' ldd /tmp/inbox_demo | grep -qE '^\s*libidemflow-inbox\.so\.1 => (/usr)?/lib/$MA/libidemflow-inbox\.so\.1 '"
+in_root apt-get purge -y libidemflow-inbox-dev libidemflow-inbox1 idemflow-inbox >>"$WORK/apt.log" 2>&1 ||
+	bad "apt-get purge of the inbox packages failed"
+check "purge takes the library" bash -c "! ls '$ROOT'/usr/lib/$MA/libidemflow-inbox* >/dev/null 2>&1"
+check "purge takes the inbox's SQL" bash -c "[[ ! -e '$ROOT/usr/share/idemflow/consumer' ]]"
 
 echo "$PASS passed, $FAIL failed"
 ((FAIL == 0))
