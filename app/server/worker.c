@@ -167,6 +167,9 @@ static void log_request(const struct handler_ctx *ctx, const struct http_req *re
 	       decimal(num + sizeof(num), (unsigned long)resp->status, 0));
 	log_kv(line, sizeof(line), &n, "tenant",
 	       decimal(num + sizeof(num), (unsigned long)ctx->tenant_id, 0));
+	/* Who asked: the token's id, never the token (sql/014_actor.sql). */
+	if (ctx->actor[0] != '\0')
+		log_kv(line, sizeof(line), &n, "actor", ctx->actor);
 	log_kv(line, sizeof(line), &n, "idem", idem_outcome_name(ctx->idem));
 	if (ctx->cached)
 		log_kv(line, sizeof(line), &n, "cache", "hit");
