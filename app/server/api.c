@@ -105,6 +105,7 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	ctx->idem = IDEM_NONE;
 	ctx->cached = 0;
 	ctx->created = 0;
+	ctx->refused = -1;
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 

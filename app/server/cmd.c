@@ -254,6 +254,8 @@ static int answer_command(struct handler_ctx *ctx, const struct http_req *req,
 	if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0)) {
 		enum problem_kind kind = problem_by_slug(PQgetvalue(res, 0, 0));
 		handler_problem(resp, req, kind, PQgetvalue(res, 0, 1));
+		if (cmd_stores((int)kind))
+			ctx->refused = (int)kind;
 		return cmd_stores((int)kind);
 	}
 	if (c->render(ctx, req, resp, res, c, e) < 0)

@@ -48,6 +48,8 @@ struct handler_ctx {
 	enum idem_outcome idem;
 	int cached;         /* the key row came from the replay cache */
 	int created;        /* this request wrote an outbox event */
+	int refused;        /* the command's own refusal (enum problem_kind, one
+	                     * cmd_stores() keeps), or -1: for the metrics */
 	struct trace trace; /* the request's span (handler_trace_begin); what
 	                     * it creates keeps trace.traceparent */
 	struct err err;     /* why a 5xx happened */
