@@ -87,8 +87,10 @@ GRANT USAGE ON SCHEMA public TO idemflow_server, idemflow_dispatcher, idemflow_m
 -- idemflow-fcgi (app/server/queries.c).
 -- GET /readyz reads the schema version.
 GRANT SELECT ON schema_migrations TO idemflow_server;
--- Authentication: the token's digest to its tenant; never the other columns.
-GRANT SELECT (token_hash, tenant_id, revoked_at) ON api_tokens TO idemflow_server;
+-- Authentication: the token's digest to its tenant, and its id, which the
+-- rows a request writes record as their actor (sql/014_actor.sql); never
+-- the other columns.
+GRANT SELECT (id, token_hash, tenant_id, revoked_at) ON api_tokens TO idemflow_server;
 -- The create statement reads the tenant's key TTL; not its name.
 GRANT SELECT (id, idempotency_ttl) ON tenants TO idemflow_server;
 -- Keys are claimed, read, and deleted when expired and taken over.

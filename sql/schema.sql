@@ -232,6 +232,7 @@ DECLARE
     v_state text;
     v_msg text;
 BEGIN
+    PERFORM set_config('idemflow.actor', 'system:reaper', true);
     taken := 0;
     fired := 0;
     timed_out := 0;
@@ -412,6 +413,8 @@ CREATE TABLE public.jobs (
     tracestate text DEFAULT NULLIF(current_setting('idemflow.tracestate'::text, true), ''::text),
     progress text,
     heartbeat_at timestamp with time zone,
+    actor text DEFAULT NULLIF(current_setting('idemflow.actor'::text, true), ''::text),
+    CONSTRAINT jobs_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT jobs_check CHECK (((job_type IS NULL) <> (wait_for IS NULL))),
     CONSTRAINT jobs_progress_check CHECK ((octet_length(progress) <= 4096)),
     CONSTRAINT jobs_retries_check CHECK ((retries >= 0)),
@@ -424,6 +427,8 @@ CREATE TABLE public.jobs (
 COMMENT ON COLUMN public.jobs.traceparent IS 'W3C traceparent passed on from the request that began the step; NULL when none';
 
 COMMENT ON COLUMN public.jobs.tracestate IS 'the caller''s W3C tracestate, passed on as received';
+
+COMMENT ON COLUMN public.jobs.actor IS 'who began the step: token:<api_tokens.id>, or system:reaper after a timer; NULL before 014_actor.sql';
 
 CREATE FUNCTION public.idemflow_job_lock(p_tenant bigint, p_wf uuid, p_step integer, p_worker text, OUT j public.jobs, OUT problem text, OUT detail text) RETURNS record
     LANGUAGE plpgsql
@@ -797,6 +802,8 @@ CREATE TABLE public.workflows (
     ended_at timestamp with time zone,
     traceparent text DEFAULT NULLIF(current_setting('idemflow.traceparent'::text, true), ''::text),
     tracestate text DEFAULT NULLIF(current_setting('idemflow.tracestate'::text, true), ''::text),
+    actor text DEFAULT NULLIF(current_setting('idemflow.actor'::text, true), ''::text),
+    CONSTRAINT workflows_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT workflows_business_key_check CHECK (((octet_length(business_key) >= 1) AND (octet_length(business_key) <= 255))),
     CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT workflows_traceparent_check CHECK ((octet_length(traceparent) = 55)),
@@ -806,6 +813,8 @@ CREATE TABLE public.workflows (
 COMMENT ON COLUMN public.workflows.traceparent IS 'W3C traceparent passed on from the request that created it; NULL when none';
 
 COMMENT ON COLUMN public.workflows.tracestate IS 'the caller''s W3C tracestate, passed on as received';
+
+COMMENT ON COLUMN public.workflows.actor IS 'who created it: token:<api_tokens.id>; NULL before 014_actor.sql';
 
 CREATE FUNCTION public.idemflow_wf_result(p_problem text, p_detail text, p_outcome text, w public.workflows) RETURNS public.idemflow_wf_row
     LANGUAGE sql STABLE
@@ -961,10 +970,14 @@ CREATE TABLE public.idempotency_keys (
     created_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     request_bytes_fp bytea,
+    actor text,
+    CONSTRAINT idempotency_keys_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT idempotency_keys_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 255)))
 );
 
 COMMENT ON COLUMN public.idempotency_keys.request_bytes_fp IS 'BLAKE2b-256 of the request as received (method, path, body bytes); NULL for rows made before it';
+
+COMMENT ON COLUMN public.idempotency_keys.actor IS 'who claimed the key: token:<api_tokens.id>; NULL before 014_actor.sql';
 
 CREATE TABLE public.messages (
     tenant_id bigint NOT NULL,
@@ -976,10 +989,14 @@ CREATE TABLE public.messages (
     step integer,
     business_key text,
     expires_at timestamp with time zone,
+    actor text DEFAULT NULLIF(current_setting('idemflow.actor'::text, true), ''::text),
+    CONSTRAINT messages_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT messages_addressed CHECK (((workflow_id IS NOT NULL) OR ((business_key IS NOT NULL) AND (expires_at IS NOT NULL)))),
     CONSTRAINT messages_business_key_check CHECK (((octet_length(business_key) >= 1) AND (octet_length(business_key) <= 255))),
     CONSTRAINT messages_message_id_check CHECK (((octet_length(message_id) >= 1) AND (octet_length(message_id) <= 255)))
 );
+
+COMMENT ON COLUMN public.messages.actor IS 'who sent the message: token:<api_tokens.id>; NULL before 014_actor.sql';
 
 CREATE TABLE public.outbox (
     id bigint NOT NULL,
@@ -999,6 +1016,8 @@ CREATE TABLE public.outbox (
     lease_until timestamp with time zone,
     traceparent text DEFAULT NULLIF(current_setting('idemflow.traceparent'::text, true), ''::text),
     tracestate text DEFAULT NULLIF(current_setting('idemflow.tracestate'::text, true), ''::text),
+    actor text DEFAULT NULLIF(current_setting('idemflow.actor'::text, true), ''::text),
+    CONSTRAINT outbox_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT outbox_traceparent_check CHECK ((octet_length(traceparent) = 55)),
     CONSTRAINT outbox_tracestate_check CHECK ((octet_length(tracestate) <= 512))
 );
@@ -1006,6 +1025,8 @@ CREATE TABLE public.outbox (
 COMMENT ON COLUMN public.outbox.traceparent IS 'W3C traceparent sent with the event; NULL when none';
 
 COMMENT ON COLUMN public.outbox.tracestate IS 'the caller''s W3C tracestate, passed on as received';
+
+COMMENT ON COLUMN public.outbox.actor IS 'who caused the event: token:<api_tokens.id>, or system:reaper for a timer; NULL before 014_actor.sql';
 
 ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.outbox_id_seq

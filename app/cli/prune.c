@@ -1,14 +1,13 @@
 /*
  * prune.c - the CLI's two cron jobs: "idemflow prune" deletes expired
  * idempotency keys (with their counts), delivered outbox events past
- * outbox_retention and messages published by business key that expired
- * unclaimed; "idemflow reap" hands jobs whose lease ran out back to
- * activation and fires due timers (sleep steps, wait timeouts), once or,
- * with --loop, every --interval until signalled. Both work in batches of
- * prune_batch rows, one short transaction each, until a batch comes back
- * short, and both print what they did even when a later batch failed:
- * every batch before it is committed. Not for the server, which never
- * deletes and only reaps lazily, as it activates a job.
+ * outbox_retention whose workflow ended more than history_retention ago,
+ * and messages published by business key that expired unclaimed; "idemflow reap" hands jobs whose
+ * lease ran out back to activation and fires due timers (sleep steps, wait timeouts), once or, with
+ * --loop, every --interval until signalled. Both work in batches of prune_batch rows, one short
+ * transaction each, until a batch comes back short, and both print what they did even when a later
+ * batch failed: every batch before it is committed. Not for the server, which never deletes and
+ * only reaps lazily, as it activates a job.
  */
 #include <errno.h>
 #include <signal.h>
@@ -46,17 +45,41 @@
 	")"                                                                                        \
 	" SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM s)"
 
-/* Delivered events only: a dead or pending event has no published_at.
- * Nothing references an event, and the workflow it announced stays. */
+/*
+ * An event row is two things: the dispatcher's record of a delivery, and
+ * a step of its workflow's history (GET /v1/workflows/{id}/events). It
+ * goes when neither needs it: delivered (a dead or pending event has no
+ * published_at) before $1, the outbox_retention cutoff, and of a workflow
+ * that ended (completed, failed or cancelled) before $3, the
+ * history_retention cutoff. A live workflow's events stay however old, so
+ * its history is whole. Nothing references an event, and the workflow it
+ * announced stays.
+ *
+ * The delivered events are walked in (published_at, id) order from just
+ * after ($4, $5), $2 at a time: an event kept is read once per run, not
+ * once per batch. -> (events deleted, events read, the last one read's
+ * published_at and id, NULL when none was read).
+ */
 #define PRUNE_EVENTS                                                                               \
-	"WITH d AS ("                                                                              \
-	"  DELETE FROM outbox"                                                                     \
-	"   WHERE ctid = ANY(ARRAY("                                                               \
-	"           SELECT ctid FROM outbox WHERE published_at < $1::timestamptz"                  \
-	"            ORDER BY published_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                 \
+	"WITH c AS ("                                                                              \
+	"  SELECT o.ctid AS tid, o.published_at, o.id,"                                            \
+	"         EXISTS (SELECT 1 FROM workflows w"                                               \
+	"                  WHERE w.tenant_id = o.tenant_id AND w.id = o.workflow_id"               \
+	"                    AND w.state IN ('completed', 'failed', 'cancelled')"                  \
+	"                    AND coalesce(w.ended_at, w.updated_at) < $3::timestamptz) AS done"    \
+	"    FROM outbox o"                                                                        \
+	"   WHERE o.published_at < $1::timestamptz AND o.published_at >= $4::timestamptz"          \
+	"     AND (o.published_at, o.id) > ($4::timestamptz, $5::bigint)"                          \
+	"   ORDER BY o.published_at, o.id LIMIT $2::int"                                           \
+	"     FOR UPDATE SKIP LOCKED"                                                              \
+	"), d AS ("                                                                                \
+	"  DELETE FROM outbox WHERE ctid = ANY(ARRAY(SELECT tid FROM c WHERE done))"               \
 	"  RETURNING 1"                                                                            \
+	"), l AS ("                                                                                \
+	"  SELECT published_at, id FROM c ORDER BY published_at DESC, id DESC LIMIT 1"             \
 	")"                                                                                        \
-	" SELECT count(*), 0 FROM d"
+	" SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM c),"                              \
+	"        (SELECT published_at FROM l), (SELECT id FROM l)"
 
 /* Messages published by business key (sql/010_timers.sql) that no
  * workflow took before they expired; a taken one belongs to its workflow. */
@@ -114,6 +137,41 @@ static int prune_batches(PGconn *conn, const char *sql, int nparams, const char 
 }
 
 /*
+ * PRUNE_EVENTS until a batch reads fewer than batch events: adds the
+ * events deleted to *deleted, those read and kept (their workflow is
+ * live, or ended after the history cutoff) to *kept, and the statements
+ * to *statements. Returns 0, or -1 with e filled; the sums then hold what
+ * the statements before it did.
+ */
+static int prune_events(PGconn *conn, const char *cutoff, const char *history_cutoff,
+                        const char *batch, int nbatch, long *deleted, long *kept, int *statements,
+                        struct err *e)
+{
+	char after_at[64] = "-infinity", after_id[24] = "0";
+
+	for (;;) {
+		const char *p[5] = { cutoff, batch, history_cutoff, after_at, after_id };
+		PGresult *res = db_exec(conn, PRUNE_EVENTS, 5, p, e);
+		long n, read;
+
+		if (res == NULL)
+			return -1;
+		n = atol(PQgetvalue(res, 0, 0));
+		read = atol(PQgetvalue(res, 0, 1));
+		*deleted += n;
+		*kept += read - n;
+		(*statements)++;
+		if (read > 0) {
+			snprintf(after_at, sizeof(after_at), "%s", PQgetvalue(res, 0, 2));
+			snprintf(after_id, sizeof(after_id), "%s", PQgetvalue(res, 0, 3));
+		}
+		PQclear(res);
+		if (read < nbatch)
+			return 0;
+	}
+}
+
+/*
  * The configuration keys that may follow the command: "--KEY VALUE" or
  * "--KEY=VALUE", for each "--KEY" among options (NULL-terminated), set in
  * c. Returns EX_OK, or EX_USAGE after saying why on stderr: an unknown
@@ -153,10 +211,11 @@ static int prune_options(struct conf *c, int argc, char **argv, const char *cons
 
 int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 {
-	static const char *const options[] = { "--outbox-retention", "--prune-batch", NULL };
-	long keys = 0, key_stats = 0, events = 0, messages = 0, timers = 0;
+	static const char *const options[] = { "--outbox-retention", "--history-retention",
+		                               "--prune-batch", NULL };
+	long keys = 0, key_stats = 0, events = 0, kept = 0, messages = 0, timers = 0;
 	int statements = 0, rc;
-	char ms[24], batch[16], key_cutoff[64], event_cutoff[64];
+	char ms[24], hms[24], batch[16], key_cutoff[64], event_cutoff[64], history_cutoff[64];
 	struct timespec t0, t1;
 	PGresult *res;
 	struct err e;
@@ -166,13 +225,17 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 		return rc;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	snprintf(ms, sizeof(ms), "%ld", c->outbox_retention);
-	const char *p[1] = { ms };
-	res =
-	    db_exec(conn, "SELECT now(), now() - $1::bigint * interval '1 millisecond'", 1, p, &e);
+	snprintf(hms, sizeof(hms), "%ld", c->history_retention);
+	const char *p[2] = { ms, hms };
+	res = db_exec(conn,
+	              "SELECT now(), now() - $1::bigint * interval '1 millisecond',"
+	              "       now() - $2::bigint * interval '1 millisecond'",
+	              2, p, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
 	snprintf(key_cutoff, sizeof(key_cutoff), "%s", PQgetvalue(res, 0, 0));
 	snprintf(event_cutoff, sizeof(event_cutoff), "%s", PQgetvalue(res, 0, 1));
+	snprintf(history_cutoff, sizeof(history_cutoff), "%s", PQgetvalue(res, 0, 2));
 	PQclear(res);
 
 	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
@@ -180,19 +243,22 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	int failed =
 	    prune_batches(conn, PRUNE_KEYS, 2, pk, c->prune_batch, &keys, &key_stats, &statements,
 	                  &e) < 0 ||
-	    prune_batches(conn, PRUNE_EVENTS, 2, pe, c->prune_batch, &events, NULL, &statements,
-	                  &e) < 0 ||
+	    prune_events(conn, event_cutoff, history_cutoff, batch, c->prune_batch, &events, &kept,
+	                 &statements, &e) < 0 ||
 	    prune_batches(conn, PRUNE_MESSAGES, 2, pk, c->prune_batch, &messages, NULL, NULL, &e) <
 	        0 ||
 	    prune_batches(conn, PRUNE_TIMERS, 2, pe, c->prune_batch, &timers, NULL, NULL, &e) < 0;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	/* messages= and timers= last, their statements not in statements=
-	 * (keys and events): readers of the line as it was keep their fields. */
+	/* messages=, timers= and history_kept= last, the first two's
+	 * statements not in statements= (keys and events): readers of the line
+	 * as it was keep their fields. history_kept: delivered events past
+	 * outbox_retention kept as history (their workflow is live, or ended
+	 * within history_retention). */
 	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f "
-	       "messages=%ld timers=%ld\n",
+	       "messages=%ld timers=%ld history_kept=%ld\n",
 	       keys, key_stats, events, statements,
 	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, messages,
-	       timers);
+	       timers, kept);
 	return failed ? cli_db_fail(&e) : EX_OK;
 }
 

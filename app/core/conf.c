@@ -139,6 +139,9 @@ static const struct conf_key conf_keys[] = {
 	/* idemflow prune */
 	{ "outbox_retention", T_DURATION, OFF(outbox_retention), "7d", 0, 0,
 	  "prune: delivered outbox events older than this are deleted (dead ones are kept)" },
+	{ "history_retention", T_DURATION, OFF(history_retention), "7d", 0, 0,
+	  "prune: a workflow's events are kept until it has ended this long ago (never while "
+	  "it runs)" },
 	{ "prune_batch", T_INT, OFF(prune_batch), "1000", 1, 100000,
 	  "prune: rows deleted per statement, each its own short transaction" },
 #ifdef IDEMFLOW_TEST_HOOKS

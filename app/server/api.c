@@ -97,6 +97,7 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	char id[64], allow[48];
 
 	ctx->tenant_id = 0;
+	handler_set_token(ctx, 0);
 	ctx->auth_pending = 0;
 	PQclear(ctx->key_row);
 	ctx->key_row = NULL;
@@ -104,6 +105,7 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	ctx->idem = IDEM_NONE;
 	ctx->cached = 0;
 	ctx->created = 0;
+	ctx->refused = -1;
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 

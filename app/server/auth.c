@@ -53,6 +53,7 @@ int auth_begin(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 		if (ctx->key_row != NULL) {
 			ctx->cached = 1;
 			ctx->tenant_id = atol(PQgetvalue(ctx->key_row, 0, KEY_COL_TENANT));
+			handler_set_token(ctx, atol(PQgetvalue(ctx->key_row, 0, KEY_COL_TOKEN)));
 			return 1;
 		}
 	}
@@ -81,8 +82,12 @@ int auth_settle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		return 0;
 	}
 	ok = PQntuples(res) == 1;
-	if (ok)
+	if (ok) {
 		ctx->tenant_id = atol(PQgetvalue(res, 0, KEY_COL_TENANT));
+		handler_set_token(
+		    ctx,
+		    atol(PQgetvalue(res, 0, ctx->auth_keyed ? KEY_COL_TOKEN : AUTH_COL_TOKEN)));
+	}
 	if (ok && ctx->auth_keyed && !PQgetisnull(res, 0, KEY_COL_FP)) {
 		if (cacheable(ctx))
 			rcache_put(ctx->rcache, ctx->token_fp, req->idem_key, res,
@@ -111,6 +116,7 @@ void auth_passed(struct handler_ctx *ctx, const struct http_req *req, const PGre
 {
 	ctx->auth_pending = 0;
 	ctx->tenant_id = atol(PQgetvalue(row, 0, KEY_COL_TENANT));
+	handler_set_token(ctx, atol(PQgetvalue(row, 0, KEY_COL_TOKEN)));
 	if (cacheable(ctx) && !PQgetisnull(row, 0, KEY_COL_FP))
 		rcache_put(ctx->rcache, ctx->token_fp, req->idem_key, row,
 		           ctx->conf->replay_cache_ttl, ctx->auth_asked_at);

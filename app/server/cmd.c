@@ -254,6 +254,8 @@ static int answer_command(struct handler_ctx *ctx, const struct http_req *req,
 	if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0)) {
 		enum problem_kind kind = problem_by_slug(PQgetvalue(res, 0, 0));
 		handler_problem(resp, req, kind, PQgetvalue(res, 0, 1));
+		if (cmd_stores((int)kind))
+			ctx->refused = (int)kind;
 		return cmd_stores((int)kind);
 	}
 	if (c->render(ctx, req, resp, res, c, e) < 0)
@@ -280,12 +282,14 @@ static void fail(struct handler_ctx *ctx, struct http_resp *resp, const struct h
 	handler_db_error(ctx, resp, req, e);
 }
 
-/* Q_TRACE_SET's parameters, in p: the jobs, events and workflows a
- * command inserts take the request's trace context as their default. */
+/* Q_TRACE_SET's parameters, in p: the jobs, events, messages and
+ * workflows a command inserts take the request's trace context and actor
+ * as their default. */
 static const char *const *trace_params(const struct handler_ctx *ctx, const char *p[TS__N])
 {
 	p[TS_TRACEPARENT] = handler_traceparent(ctx);
 	p[TS_TRACESTATE] = handler_tracestate(ctx);
+	p[TS_ACTOR] = handler_actor(ctx);
 	return p;
 }
 
@@ -548,6 +552,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 	k.kc[KC_FP] = c->fp_text;
 	k.kc[KC_TTL] = k.ttl;
 	k.kc[KC_BYTES_FP] = ctx->bytes_fp;
+	k.kc[KC_ACTOR] = handler_actor(ctx);
 
 	for (int round = 0; round < 3; round++) {
 		PGresult *row = NULL;

@@ -4,6 +4,7 @@
  */
 #include "server/handler.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/log.h"
@@ -54,6 +55,20 @@ const char *handler_tracestate(const struct handler_ctx *ctx)
 	return ctx->trace.traceparent[0] != '\0' && ctx->trace.tracestate[0] != '\0'
 	           ? ctx->trace.tracestate
 	           : NULL;
+}
+
+void handler_set_token(struct handler_ctx *ctx, long id)
+{
+	ctx->token_id = id;
+	if (id > 0)
+		snprintf(ctx->actor, sizeof(ctx->actor), "token:%ld", id);
+	else
+		ctx->actor[0] = '\0';
+}
+
+const char *handler_actor(const struct handler_ctx *ctx)
+{
+	return ctx->actor[0] != '\0' ? ctx->actor : NULL;
 }
 
 void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,

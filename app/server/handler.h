@@ -32,6 +32,9 @@ struct handler_ctx {
 	enum route route; /* matched once, by the router, before anything
 	                   * else; the counters and the log line read it */
 	long tenant_id;   /* 0 until authenticated */
+	long token_id;    /* the bearer token's api_tokens.id, 0 until authenticated */
+	char actor[32];   /* "token:<token_id>", "" until authenticated: what the
+	                   * rows the request writes record (sql/014_actor.sql) */
 	/* The bearer token's check (auth.h): */
 	uint8_t token_fp[FP_LEN];           /* the token's digest */
 	char token_hex[2 + 2 * FP_LEN + 1]; /* the same as a bytea parameter */
@@ -45,6 +48,8 @@ struct handler_ctx {
 	enum idem_outcome idem;
 	int cached;         /* the key row came from the replay cache */
 	int created;        /* this request wrote an outbox event */
+	int refused;        /* the command's own refusal (enum problem_kind, one
+	                     * cmd_stores() keeps), or -1: for the metrics */
 	struct trace trace; /* the request's span (handler_trace_begin); what
 	                     * it creates keeps trace.traceparent */
 	struct err err;     /* why a 5xx happened */
@@ -63,6 +68,13 @@ void handler_trace_begin(struct handler_ctx *ctx, const struct http_req *req);
  * (SQL NULL) for what the request has not. */
 const char *handler_traceparent(const struct handler_ctx *ctx);
 const char *handler_tracestate(const struct handler_ctx *ctx);
+
+/* The request is authenticated as token id (api_tokens.id): sets
+ * ctx->token_id and ctx->actor. */
+void handler_set_token(struct handler_ctx *ctx, long id);
+
+/* ctx->actor as a statement parameter: NULL (SQL NULL) until authenticated. */
+const char *handler_actor(const struct handler_ctx *ctx);
 
 /* Fill resp with a problem of the given kind (status, content type, body). */
 void handler_problem(struct http_resp *resp, const struct http_req *req, enum problem_kind kind,

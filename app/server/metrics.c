@@ -20,9 +20,8 @@
 
 /* The statuses the server answers with (http_reason's list); anything else
  * is counted under status="other" so the label stays bounded. */
-static const int statuses[] = {
-	200, 201, 204, 400, 401, 403, 404, 405, 409, 413, 415, 422, 500, 503
-};
+static const int statuses[] = { 200, 201, 202, 204, 400, 401, 403, 404,
+	                        405, 409, 413, 415, 422, 500, 503 };
 #define NSTATUS (sizeof(statuses) / sizeof(statuses[0]))
 
 /* Upper bounds of the duration buckets, in seconds: from a replay served
@@ -45,6 +44,7 @@ struct slot {
 	_Alignas(64) struct route_ctr route[ROUTE__COUNT];
 	atomic_ullong db_reconnects;
 	atomic_ullong replay_cache_hits;
+	atomic_ullong completions[MC__COUNT];
 };
 
 struct shm {
@@ -62,6 +62,7 @@ struct totals {
 	    in_flight[ROUTE__COUNT];
 	unsigned long long db_reconnects;
 	unsigned long long replay_cache_hits;
+	unsigned long long completions[MC__COUNT];
 	long long workers;
 	unsigned long long worker_restarts;
 };
@@ -156,6 +157,12 @@ void metrics_replay_cache_hit(void)
 		add(&metrics_shm->slots[metrics_slot].replay_cache_hits, 1);
 }
 
+void metrics_job_completion(enum metrics_completion outcome)
+{
+	if (metrics_shm != NULL && (unsigned)outcome < MC__COUNT)
+		add(&metrics_shm->slots[metrics_slot].completions[outcome], 1);
+}
+
 static unsigned long long get(atomic_ullong *c)
 {
 	return atomic_load_explicit(c, memory_order_relaxed);
@@ -172,6 +179,8 @@ static void sum_slots(struct totals *t)
 		struct slot *s = &metrics_shm->slots[i];
 		t->db_reconnects += get(&s->db_reconnects);
 		t->replay_cache_hits += get(&s->replay_cache_hits);
+		for (size_t k = 0; k < MC__COUNT; k++)
+			t->completions[k] += get(&s->completions[k]);
 		for (enum route r = 0; r < ROUTE__COUNT; r++) {
 			struct route_ctr *c = &s->route[r];
 			for (size_t k = 0; k <= NSTATUS; k++)
@@ -316,6 +325,22 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	     "Keyed requests whose stored key row a worker had in memory (replay_cache_ttl): "
 	     "answered without a database statement.");
 	buf_printf(out, "idemflow_replay_cache_hits_total %llu\n", t.replay_cache_hits);
+	help(out, "idemflow_job_completions_total", "counter",
+	     "Job completions that ran (replays not counted): completed, or skipped.");
+	buf_printf(out, "idemflow_job_completions_total %llu\n",
+	           t.completions[MC_COMPLETED] + t.completions[MC_SKIPPED_LEASE_EXPIRED] +
+	               t.completions[MC_SKIPPED_NOT_LEASE_HOLDER] +
+	               t.completions[MC_SKIPPED_NOT_ACTIVE]);
+	help(out, "idemflow_job_completions_skipped_total", "counter",
+	     "Job completions refused because the worker no longer held the job's lease: "
+	     "its result was not recorded.");
+	buf_printf(out, "idemflow_job_completions_skipped_total{reason=\"lease_expired\"} %llu\n",
+	           t.completions[MC_SKIPPED_LEASE_EXPIRED]);
+	buf_printf(out,
+	           "idemflow_job_completions_skipped_total{reason=\"not_lease_holder\"} %llu\n",
+	           t.completions[MC_SKIPPED_NOT_LEASE_HOLDER]);
+	buf_printf(out, "idemflow_job_completions_skipped_total{reason=\"not_active\"} %llu\n",
+	           t.completions[MC_SKIPPED_NOT_ACTIVE]);
 	help(out, "idemflow_db_reconnects_total", "counter",
 	     "Times a worker reconnected to PostgreSQL after losing its connection.");
 	buf_printf(out, "idemflow_db_reconnects_total %llu\n", t.db_reconnects);

@@ -54,6 +54,22 @@ void metrics_request(enum route route, int status, enum idem_outcome idem, doubl
  * cache (rcache.h), not from the database. */
 void metrics_replay_cache_hit(void);
 
+/* What a job completion that ran came to (not a replay of one, nor a
+ * request refused before the command: 404, bad input, 5xx). The skips
+ * are the completions the lease check refused: the worker's result was
+ * not recorded. */
+enum metrics_completion {
+	MC_COMPLETED,
+	MC_SKIPPED_LEASE_EXPIRED,    /* the worker's lease ran out */
+	MC_SKIPPED_NOT_LEASE_HOLDER, /* another worker holds the lease now */
+	MC_SKIPPED_NOT_ACTIVE,       /* the job is no longer active: finished by
+	                              * another worker, or its workflow cancelled */
+	MC__COUNT
+};
+
+/* Worker: count one job completion's outcome. */
+void metrics_job_completion(enum metrics_completion outcome);
+
 /* Gauges read from the database at scrape time: the outbox's, the jobs',
  * and the workflows parked in incident (one statement). */
 struct metrics_outbox {

@@ -7,33 +7,38 @@
 /* The keyed create, authenticating its own token: a plain keyed create is
  * one round trip. fail_clause is "" or, for the fault-injection variant, a
  * condition that fails only once the rows are written. The event's payload
- * comes in two parts around the tenant id, which only the token tells. */
+ * comes in two parts around the tenant id, which only the token tells; the
+ * actor of the key, the workflow and the event is the token the statement
+ * found (sql/014_actor.sql). */
 #define CREATE_KEYED(fail_clause)                                                                  \
 	"WITH t AS ("                                                                              \
-	"  SELECT tenant_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL"          \
+	"  SELECT tenant_id, id, 'token:' || id AS actor FROM api_tokens"                          \
+	"   WHERE token_hash = $1 AND revoked_at IS NULL"                                          \
 	"), k AS ("                                                                                \
 	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"       \
-	"                                headers, body, created_at, expires_at, request_bytes_fp)" \
+	"                                headers, body, created_at, expires_at, request_bytes_fp," \
+	"                                actor)"                                                   \
 	"  SELECT tenant_id, $2, $3, $4, $5, 201, $6, $7, now(), now() + coalesce("                \
-	"    (SELECT idempotency_ttl FROM tenants WHERE id = t.tenant_id), $9::interval), $15"     \
+	"    (SELECT idempotency_ttl FROM tenants WHERE id = t.tenant_id), $9::interval), $15,"    \
+	"    actor"                                                                                \
 	"    FROM t"                                                                               \
 	"  ON CONFLICT (tenant_id, key) DO NOTHING"                                                \
-	"  RETURNING tenant_id"                                                                    \
+	"  RETURNING tenant_id, actor"                                                             \
 	"), w AS ("                                                                                \
 	"  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at,"      \
-	"                         traceparent, tracestate)"                                        \
-	"  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8, $17, $18 FROM k"                    \
-	"  RETURNING tenant_id, id"                                                                \
+	"                         traceparent, tracestate, actor)"                                 \
+	"  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8, $17, $18, actor FROM k"             \
+	"  RETURNING tenant_id, id, actor"                                                         \
 	"), o AS ("                                                                                \
 	"  INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"              \
-	"                      created_at, next_attempt_at, traceparent, tracestate)"              \
+	"                      created_at, next_attempt_at, traceparent, tracestate, actor)"       \
 	"  SELECT $13, tenant_id, id, 1, 'workflow.created', $14::text || tenant_id || $16::text," \
-	"         $8, now(), $17, $18 FROM w"                                                      \
+	"         $8, now(), $17, $18, actor FROM w"                                               \
 	"  RETURNING 1"                                                                            \
 	")"                                                                                        \
 	" SELECT t.tenant_id, x.fingerprint, x.status, x.headers, x.body, x.expires_at <= now(),"  \
 	"        x.request_bytes_fp,"                                                              \
-	"        floor(extract(epoch FROM x.expires_at - now()) * 1000)::bigint,"                  \
+	"        floor(extract(epoch FROM x.expires_at - now()) * 1000)::bigint, t.id,"            \
 	"        CASE WHEN t.tenant_id IS NULL THEN 'unauthorized'"                                \
 	"             WHEN EXISTS (SELECT 1 FROM o) THEN 'created'"                                \
 	"             WHEN x.key IS NULL THEN 'taken' ELSE 'existing' END"                         \
@@ -48,13 +53,14 @@
 
 const struct db_stmt queries[Q__COUNT] = {
 	[Q_AUTH] = { "auth", AU__N,
-	             "SELECT tenant_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS "
-	             "NULL" },
+	             "SELECT tenant_id, id FROM api_tokens WHERE token_hash = $1 AND revoked_at "
+	             "IS NULL" },
 
 	[Q_AUTH_KEY] = { "auth_key", AK__N,
 	                 "SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,"
 	                 "       k.expires_at <= now(), k.request_bytes_fp,"
-	                 "       floor(extract(epoch FROM k.expires_at - now()) * 1000)::bigint"
+	                 "       floor(extract(epoch FROM k.expires_at - now()) * 1000)::bigint,"
+	                 "       t.id"
 	                 "  FROM api_tokens t"
 	                 "  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = "
 	                 "$2"
@@ -160,10 +166,10 @@ const struct db_stmt queries[Q__COUNT] = {
 	                  "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
 	                  "                              status, headers, body, created_at, "
 	                  "expires_at,"
-	                  "                              request_bytes_fp)"
+	                  "                              request_bytes_fp, actor)"
 	                  " VALUES ($1, $2, $3, $4, $5, 0, '', '', now(), now() + coalesce("
 	                  "   (SELECT idempotency_ttl FROM tenants WHERE id = $1), $6::interval), "
-	                  "$7)"
+	                  "$7, $8)"
 	                  " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING 1" },
 	[Q_KEY_STORE] = { "key_store", KS__N,
 	                  "UPDATE idempotency_keys SET status = $3, headers = $4, body = $5"
@@ -198,14 +204,15 @@ const struct db_stmt queries[Q__COUNT] = {
 	 * index one row at a time so that PostgreSQL sizes only those rows;
 	 * an event's text is sized without reading it. */
 	[Q_WF_EVENTS] = { "wf_events", WE__N,
-	                  "SELECT e.seq, e.payload, e.within FROM workflows w"
-	                  "  LEFT JOIN LATERAL (SELECT seq, payload, start < $5::bigint AS within "
-	                  "FROM ("
-	                  "    SELECT seq, payload, start, lag(start, 1, 0::bigint) OVER (ORDER BY "
-	                  "seq) AS prev"
-	                  "      FROM (SELECT seq, payload, sum(octet_length(payload)::bigint)"
+	                  "SELECT e.seq, e.payload, e.within, e.actor FROM workflows w"
+	                  "  LEFT JOIN LATERAL (SELECT seq, payload, start < $5::bigint AS within, "
+	                  "actor FROM ("
+	                  "    SELECT seq, payload, actor, start, lag(start, 1, 0::bigint) OVER "
+	                  "(ORDER BY seq) AS prev"
+	                  "      FROM (SELECT seq, payload, actor, "
+	                  "sum(octet_length(payload)::bigint)"
 	                  "                   OVER (ORDER BY seq) - octet_length(payload) AS start"
-	                  "              FROM (SELECT seq, payload FROM outbox o"
+	                  "              FROM (SELECT seq, payload, actor FROM outbox o"
 	                  "                     WHERE o.tenant_id = w.tenant_id AND o.workflow_id "
 	                  "= w.id"
 	                  "                       AND o.seq > $3 ORDER BY seq LIMIT $4) l) s) t"
@@ -237,11 +244,13 @@ const struct db_stmt queries[Q__COUNT] = {
 	                      "$6)" },
 	[Q_WF_RESUME] = { "wf_resume", RS__N,
 	                  "SELECT * FROM idemflow_wf_resume($1, $2, $3::integer)" },
-	/* The request's trace context for the rest of its transaction: the
-	 * traceparent and tracestate columns' default (sql/008_trace.sql). */
+	/* The request's trace context and actor for the rest of its
+	 * transaction: the traceparent, tracestate and actor columns' default
+	 * (sql/008_trace.sql, sql/014_actor.sql). */
 	[Q_TRACE_SET] = { "trace_set", TS__N,
 	                  "SELECT set_config('idemflow.traceparent', coalesce($1, ''), true),"
-	                  "       set_config('idemflow.tracestate', coalesce($2, ''), true)" },
+	                  "       set_config('idemflow.tracestate', coalesce($2, ''), true),"
+	                  "       set_config('idemflow.actor', coalesce($3, ''), true)" },
 
 	/* POST /v1/messages: by business key (sql/010_timers.sql). */
 	[Q_MESSAGE_PUBLISH] = { "message_publish", MP__N,

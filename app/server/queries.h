@@ -13,7 +13,7 @@
 #include "core/db.h"
 
 enum query_id {
-	/* -> tenant_id (KEY_COL_TENANT) */
+	/* -> (tenant_id (KEY_COL_TENANT), the token's id (AUTH_COL_TOKEN)) */
 	Q_AUTH,
 	/*
 	 * Authentication and the key's stored row in one read-only round
@@ -28,7 +28,8 @@ enum query_id {
 	 * One statement, hence one transaction and one round trip: check the
 	 * token, claim the key, insert the workflow and its workflow.created
 	 * event with the request's trace context, store the response (enum
-	 * create_keyed_param). The key's lifetime and the event's due time
+	 * create_keyed_param). The key, the workflow and the event record
+	 * the token the statement found as their actor. The key's lifetime and the event's due time
 	 * count from the database's now(): no worker's clock decides a
 	 * lifetime. Nothing is written for an unknown or revoked token.
 	 * -> one row laid out as Q_AUTH_KEY's (enum key_col: the tenant, NULL
@@ -97,8 +98,8 @@ enum query_id {
 	Q_JOB_COMPLETE,
 	/* -> idemflow_job_row */
 	Q_JOB_FAIL,
-	/* -> (seq, payload, within) rows, one row of NULLs when there are
-	 * none, no row when the workflow does not exist */
+	/* -> (seq, payload, within, actor) rows, one row of NULLs when there
+	 * are none, no row when the workflow does not exist */
 	Q_WF_EVENTS,
 	/* -> workflow rows (as Q_WF_GET, then within) in id order */
 	Q_WF_LIST,
@@ -107,8 +108,9 @@ enum query_id {
 	Q_JOB_HEARTBEAT,
 	/* -> idemflow_wf_row */
 	Q_WF_RESUME,
-	/* Set the trace context that the jobs, events and workflows inserted
-	 * later in the same transaction keep (enum trace_set_param). */
+	/* Set the trace context and the actor that the jobs, events,
+	 * messages and workflows inserted later in the same transaction keep
+	 * (enum trace_set_param). */
 	Q_TRACE_SET,
 	/* -> (problem, detail, outcome, workflow_id, step, expires_at) */
 	Q_MESSAGE_PUBLISH,
@@ -193,6 +195,7 @@ enum key_claim_param {
 	KC_FP,       /* the request's fingerprint, bytea hex */
 	KC_TTL,      /* interval; the tenant's idempotency_ttl wins */
 	KC_BYTES_FP, /* the fingerprint of the request's bytes, bytea hex */
+	KC_ACTOR,    /* "token:<id>" (sql/014_actor.sql) */
 	KC__N
 };
 
@@ -289,7 +292,7 @@ enum wf_resume_param { RS_TENANT, RS_ID, RS_RETRIES /* or NULL: the step's own *
  * key, read by name by every reader (cmd.c, wf.c, auth.c, rcache.c).
  * Column 0 differs: the tenant (Q_AUTH_KEY, as Q_AUTH's, and
  * Q_CREATE_KEYED) or 'existing' (Q_KEY_GET). The next five are the same in
- * all three; Q_AUTH_KEY and Q_CREATE_KEYED have the last two, and
+ * all three; Q_AUTH_KEY and Q_CREATE_KEYED have the last three, and
  * Q_CREATE_KEYED its outcome after them.
  */
 enum key_col {
@@ -302,6 +305,7 @@ enum key_col {
 	KEY_COL_SHARED,                    /* the columns every key row has */
 	KEY_COL_BYTES_FP = KEY_COL_SHARED, /* of the request's bytes, or NULL */
 	KEY_COL_MS_LEFT,                   /* whole milliseconds until the key expires */
+	KEY_COL_TOKEN,                     /* the asking token's id (not the key's actor) */
 	KEY_COL__N,                        /* Q_AUTH_KEY's columns */
 	CREATE_COL_OUTCOME = KEY_COL__N,   /* Q_CREATE_KEYED's last */
 };
@@ -313,7 +317,15 @@ extern const struct db_stmt queries[Q__COUNT];
  * starts anything. */
 int queries_check(struct err *e) MUSTCHECK;
 
+/* Q_AUTH's second column: the token's id (KEY_COL_TOKEN in a key row). */
+enum { AUTH_COL_TOKEN = 1 };
+
 /* Q_TRACE_SET */
-enum trace_set_param { TS_TRACEPARENT, TS_TRACESTATE /* or NULL */, TS__N };
+enum trace_set_param {
+	TS_TRACEPARENT,
+	TS_TRACESTATE, /* or NULL */
+	TS_ACTOR,      /* "token:<id>", or NULL */
+	TS__N
+};
 
 #endif

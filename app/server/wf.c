@@ -782,15 +782,29 @@ static int list_item(struct handler_ctx *ctx, struct buf *out, const PGresult *r
 }
 
 /* Events are stored as the dispatcher sends them; pages show them in the
- * canonical form, like everything else the API answers. */
+ * canonical form, like everything else the API answers, with one member
+ * that a delivery does not carry: "actor", who caused the event
+ * ("token:<id>", "system:reaper", or null for an event recorded before
+ * actors were: sql/014_actor.sql). */
 static int event_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
                       struct err *e)
 {
+	struct json_object *v;
+	int rc;
+
 	(void)ctx;
-	if (recanon(out, PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), e) < 0)
+	v = canon_parse(PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), 1000, e);
+	if (v == NULL || !json_object_is_type(v, json_type_object)) {
+		json_object_put(v);
 		return err_set(e, ERR_INTERNAL, "stored event %s is not valid JSON",
 		               PQgetvalue(res, i, 0));
-	return 0;
+	}
+	json_object_object_add(
+	    v, "actor",
+	    PQgetisnull(res, i, 3) ? NULL : json_object_new_string(PQgetvalue(res, i, 3)));
+	rc = canon_write(out, v, e);
+	json_object_put(v);
+	return rc;
 }
 
 void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)

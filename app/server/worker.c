@@ -148,6 +148,25 @@ static char *decimal(char *end, unsigned long v, int thousandths)
 	return buf_utoa(p, v);
 }
 
+/* A job completion that ran (not a replay): completed, or skipped by the
+ * lease check (metrics.h). */
+static void count_completion(const struct handler_ctx *ctx, const struct http_resp *resp)
+{
+	/* A 5xx stored nothing, whatever the command had answered. */
+	if (ctx->route != ROUTE_JOB_COMPLETE || ctx->idem == IDEM_REPLAYED || resp->status >= 500)
+		return;
+	if (resp->status == 200) {
+		metrics_job_completion(MC_COMPLETED);
+		return;
+	}
+	switch (ctx->refused) {
+	case P_LEASE_EXPIRED: metrics_job_completion(MC_SKIPPED_LEASE_EXPIRED); break;
+	case P_NOT_LEASE_HOLDER: metrics_job_completion(MC_SKIPPED_NOT_LEASE_HOLDER); break;
+	case P_JOB_NOT_ACTIVE: metrics_job_completion(MC_SKIPPED_NOT_ACTIVE); break;
+	default: break;
+	}
+}
+
 static void log_request(const struct handler_ctx *ctx, const struct http_req *req,
                         const struct http_resp *resp, double ms)
 {
@@ -167,6 +186,9 @@ static void log_request(const struct handler_ctx *ctx, const struct http_req *re
 	       decimal(num + sizeof(num), (unsigned long)resp->status, 0));
 	log_kv(line, sizeof(line), &n, "tenant",
 	       decimal(num + sizeof(num), (unsigned long)ctx->tenant_id, 0));
+	/* Who asked: the token's id, never the token (sql/014_actor.sql). */
+	if (ctx->actor[0] != '\0')
+		log_kv(line, sizeof(line), &n, "actor", ctx->actor);
 	log_kv(line, sizeof(line), &n, "idem", idem_outcome_name(ctx->idem));
 	if (ctx->cached)
 		log_kv(line, sizeof(line), &n, "cache", "hit");
@@ -377,6 +399,7 @@ int worker_run(const struct conf *c, int listen_fd)
 		                db_reconnects(ctx.db));
 		if (ctx.cached)
 			metrics_replay_cache_hit();
+		count_completion(&ctx, &resp);
 		keystats_note(&ks, ctx.tenant_id, req.idem_key, ctx.idem);
 		scoreboard_stage(SB_WRITING);
 		if (http_send(&freq, &resp) < 0)

@@ -405,6 +405,131 @@ Test(db, the_created_rows_carry_the_tenant_the_token_names_and_the_trace)
 	db_close(db);
 }
 
+/* One text value of sql with $1 = tenant and $2 = arg. */
+static char *value(const char *sql, const char *arg)
+{
+	struct err e;
+	const char *p[2] = { tenant, arg };
+	PGresult *res = db_exec(admin, sql, 2, p, &e);
+	char *v;
+
+	cr_assert_not_null(res, "%s: %s", sql, e.msg);
+	cr_assert_eq(PQntuples(res), 1, "%s", sql);
+	v = strdup(PQgetisnull(res, 0, 0) ? "NULL" : PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return v;
+}
+
+/*
+ * The actor (sql/014_actor.sql): the plain keyed create writes the token
+ * its own check found on the key, the workflow and the event, and answers
+ * that token's id with the key row (also for a replay, as Q_AUTH_KEY
+ * does); a command's statements take the actor Q_TRACE_SET set for the
+ * transaction; what idemflow_fire_timers causes is the reaper's.
+ */
+Test(db, every_row_records_the_token_that_wrote_it_and_timers_the_reaper)
+{
+	struct db *db = open_db(5000);
+	struct claim c;
+	struct err e;
+	PGresult *res;
+	char token_id[24], actor[40], *v;
+
+	v = value("SELECT id::text FROM api_tokens WHERE tenant_id = $1 AND token_hash = $2",
+	          token_hex);
+	snprintf(token_id, sizeof(token_id), "%s", v);
+	snprintf(actor, sizeof(actor), "token:%s", token_id);
+	free(v);
+
+	claim_init(&c, "actor-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(outcome(res), "created");
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TOKEN), token_id);
+	PQclear(res);
+	v = value("SELECT actor FROM idempotency_keys WHERE tenant_id = $1 AND key = $2",
+	          "actor-key");
+	cr_assert_str_eq(v, actor);
+	free(v);
+	v = value("SELECT actor FROM workflows WHERE tenant_id = $1 AND id = $2", c.id);
+	cr_assert_str_eq(v, actor);
+	free(v);
+	v = value("SELECT actor FROM outbox WHERE tenant_id = $1 AND event_id = $2", c.event);
+	cr_assert_str_eq(v, actor);
+	free(v);
+	claim_init(&c, "actor-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	cr_assert_str_eq(outcome(res), "existing");
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TOKEN), token_id);
+	PQclear(res);
+	const char *ak[AK__N] = { [AK_TOKEN_HASH] = token_hex, [AK_KEY] = "actor-key" };
+	res = db_run(db, Q_AUTH_KEY, AK__N, ak, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_eq(PQnfields(res), KEY_COL__N);
+	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TOKEN), token_id);
+	PQclear(res);
+	res = db_run(db, Q_AUTH, AU__N, ak, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(PQgetvalue(res, 0, AUTH_COL_TOKEN), token_id);
+	PQclear(res);
+
+	/* A command: Q_TRACE_SET's actor in the transaction, a create with a
+	 * sleep step then a job step (the function's inserts name no actor). */
+	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1];
+	cr_assert_eq(ids_uuid7(id), 0);
+	ids_now(now);
+	const char *ts[TS__N] = {
+		[TS_TRACEPARENT] = NULL, [TS_TRACESTATE] = NULL, [TS_ACTOR] = actor
+	};
+	const char *cr[CR__N] = {
+		[CR_TENANT] = tenant,
+		[CR_ID] = id,
+		[CR_TYPE] = "t",
+		[CR_INPUT] = "{}",
+		[CR_CREATED_AT] = now,
+		[CR_STEPS] = "[{\"name\": \"nap\", \"sleep\": \"PT0S\"}, "
+		             "{\"name\": \"j\", \"job_type\": \"j\"}]",
+		[CR_BUSINESS_KEY] = NULL,
+		[CR_PAYLOAD] = "{}",
+	};
+	const struct db_call calls[4] = { { Q_BEGIN, 0, NULL },
+		                          { Q_TRACE_SET, TS__N, ts },
+		                          { Q_WF_CREATE_RUN, CR__N, cr },
+		                          { Q_COMMIT, 0, NULL } };
+	PGresult *r[4];
+	int failed;
+	cr_assert_eq(db_pipeline(db, 4, calls, r, &failed, &e), 0, "%s", e.msg);
+	for (int i = 0; i < 4; i++)
+		PQclear(r[i]);
+	/* The transaction's setting ended with it. */
+	res = db_exec(db_conn(db), "SELECT current_setting('idemflow.actor', true)", 0, NULL, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), "");
+	PQclear(res);
+
+	res = db_exec(db_conn(db), "SELECT * FROM idemflow_fire_timers(1000)", 0, NULL, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
+	char want[256];
+	snprintf(want, sizeof(want),
+	         "workflow.created=%s,workflow.started=system:reaper,timer.fired=system:reaper",
+	         actor);
+	v = value("SELECT string_agg(type || '=' || coalesce(actor, 'NULL'), ',' ORDER BY seq)"
+	          "  FROM outbox WHERE tenant_id = $1 AND workflow_id = $2",
+	          id);
+	cr_assert_str_eq(v, want);
+	free(v);
+	v = value("SELECT actor FROM workflows WHERE tenant_id = $1 AND id = $2", id);
+	cr_assert_str_eq(v, actor);
+	free(v);
+	v = value("SELECT coalesce(actor, 'NULL') FROM jobs WHERE tenant_id = $1"
+	          " AND workflow_id = $2 AND step = 2",
+	          id);
+	cr_assert_str_eq(v, "system:reaper", "the job of the step the timer began");
+	free(v);
+	db_close(db);
+}
+
 Test(db, lost_connection_is_classified_as_down_and_reconnects)
 {
 	struct db *db = open_db(5000);

@@ -898,6 +898,12 @@ Test(roles, the_shipped_units_run_each_program_as_its_own_role, .fini = own_stop
 	    tstack_db(),
 	    "UPDATE outbox SET published_at = now() - interval '2 hours' WHERE tenant_id = $1",
 	    t.id_text);
+	/* and its workflow ended before history_retention (7 days): a live
+	 * workflow's events are its history, which prune keeps. */
+	tstack_exec(tstack_db(),
+	            "UPDATE workflows SET state = 'completed', ended_at = now() - interval '8 days'"
+	            " WHERE tenant_id = $1",
+	            t.id_text);
 
 	line = line_with(cron, " prune |");
 	installed_command(cmd, sizeof(cmd), strstr(line, "PGSERVICE="), conf, "", pgpass);

@@ -855,6 +855,8 @@ def webhooks(c, outbox_rows):
             fail(f"a delivery of type {body.get('type')!r}, which has no webhook")
         op = hook["post"]
         what = f"webhook {body['type']} {dl['webhook_id']}"
+        if "actor" in body:
+            fail(f"{what}: a delivery carries the history's actor")
         if dl["method"] != "POST" or dl["content_type"] != "application/json":
             fail(f"{what}: {dl['method']} with Content-Type {dl['content_type']}")
         params = {c.ref(p)["name"]: c.ref(p) for p in op["parameters"]}

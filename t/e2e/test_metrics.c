@@ -412,6 +412,174 @@ Test(metrics, every_outcome_is_counted_exactly_across_four_workers, .fini = own_
 	free(id);
 }
 
+/* POST path as t with a fresh key; asserts the status. */
+static struct http_response *post_to(const struct tstack_tenant *t, const char *path,
+                                     const char *body, int status)
+{
+	char key[128], kh[256];
+	const char *h[] = { t->auth, JSON_CT, kh, NULL };
+	struct http_response *r;
+
+	tstack_key(key, sizeof(key), "mc");
+	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
+	r = fcgi("POST", path, h, body);
+	cr_assert_eq(r->status, status, "POST %s: %d, want %d: %.300s", path, r->status, status,
+	             r->body);
+	return r;
+}
+
+/* A workflow of one job step of type job_type; its id, malloc'ed. */
+static char *one_job(const struct tstack_tenant *t, const char *job_type)
+{
+	char body[256], key[128];
+	struct http_response *r;
+	char *id;
+
+	snprintf(body, sizeof(body),
+	         "{\"type\":\"mc\",\"steps\":[{\"name\":\"s\",\"job_type\":\"%s\"}]}", job_type);
+	tstack_key(key, sizeof(key), "mcwf");
+	r = post(t, key, body, 201);
+	id = tstack_json(r->body, "{id}");
+	http_response_free(r);
+	return id;
+}
+
+static void activate_as(const struct tstack_tenant *t, const char *job_type, const char *worker)
+{
+	char body[256];
+
+	snprintf(body, sizeof(body),
+	         "{\"job_type\":\"%s\",\"worker\":\"%s\",\"max_jobs\":1,\"lease_seconds\":60}",
+	         job_type, worker);
+	http_response_free(post_to(t, "/v1/jobs/activate", body, 200));
+}
+
+/* POST /v1/jobs/{wf}.s1/complete as worker under key; asserts the status. */
+static struct http_response *complete_as(const struct tstack_tenant *t, const char *wf,
+                                         const char *worker, const char *key, int status)
+{
+	char path[160], body[128], kh[256];
+	const char *h[] = { t->auth, JSON_CT, kh, NULL };
+	struct http_response *r;
+
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", wf);
+	snprintf(body, sizeof(body), "{\"worker\":\"%s\"}", worker);
+	snprintf(kh, sizeof(kh), "Idempotency-Key: %s", key);
+	r = fcgi("POST", path, h, body);
+	cr_assert_eq(r->status, status, "complete %s as %s: %d, want %d: %.300s", wf, worker,
+	             r->status, status, r->body);
+	return r;
+}
+
+/* r is a problem of the given slug. */
+static void expect_slug(const struct http_response *r, const char *slug)
+{
+	char *type = tstack_json(r->body, "{type}");
+	size_t n = strlen(type), m = strlen(slug);
+
+	cr_assert(n > m && strcmp(type + n - m, slug) == 0 && type[n - m - 1] == '/',
+	          "problem type %s, want .../%s", type, slug);
+	free(type);
+}
+
+static void lease_runs_out(const char *wf)
+{
+	tstack_exec(tstack_db(),
+	            "UPDATE jobs SET due_at = now() - interval '1 second' WHERE workflow_id = $1",
+	            wf);
+}
+
+#define COMPLETE_ROUTE "/v1/jobs/{key}/complete"
+
+/*
+ * Job completions: those that ran are counted, completed or skipped by
+ * the lease check (a worker whose lease ran out, one whose job another
+ * worker holds now, one whose job another worker finished), never a
+ * replay nor a completion of no job; and a 202 is counted as such.
+ */
+Test(metrics, job_completions_and_skipped_ones_are_counted_exactly, .fini = own_stop)
+{
+	static const char *const opts[] = { "--workers", "4", NULL };
+	struct tstack_tenant t;
+	struct http_response *r, *first;
+	char key[128], path[160], uuid[37], *a, *b, *c, *before, *after;
+
+	own_database();
+	own_start(opts, WORKERS);
+	tstack_tenant_create(&t, "completions");
+	a = one_job(&t, "mc-a");
+	b = one_job(&t, "mc-b");
+	c = one_job(&t, "mc-c");
+	before = scrape();
+
+	/* a: completed, then the same request again: a replay. */
+	activate_as(&t, "mc-a", "w1");
+	tstack_key(key, sizeof(key), "done");
+	first = complete_as(&t, a, "w1", key, 200);
+	r = complete_as(&t, a, "w1", key, 200);
+	tstack_expect_header(r, "Idempotent-Replayed", "true");
+	cr_assert_str_eq(r->body, first->body, "a replay answers the same bytes");
+	http_response_free(r);
+	http_response_free(first);
+	/* b: its lease ran out before w1 completed it. */
+	activate_as(&t, "mc-b", "w1");
+	lease_runs_out(b);
+	tstack_key(key, sizeof(key), "late");
+	r = complete_as(&t, b, "w1", key, 409);
+	expect_slug(r, "lease-expired");
+	http_response_free(r);
+	/* c: w2 took it over; w1's completion is refused, w2's counts, and
+	 * w1's again finds it finished. */
+	activate_as(&t, "mc-c", "w1");
+	lease_runs_out(c);
+	activate_as(&t, "mc-c", "w2");
+	tstack_key(key, sizeof(key), "taken");
+	r = complete_as(&t, c, "w1", key, 409);
+	expect_slug(r, "not-lease-holder");
+	http_response_free(r);
+	tstack_key(key, sizeof(key), "w2");
+	http_response_free(complete_as(&t, c, "w2", key, 200));
+	tstack_key(key, sizeof(key), "again");
+	r = complete_as(&t, c, "w1", key, 409);
+	expect_slug(r, "job-not-active");
+	http_response_free(r);
+	/* No such job: not a completion that ran. */
+	tstack_uuid(uuid);
+	tstack_key(key, sizeof(key), "ghost");
+	http_response_free(complete_as(&t, uuid, "w1", key, 404));
+	/* A message the finished workflow a does not wait for: 202. */
+	snprintf(path, sizeof(path), COLLECTION "/%s/messages", a);
+	http_response_free(post_to(&t, path, "{\"message_id\":\"m1\",\"name\":\"late\"}", 202));
+	after = scrape();
+
+	expect_delta(before, after, "idemflow_job_completions_total", 5);
+	expect_delta(before, after,
+	             "idemflow_job_completions_skipped_total{reason=\"lease_expired\"}", 1);
+	expect_delta(before, after,
+	             "idemflow_job_completions_skipped_total{reason=\"not_lease_holder\"}", 1);
+	expect_delta(before, after, "idemflow_job_completions_skipped_total{reason=\"not_active\"}",
+	             1);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"" COMPLETE_ROUTE "\",status=\"200\"}", 3);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"" COMPLETE_ROUTE "\",status=\"409\"}", 3);
+	expect_delta(before, after,
+	             "idemflow_requests_total{route=\"" COMPLETE_ROUTE "\",status=\"404\"}", 1);
+	expect_delta(before, after,
+	             "idemflow_idempotency_replays_total{route=\"" COMPLETE_ROUTE "\"}", 1);
+	expect_delta(
+	    before, after,
+	    "idemflow_requests_total{route=\"/v1/workflows/{id}/messages\",status=\"202\"}", 1);
+	expect_delta(
+	    before, after,
+	    "idemflow_requests_total{route=\"/v1/workflows/{id}/messages\",status=\"other\"}", 0);
+	free(before);
+	free(after);
+	free(a);
+	free(b);
+	free(c);
+}
+
 Test(metrics, totals_survive_every_worker_killed_with_sigkill, .fini = own_stop)
 {
 	static const char *const opts[] = { "--workers", "4", "--idempotency-wait", "2s", NULL };

@@ -72,37 +72,50 @@ static struct http_response *get(const char *path)
 	} while (0)
 
 struct prune_report {
-	long keys, key_stats, events;
+	long keys, key_stats, events, messages, timers, history_kept;
 	int statements;
 };
 
 /* Statements a prune in batches of batch takes: each kind of row goes
- * in full batches until one comes back short (possibly empty). */
+ * in full batches until one comes back short (possibly empty); the
+ * events' batches read the events kept as history too. */
 static int prune_statements(const struct prune_report *p, int batch)
 {
-	return (int)(p->keys / batch + 1 + p->events / batch + 1);
+	return (int)(p->keys / batch + 1 + (p->events + p->history_kept) / batch + 1);
 }
 
-/* idemflow [FLAGS...] prune, and its one-line report. */
-static struct prune_report prune_run(const char *flag, const char *value)
+/* idemflow prune [FLAG VALUE [FLAG2 VALUE2]], and its one-line report. */
+static struct prune_report prune_run2(const char *flag, const char *value, const char *flag2,
+                                      const char *value2)
 {
 	struct prune_report p;
 	char out[512];
 	int n, batch;
 	double secs;
 
-	if (flag != NULL)
+	if (flag != NULL && value2 != NULL)
+		cli_ok(out, "prune", flag, value, flag2, value2);
+	else if (flag != NULL)
 		cli_ok(out, "prune", flag, value);
 	else
 		cli_ok(out, "prune");
-	n = sscanf(out, "prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%lf",
-	           &p.keys, &p.key_stats, &p.events, &p.statements, &secs);
-	cr_assert_eq(n, 5, "unexpected prune report: \"%s\"", out);
-	batch = flag != NULL && strcmp(flag, "--prune-batch") == 0
-	            ? atoi(value)
+	n = sscanf(out,
+	           "prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%lf "
+	           "messages=%ld timers=%ld history_kept=%ld",
+	           &p.keys, &p.key_stats, &p.events, &p.statements, &secs, &p.messages, &p.timers,
+	           &p.history_kept);
+	cr_assert_eq(n, 8, "unexpected prune report: \"%s\"", out);
+	batch = flag != NULL && strcmp(flag, "--prune-batch") == 0 ? atoi(value)
+	        : flag2 != NULL && strcmp(flag2, "--prune-batch") == 0
+	            ? atoi(value2)
 	            : (int)tstack_conf_long("prune_batch", 1000);
 	cr_assert_eq(p.statements, prune_statements(&p, batch), "batches of %d: %s", batch, out);
 	return p;
+}
+
+static struct prune_report prune_run(const char *flag, const char *value)
+{
+	return prune_run2(flag, value, NULL, NULL);
 }
 
 static long count_for(const struct tstack_tenant *t, const char *table)
@@ -328,6 +341,106 @@ static int event_exists(const char *event_id)
 	return (int)tstack_count("SELECT count(*) FROM outbox WHERE event_id = $1", event_id);
 }
 
+/* Every workflow of t completed, ended `ago` (an interval) ago. */
+static void end_workflows(const struct tstack_tenant *t, const char *ago)
+{
+	tstack_exec(tstack_db(),
+	            "UPDATE workflows SET state = 'completed', ended_at = now() - $2::interval"
+	            " WHERE tenant_id = $1",
+	            t->id_text, ago);
+}
+
+/* Mark every event of workflow wf delivered `ago` ago. */
+static void delivered(const char *wf, const char *ago)
+{
+	tstack_exec(tstack_db(),
+	            "UPDATE outbox SET published_at = now() - $2::interval WHERE workflow_id = $1",
+	            wf, ago);
+}
+
+static long events_of(const char *wf)
+{
+	return tstack_count("SELECT count(*) FROM outbox WHERE workflow_id = $1", wf);
+}
+
+/*
+ * A workflow's events are its history (GET /v1/workflows/{id}/events) as
+ * well as the record of their delivery: a prune that removes the delivered
+ * events of finished workflows keeps every event of a live one however
+ * long ago it was delivered, and a finished one's until it has ended
+ * history_retention ago.
+ */
+Test(prune, keeps_a_live_workflows_history_and_a_finished_ones_until_history_retention)
+{
+	struct tstack_tenant live, done, recent;
+	struct http_response *r;
+	char path[160], *lw, *dw, *rw, *types;
+
+	tstack_tenant_create(&live, "prune-live");
+	tstack_tenant_create(&done, "prune-done");
+	tstack_tenant_create(&recent, "prune-recent");
+	/* live: running, waiting for a message, its 3 events delivered 30
+	 * days ago; done: ended 8 days ago, 2 events delivered 30 days ago;
+	 * recent: ended 1 day ago, 2 events delivered 30 days ago. */
+	lw = tstack_create(&live, "{\"type\":\"l\",\"steps\":[{\"name\":\"a\",\"job_type\":\"pl\"},"
+	                          "{\"name\":\"b\",\"wait_for\":\"go\"}]}");
+	r = tstack_post(&live, "/v1/jobs/activate", NULL,
+	                "{\"job_type\":\"pl\",\"worker\":\"w\",\"max_jobs\":1,"
+	                "\"lease_seconds\":60}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", lw);
+	r = tstack_post(&live, path, NULL, "{\"worker\":\"w\"}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	dw = tstack_create(&done, "{\"type\":\"d\"}");
+	rw = tstack_create(&recent, "{\"type\":\"d\"}");
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", i ? rw : dw);
+		r = tstack_post(i ? &recent : &done, path, NULL, "{\"to\":\"cancelled\"}");
+		tstack_expect_status(r, 200);
+		http_response_free(r);
+	}
+	end_workflows(&done, "8 days");
+	end_workflows(&recent, "1 day");
+	delivered(lw, "30 days");
+	delivered(dw, "30 days");
+	delivered(rw, "30 days");
+	cr_assert_eq(events_of(lw), 3, "created, started, job.completed");
+	cr_assert_eq(events_of(dw), 2, "created, cancelled");
+	cr_assert_eq(events_of(rw), 2);
+
+	/* Defaults: outbox_retention 7d, history_retention 7d. */
+	struct prune_report p = prune_run(NULL, NULL);
+	cr_assert_eq(p.events, 2, "the finished workflow's events: %ld deleted", p.events);
+	cr_assert_eq(events_of(dw), 0);
+	cr_assert_eq(events_of(lw), 3, "a live workflow's history stays");
+	cr_assert_eq(events_of(rw), 2, "ended a day ago, within history_retention");
+	cr_assert_eq(p.history_kept, 5, "the live one's 3 and the recent one's 2");
+	snprintf(path, sizeof(path), "/v1/workflows/%s/events", lw);
+	r = tstack_get(&live, path);
+	tstack_expect_status(r, 200);
+	types = tstack_text("SELECT string_agg(e ->> 'type', ',' ORDER BY (e ->> 'seq')::int)"
+	                    "  FROM jsonb_array_elements($1::jsonb -> 'events') e",
+	                    r->body);
+	cr_assert_str_eq(types, "workflow.created,workflow.started,job.completed");
+	free(types);
+	http_response_free(r);
+
+	/* A shorter history retention takes the recent one; the live one
+	 * still stays. */
+	p = prune_run2("--history-retention", "12h", "--prune-batch", "1");
+	cr_assert_eq(p.events, 2);
+	cr_assert_eq(p.history_kept, 3);
+	cr_assert_eq(events_of(rw), 0);
+	cr_assert_eq(events_of(lw), 3);
+	cr_assert_eq(count_for(&live, "workflows"), 1);
+	cr_assert_eq(count_for(&done, "workflows"), 1, "workflows are not pruned");
+	free(lw);
+	free(dw);
+	free(rw);
+}
+
 Test(prune, deletes_delivered_events_past_the_retention_and_keeps_pending_and_dead_ones)
 {
 	struct tstack_tenant t;
@@ -339,6 +452,8 @@ Test(prune, deletes_delivered_events_past_the_retention_and_keeps_pending_and_de
 		tstack_key(key, sizeof(key), "event");
 		ev[i] = event_of(&t, key);
 	}
+	/* Their workflows ended long ago: only the delivery's age decides. */
+	end_workflows(&t, "8 days");
 	/* 0: delivered 8 days ago; 1: 3 hours ago; 2: a minute ago;
 	 * 3: dead for a month; 4: pending, created a month ago. */
 	tstack_exec(

@@ -174,6 +174,54 @@ Test(metrics, counters_from_every_process_are_summed_and_histograms_are_cumulati
 	buf_free(&out);
 }
 
+Test(metrics, a_202_has_its_own_status_label)
+{
+	struct buf out = BUF_INIT;
+	struct err e;
+
+	cr_assert_eq(metrics_init(&e), 0, "%s", e.msg);
+	metrics_use_slot(0);
+	metrics_request(ROUTE_WF_MESSAGES, 202, IDEM_CREATED, 0.001, 0);
+	metrics_request(ROUTE_MESSAGES, 202, IDEM_CREATED, 0.001, 0);
+	metrics_request(ROUTE_MESSAGES, 202, IDEM_REPLAYED, 0.001, 0);
+	metrics_render(&out, NULL);
+	EXPECT_LINE(
+	    out.data,
+	    "idemflow_requests_total{route=\"/v1/workflows/{id}/messages\",status=\"202\"} 1");
+	EXPECT_LINE(out.data, "idemflow_requests_total{route=\"/v1/messages\",status=\"202\"} 2");
+	cr_assert_null(strstr(out.data, "status=\"other\""), "%s", out.data);
+	buf_free(&out);
+}
+
+Test(metrics, job_completions_count_the_skipped_ones_by_reason)
+{
+	struct buf out = BUF_INIT;
+	struct err e;
+
+	cr_assert_eq(metrics_init(&e), 0, "%s", e.msg);
+	metrics_use_slot(0);
+	metrics_render(&out, NULL);
+	EXPECT_LINE(out.data, "# TYPE idemflow_job_completions_total counter");
+	EXPECT_LINE(out.data, "idemflow_job_completions_total 0");
+	EXPECT_LINE(out.data, "idemflow_job_completions_skipped_total{reason=\"lease_expired\"} 0");
+	buf_reset(&out);
+	for (int i = 0; i < 7; i++)
+		metrics_job_completion(MC_COMPLETED);
+	metrics_job_completion(MC_SKIPPED_LEASE_EXPIRED);
+	metrics_job_completion(MC_SKIPPED_NOT_LEASE_HOLDER);
+	metrics_job_completion(MC_SKIPPED_NOT_LEASE_HOLDER);
+	metrics_use_slot(5);
+	metrics_job_completion(MC_SKIPPED_NOT_ACTIVE);
+	metrics_job_completion(MC_COMPLETED);
+	metrics_render(&out, NULL);
+	EXPECT_LINE(out.data, "idemflow_job_completions_total 12");
+	EXPECT_LINE(out.data, "idemflow_job_completions_skipped_total{reason=\"lease_expired\"} 1");
+	EXPECT_LINE(out.data,
+	            "idemflow_job_completions_skipped_total{reason=\"not_lease_holder\"} 2");
+	EXPECT_LINE(out.data, "idemflow_job_completions_skipped_total{reason=\"not_active\"} 1");
+	buf_free(&out);
+}
+
 Test(metrics, every_line_is_a_comment_or_a_sample_with_one_value)
 {
 	struct buf out = BUF_INIT;

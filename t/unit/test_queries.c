@@ -19,7 +19,7 @@ Test(queries, the_servers_table_matches_its_sql)
 	err_clear(&e);
 	cr_assert_eq(queries_check(&e), 0, "%s", e.msg);
 	cr_assert_eq(queries[Q_CREATE_KEYED].nparams, 18);
-	cr_assert_eq(queries[Q_KEY_CLAIM].nparams, 7);
+	cr_assert_eq(queries[Q_KEY_CLAIM].nparams, 8);
 	cr_assert_eq(queries[Q_BEGIN].nparams, 0);
 }
 

@@ -11,15 +11,15 @@
 
 static const char *const names[RCACHE_NCOLS] = { "tenant_id",        "fingerprint", "status",
 	                                         "headers",          "body",        "expired",
-	                                         "request_bytes_fp", "ms_left" };
+	                                         "request_bytes_fp", "ms_left",     "id" };
 
 /* A Q_AUTH_KEY row; a NULL value is a NULL column. */
 static PGresult *row(const char *tenant, const char *fp, const char *status, const char *body,
                      const char *expired, const char *ms_left)
 {
 	PGresAttDesc att[RCACHE_NCOLS];
-	const char *v[RCACHE_NCOLS] = { tenant, fp,      status,  "Location: /x\r\n",
-		                        body,   expired, "\\x00", ms_left };
+	const char *v[RCACHE_NCOLS] = { tenant,  fp,      status, "Location: /x\r\n", body, expired,
+		                        "\\x00", ms_left, "42" };
 	PGresult *r = PQmakeEmptyPGresult(NULL, PGRES_TUPLES_OK);
 
 	cr_assert_not_null(r);
@@ -62,6 +62,7 @@ Test(rcache, a_held_row_comes_back_whole_for_its_token_and_key)
 	cr_assert_str_eq(PQgetvalue(got, 0, 3), "Location: /x\r\n");
 	cr_assert_str_eq(PQgetvalue(got, 0, 4), "{\"id\":\"a\"}");
 	cr_assert_eq(PQgetlength(got, 0, 4), 10);
+	cr_assert_str_eq(PQgetvalue(got, 0, KEY_COL_TOKEN), "42", "the asking token's id");
 	PQclear(got);
 	cr_assert_eq(rc.hits, 1);
 	rcache_free(&rc);
