@@ -63,72 +63,61 @@
 /* A workflow id as the server writes it (and a client may send it). */
 #define UUID_RE "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 
-/* $1 tenant id or NULL for all; with a value the plan keeps one tenant
- * (an unnamed statement is planned with its parameters). */
-#define TENANTS "SELECT id, name FROM tenants WHERE $1::bigint IS NULL OR id = $1::bigint"
+/* Every tenant ($1 NULL) or one, by name: the audit's loop. */
+#define AUDIT_TENANTS                                                                              \
+	"SELECT id, name FROM tenants WHERE $1::bigint IS NULL OR id = $1::bigint ORDER BY name"
 
 /*
- * The keys of the window ($2 ms back), tenant by tenant, one row per
- * tenant that has any: name, keys, answers naming one workflow, pointing
- * nowhere, naming a missing workflow, workflows named by several created
- * answers. A 2xx answer names its workflow by the route: POST
- * /v1/workflows in its body (the server writes {"id":"..." first),
- * /v1/workflows/{id}/... in its path, /v1/jobs/{id}.sN/... in the job key.
- * POST /v1/messages and /v1/jobs/activate name none or many: not checked.
+ * Tenant $1's keys created in the window ($2 ms back), one row: keys,
+ * 2xx answers naming one workflow, keys pointing nowhere, answers naming a
+ * missing workflow, workflows named by several 201 answers. One tenant
+ * per statement: the window is a range of idempotency_keys_created
+ * (tenant_id, created_at), whatever the planner guesses of the tenants,
+ * and the statement routes to one tenant as the server's do. A 2xx
+ * answer names its workflow by the route: POST /v1/workflows in its body
+ * (the server writes {"id":"..." first), /v1/workflows/{id}/... in its
+ * path, /v1/jobs/{id}.sN/... in the job key. POST /v1/messages and
+ * /v1/jobs/activate name none or many: not checked.
  */
 #define AUDIT_KEYS                                                                                 \
 	"WITH k AS MATERIALIZED ("                                                                 \
-	"  SELECT t.id AS tenant_id, t.name AS tenant, k.status,"                                  \
-	"         CASE WHEN k.status NOT BETWEEN 200 AND 299 THEN NULL"                            \
-	"              WHEN k.method = 'POST' AND k.path = '/v1/workflows' THEN 'create'"          \
-	"              WHEN k.path ~ '^/v1/workflows/[^/]+/[a-z]+$' THEN 'workflow'"               \
-	"              WHEN k.path ~ '^/v1/jobs/[^/]+/[a-z]+$' THEN 'job' END AS route,"           \
-	"         CASE WHEN k.status NOT BETWEEN 200 AND 299 THEN NULL"                            \
-	"              WHEN k.method = 'POST' AND k.path = '/v1/workflows'"                        \
-	"              THEN substring(k.body FROM '^\\{\"id\":\"(" UUID_RE ")\"')"                 \
-	"              ELSE substring(k.path FROM"                                                 \
+	"  SELECT status,"                                                                         \
+	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL"                              \
+	"              WHEN method = 'POST' AND path = '/v1/workflows' THEN 'create'"              \
+	"              WHEN path ~ '^/v1/workflows/[^/]+/[a-z]+$' THEN 'workflow'"                 \
+	"              WHEN path ~ '^/v1/jobs/[^/]+/[a-z]+$' THEN 'job' END AS route,"             \
+	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL"                              \
+	"              WHEN method = 'POST' AND path = '/v1/workflows'"                            \
+	"              THEN substring(body FROM '^\\{\"id\":\"(" UUID_RE ")\"')"                   \
+	"              ELSE substring(path FROM"                                                   \
 	"                   '^/v1/(?:workflows|jobs)/(" UUID_RE ")(?:\\.s[0-9]+)?/[a-z]+$')"       \
 	"         END AS wf"                                                                       \
-	"    FROM (" TENANTS ") t"                                                                 \
-	"   CROSS JOIN LATERAL ("                                                                  \
-	"         SELECT status, method, path, body FROM idempotency_keys"                         \
-	"          WHERE tenant_id = t.id AND created_at >= " AGO_2 ") k"                          \
-	"), s AS ("                                                                                \
-	"  SELECT k.tenant_id, k.tenant, count(*) AS keys,"                                        \
-	"         count(*) FILTER (WHERE k.route IS NOT NULL) AS answers,"                         \
-	"         count(*) FILTER (WHERE k.status = 0"                                             \
-	"                            OR (k.route IS NOT NULL AND k.wf IS NULL)) AS nowhere,"       \
-	"         count(*) FILTER (WHERE k.wf IS NOT NULL AND w.id IS NULL) AS missing"            \
-	"    FROM k"                                                                               \
-	"    LEFT JOIN workflows w ON w.tenant_id = k.tenant_id AND w.id = k.wf::uuid"             \
-	"   GROUP BY k.tenant_id, k.tenant"                                                        \
-	"), d AS ("                                                                                \
-	"  SELECT tenant_id, count(*) AS several"                                                  \
-	"    FROM (SELECT tenant_id FROM k WHERE k.route = 'create' AND k.status = 201"            \
-	"            AND k.wf IS NOT NULL"                                                         \
-	"          GROUP BY tenant_id, lower(wf) HAVING count(*) > 1) x"                           \
-	"   GROUP BY tenant_id"                                                                    \
-	")"                                                                                        \
-	" SELECT s.tenant, s.keys, s.answers, s.nowhere, s.missing, coalesce(d.several, 0)"        \
-	"   FROM s LEFT JOIN d ON d.tenant_id = s.tenant_id"                                       \
-	"  ORDER BY s.tenant"
+	"    FROM idempotency_keys"                                                                \
+	"   WHERE tenant_id = $1::bigint AND created_at >= " AGO_2 ")"                             \
+	" SELECT count(*),"                                                                        \
+	"        count(*) FILTER (WHERE k.route IS NOT NULL),"                                     \
+	"        count(*) FILTER (WHERE k.status = 0 OR (k.route IS NOT NULL AND k.wf IS NULL)),"  \
+	"        count(*) FILTER (WHERE k.wf IS NOT NULL AND w.id IS NULL),"                       \
+	"        (SELECT count(*) FROM (SELECT 1 FROM k"                                           \
+	"                                WHERE route = 'create' AND status = 201"                  \
+	"                                  AND wf IS NOT NULL"                                     \
+	"                                GROUP BY lower(wf) HAVING count(*) > 1) x)"               \
+	"   FROM k"                                                                                \
+	"   LEFT JOIN workflows w ON w.tenant_id = $1::bigint AND w.id = k.wf::uuid"
 
 /*
- * The workflows created since $2 ms back (the later of the window's start
- * and outbox_retention back), tenant by tenant: name, workflows, those
+ * Tenant $1's workflows created since $2 ms back (the later of the
+ * window's start and outbox_retention back), one row: workflows, those
  * without their workflow.created event (seq 1, through outbox's unique
  * (workflow_id, seq)).
  */
 #define AUDIT_WORKFLOWS                                                                            \
-	"SELECT t.name, count(*),"                                                                 \
+	"SELECT count(*),"                                                                         \
 	"       count(*) FILTER (WHERE o.type IS DISTINCT FROM 'workflow.created')"                \
-	"  FROM (" TENANTS ") t"                                                                   \
-	" CROSS JOIN LATERAL ("                                                                    \
-	"       SELECT id FROM workflows"                                                          \
-	"        WHERE tenant_id = t.id AND created_at >= " AGO_2 ") w"                            \
-	"  LEFT JOIN outbox o ON o.workflow_id = w.id AND o.seq = 1 AND o.tenant_id = t.id"        \
-	" GROUP BY t.name"                                                                         \
-	" ORDER BY t.name"
+	"  FROM workflows w"                                                                       \
+	"  LEFT JOIN outbox o"                                                                     \
+	"         ON o.workflow_id = w.id AND o.seq = 1 AND o.tenant_id = $1::bigint"              \
+	" WHERE w.tenant_id = $1::bigint AND w.created_at >= " AGO_2
 
 /*
  * The backlog, one row: events pending longer than $2 ms (not held),
@@ -309,41 +298,71 @@ static int audit_options(struct conf *c, struct audit_opts *o, int argc, char **
 	return EX_OK;
 }
 
-/* Remember tenant name's broken counts (only when one is above 0). */
-static int audit_note_tenant(struct audit_result *r, const char *name, const long *inv, int first,
-                             int count)
+/* Remember tenant name's counts when one of them is above 0. Returns 0,
+ * or -1 when out of memory. */
+static int audit_note_tenant(struct audit_result *r, const char *name, const long *inv)
 {
-	struct audit_tenant *t = NULL;
+	struct audit_tenant *t;
 	int any = 0;
 
-	for (int i = first; i < first + count; i++)
+	for (int i = 0; i < INV__COUNT; i++)
 		any |= inv[i] > 0;
 	if (!any)
 		return 0;
-	for (size_t i = 0; i < r->ntenants; i++)
-		if (strcmp(r->tenants[i].name, name) == 0)
-			t = &r->tenants[i];
-	if (t == NULL) {
-		if (r->ntenants == r->cap) {
-			size_t cap = r->cap ? r->cap * 2 : 8;
-			struct audit_tenant *grown = realloc(r->tenants, cap * sizeof(*grown));
-			if (grown == NULL)
-				return -1;
-			r->tenants = grown;
-			r->cap = cap;
-		}
-		t = &r->tenants[r->ntenants++];
-		memset(t, 0, sizeof(*t));
-		snprintf(t->name, sizeof(t->name), "%s", name);
+	if (r->ntenants == r->cap) {
+		size_t cap = r->cap ? r->cap * 2 : 8;
+		struct audit_tenant *grown = realloc(r->tenants, cap * sizeof(*grown));
+		if (grown == NULL)
+			return -1;
+		r->tenants = grown;
+		r->cap = cap;
 	}
-	for (int i = first; i < first + count; i++)
-		t->inv[i] = inv[i];
+	t = &r->tenants[r->ntenants++];
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	memcpy(t->inv, inv, sizeof(t->inv));
 	return 0;
 }
 
 /*
- * Run the audit's statements in one read-only snapshot and fill r.
- * tenant_id is "" for all tenants. Returns 0, or -1 with e.
+ * One tenant's keys and workflows (its id, its name) into r. Returns 0, or
+ * -1 with e.
+ */
+static int audit_tenant(PGconn *conn, const char *id, const char *name, const char *since,
+                        const char *events, struct audit_result *r, struct err *e)
+{
+	long inv[INV__COUNT] = { 0 };
+	PGresult *res;
+
+	const char *pk[2] = { id, since };
+	res = db_exec(conn, AUDIT_KEYS, 2, pk, e);
+	if (res == NULL)
+		return -1;
+	r->keys += atol(PQgetvalue(res, 0, 0));
+	r->answers += atol(PQgetvalue(res, 0, 1));
+	inv[INV_KEYS_POINTING_NOWHERE] = atol(PQgetvalue(res, 0, 2));
+	inv[INV_ANSWERS_WITHOUT_WORKFLOW] = atol(PQgetvalue(res, 0, 3));
+	inv[INV_WORKFLOWS_WITH_SEVERAL_KEYS] = atol(PQgetvalue(res, 0, 4));
+	PQclear(res);
+
+	const char *pw[2] = { id, events };
+	res = db_exec(conn, AUDIT_WORKFLOWS, 2, pw, e);
+	if (res == NULL)
+		return -1;
+	r->workflows += atol(PQgetvalue(res, 0, 0));
+	inv[INV_WORKFLOWS_WITHOUT_CREATED_EVENT] = atol(PQgetvalue(res, 0, 1));
+	PQclear(res);
+
+	for (int i = 0; i < INV__COUNT; i++)
+		r->inv[i] += inv[i];
+	if (audit_note_tenant(r, name, inv) < 0)
+		return err_set(e, ERR_INTERNAL, "out of memory");
+	return 0;
+}
+
+/*
+ * Run the audit's statements in one read-only snapshot and fill r: the
+ * times, each tenant in turn (by name), then the backlog. tenant_id is ""
+ * for all tenants. Returns 0, or -1 with e.
  */
 static int audit_run(PGconn *conn, const struct conf *c, const struct audit_opts *o,
                      const char *tenant_id, struct audit_result *r, struct err *e)
@@ -376,45 +395,14 @@ static int audit_run(PGconn *conn, const struct conf *c, const struct audit_opts
 	snprintf(r->events_since, sizeof(r->events_since), "%s", PQgetvalue(res, 0, 2));
 	PQclear(res);
 
-	const char *pk[2] = { tid, since };
-	res = db_exec(conn, AUDIT_KEYS, 2, pk, e);
+	const char *pn[1] = { tid };
+	res = db_exec(conn, AUDIT_TENANTS, 1, pn, e);
 	if (res == NULL)
 		goto out;
-	for (int i = 0; i < PQntuples(res); i++) {
-		long inv[INV__COUNT] = { 0 };
-
-		r->keys += atol(PQgetvalue(res, i, 1));
-		r->answers += atol(PQgetvalue(res, i, 2));
-		inv[INV_KEYS_POINTING_NOWHERE] = atol(PQgetvalue(res, i, 3));
-		inv[INV_ANSWERS_WITHOUT_WORKFLOW] = atol(PQgetvalue(res, i, 4));
-		inv[INV_WORKFLOWS_WITH_SEVERAL_KEYS] = atol(PQgetvalue(res, i, 5));
-		for (int v = 0; v < INV_WORKFLOWS_WITHOUT_CREATED_EVENT; v++)
-			r->inv[v] += inv[v];
-		if (audit_note_tenant(r, PQgetvalue(res, i, 0), inv, 0,
-		                      INV_WORKFLOWS_WITHOUT_CREATED_EVENT) < 0) {
-			err_set(e, ERR_INTERNAL, "out of memory");
+	for (int i = 0; i < PQntuples(res); i++)
+		if (audit_tenant(conn, PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), since, events,
+		                 r, e) < 0)
 			goto out;
-		}
-	}
-	PQclear(res);
-
-	const char *pw[2] = { tid, events };
-	res = db_exec(conn, AUDIT_WORKFLOWS, 2, pw, e);
-	if (res == NULL)
-		goto out;
-	for (int i = 0; i < PQntuples(res); i++) {
-		long inv[INV__COUNT] = { 0 };
-
-		r->workflows += atol(PQgetvalue(res, i, 1));
-		inv[INV_WORKFLOWS_WITHOUT_CREATED_EVENT] = atol(PQgetvalue(res, i, 2));
-		r->inv[INV_WORKFLOWS_WITHOUT_CREATED_EVENT] +=
-		    inv[INV_WORKFLOWS_WITHOUT_CREATED_EVENT];
-		if (audit_note_tenant(r, PQgetvalue(res, i, 0), inv,
-		                      INV_WORKFLOWS_WITHOUT_CREATED_EVENT, 1) < 0) {
-			err_set(e, ERR_INTERNAL, "out of memory");
-			goto out;
-		}
-	}
 	PQclear(res);
 
 	const char *pb[4] = { tid, pending, timer, lease };
@@ -454,12 +442,6 @@ static void audit_fmt_ms(char *out, size_t size, long ms)
 			return;
 		}
 	snprintf(out, size, "%ldms", ms);
-}
-
-static int audit_tenant_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct audit_tenant *)a)->name,
-	              ((const struct audit_tenant *)b)->name);
 }
 
 static void audit_print_text(const struct audit_opts *o, const struct audit_result *r)
@@ -687,9 +669,6 @@ int cli_audit(PGconn *conn, struct conf *c, int argc, char **argv)
 		goto out;
 	}
 	ran = 1;
-	/* The tenants by name, whichever statement found them broken. */
-	if (r.ntenants > 1)
-		qsort(r.tenants, r.ntenants, sizeof(r.tenants[0]), audit_tenant_cmp);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	r.duration_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	if (o.json)
