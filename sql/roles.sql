@@ -13,7 +13,9 @@
 --   idemflow_server       what idemflow-fcgi's statements use
 --   idemflow_dispatcher   what idemflow-dispatch's statements use
 --   idemflow_maintenance  what the cron jobs "idemflow prune" and
---                         "idemflow reap" use
+--                         "idemflow reap" use, and "idemflow audit"
+--                         (it only reads: keys, workflows, outbox,
+--                         timers, jobs, and the tenants' names)
 --
 -- and grants each exactly that, table by table and, where a program reads or
 -- writes only some columns, column by column. Each program then logs in as a
@@ -134,8 +136,9 @@ GRANT UPDATE (state, due_at, updated_at) ON jobs TO idemflow_maintenance;
 -- step, writing its events; prune deletes expired unclaimed messages.
 GRANT SELECT, INSERT, UPDATE, DELETE ON timers TO idemflow_maintenance;
 -- A batch of timers is shared among the tenants that have due ones
--- (sql/011_timer_isolation.sql): their ids only.
-GRANT SELECT (id) ON tenants TO idemflow_maintenance;
+-- (sql/011_timer_isolation.sql): their ids; "idemflow audit" reports
+-- tenants by name and takes --tenant NAME.
+GRANT SELECT (id, name) ON tenants TO idemflow_maintenance;
 GRANT SELECT ON workflows TO idemflow_maintenance;
 GRANT UPDATE (state, step, last_seq, ended_at, updated_at) ON workflows TO idemflow_maintenance;
 GRANT SELECT, INSERT ON jobs TO idemflow_maintenance;

@@ -1116,6 +1116,8 @@ ALTER TABLE ONLY public.timers
 ALTER TABLE ONLY public.workflows
     ADD CONSTRAINT workflows_pkey PRIMARY KEY (tenant_id, id);
 
+CREATE INDEX idempotency_keys_created ON public.idempotency_keys USING btree (created_at, tenant_id);
+
 CREATE INDEX idempotency_keys_expires ON public.idempotency_keys USING btree (expires_at);
 
 CREATE INDEX jobs_due ON public.jobs USING btree (tenant_id, job_type, due_at) WHERE (state = ANY (ARRAY['activatable'::text, 'active'::text]));
@@ -1145,6 +1147,8 @@ CREATE INDEX timers_tenant_due ON public.timers USING btree (tenant_id, due_at) 
 CREATE INDEX workflows_active_key ON public.workflows USING btree (tenant_id, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text])));
 
 CREATE UNIQUE INDEX workflows_business_key ON public.workflows USING btree (tenant_id, type, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text])));
+
+CREATE INDEX workflows_created ON public.workflows USING btree (created_at, tenant_id);
 
 CREATE INDEX workflows_incident ON public.workflows USING btree (tenant_id, id) WHERE (state = 'incident'::text);
 

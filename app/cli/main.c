@@ -1,15 +1,15 @@
 /*
  * idemflow - the admin CLI: migrations, tenants, API tokens, the outbox,
- * retention (prune, reap) and idempotency debugging. This file reads the
+ * retention (prune, reap), idempotency debugging and the audit of the
+ * stored data's invariants. This file reads the
  * global options and the command, connects and hands over to the noun's
  * file (cli.h); what each command does is there.
  *
  * Results go to stdout (a new token is the only thing printed by
  * "token create", so scripts can capture it); diagnostics go to stderr.
  * Exit codes follow sysexits.h: 64 usage, 65 bad data (unknown tenant,
- * duplicate name), 75 try later (database unreachable, a row held past
- * idempotency_wait, an outbox event held by a dispatcher), 78
- * configuration.
+ * duplicate name, an invariant the audit found broken), 75 try later (database unreachable, a row
+ * held past idempotency_wait, an outbox event held by a dispatcher), 78 configuration.
  */
 #include <stdio.h>
 #include <string.h>
@@ -26,7 +26,7 @@ static const struct {
 } nouns[] = {
 	{ "migrate", cli_migrate }, { "tenant", cli_tenant }, { "token", cli_token },
 	{ "outbox", cli_outbox },   { "prune", cli_prune },   { "reap", cli_reap },
-	{ "debug", cli_debug },
+	{ "debug", cli_debug },     { "audit", cli_audit },
 };
 
 static void quiet_notices(void *arg, const char *msg)

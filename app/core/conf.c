@@ -206,6 +206,11 @@ static const struct unit duration_units[] = { { "", 1000 },   { "ms", 1 },      
 static const struct unit size_units[] = { { "", 1 },        { "k", 1024 },    { "K", 1024 },
 	                                  { "M", 1048576 }, { "m", 1048576 }, { NULL, 0 } };
 
+int conf_duration(const char *s, long *ms)
+{
+	return parse_scaled(s, duration_units, ms);
+}
+
 /* An absolute URI (RFC 3986: scheme ":" ...) that can go into a JSON
  * string and a header unescaped: printable ASCII without space, '"',
  * '\\', '<' or '>'. Not a full URI parser: a check against typing. */

@@ -122,6 +122,14 @@ struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e) MUS
  */
 int conf_check(const struct conf *c, struct err *e) MUSTCHECK;
 
+/*
+ * A duration written as the configuration writes one: digits and a unit,
+ * "500ms", "5s", "10m", "24h", "7d" (no unit: seconds). Returns 0 with *ms
+ * its length in milliseconds, or -1 when s is not such a duration (or
+ * overflows a long). For the commands whose options are durations.
+ */
+int conf_duration(const char *s, long *ms) MUSTCHECK;
+
 /* Print every key with its default and description, for --help. */
 void conf_usage(FILE *out);
 

@@ -5,8 +5,8 @@ only series that idemflow serves.
 Run by t/run-test, which gives it the e2e stack (PostgreSQL, idemflow-fcgi,
 nginx; IDEMFLOW_METRICS_PORT, IDEMFLOW_DISPATCH, DATABASE_URL, ...). The
 series that exist are read live: GET /metrics from the server through
-nginx's metrics listener, and the textfile one run of idemflow-dispatch
-writes. Then:
+nginx's metrics listener, and the textfiles one run of idemflow-dispatch
+and one of idemflow audit write. Then:
   - etc/grafana/idemflow-dashboard.json is valid JSON and a dashboard
     Grafana imports: a uid and title, panels with unique ids, a grid
     position and a Prometheus query each, on the $datasource variable;
@@ -120,6 +120,21 @@ def dispatcher_names():
             return exposition_names(f.read())
 
 
+def auditor_names():
+    """The gauges of idemflow audit's textfile (written whether the data
+    holds every invariant, exit 0, or not, exit 65)."""
+    with tempfile.TemporaryDirectory() as d:
+        textfile = os.path.join(d, "idemflow_audit.prom")
+        r = subprocess.run([os.environ["IDEMFLOW_CLI"], "--db", os.environ["DATABASE_URL"],
+                            "audit", "--textfile", textfile],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if r.returncode not in (0, 65):
+            fail("idemflow audit exited %d" % r.returncode)
+            return set()
+        with open(textfile) as f:
+            return exposition_names(f.read())
+
+
 def dashboard_exprs(dash):
     """(where, expr) for every query of the dashboard; checks its shape."""
     out = []
@@ -181,7 +196,8 @@ def main():
         rules = yaml.safe_load(f)
     served = server_names()
     dispatched = dispatcher_names()
-    known = served | dispatched
+    audited = auditor_names()
+    known = served | dispatched | audited
     used_pending = set()
     exprs = dashboard_exprs(dash) + rules_exprs(rules)
     for where, expr in exprs:
@@ -201,8 +217,8 @@ def main():
         print("note: %s is served now; remove it from PENDING" % n)
     for n in sorted(used_pending):
         print("note: %s is not served yet (PENDING)" % n)
-    print("%d expressions checked against %d served and %d dispatcher series"
-          % (len(exprs), len(served), len(dispatched)))
+    print("%d expressions checked against %d served, %d dispatcher and %d audit series"
+          % (len(exprs), len(served), len(dispatched), len(audited)))
     if failures:
         print("%d failure(s)" % len(failures), file=sys.stderr)
         sys.exit(1)
