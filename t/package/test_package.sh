@@ -235,6 +235,147 @@ check "the unedited pg_service.conf is the new release's" \
 check "the configuration is still root:idemflow 0640" \
 	bash -c "[[ \$(chroot '$ROOT' stat -c '%U:%G %a' /etc/idemflow/idemflow.conf) == 'root:idemflow 640' ]]"
 
+# ---------------------------------------------------------------- the server through nginx
+# The installed package as an operator runs it, on a stock Debian 12 root:
+# PostgreSQL and nginx from Debian, nginx's "default" site left enabled
+# (it holds default_server on port 80), the packaged site linked beside it
+# as README.Debian says, idemflow-fcgi as the idemflow user. Everything
+# runs in network and mount namespaces of its own (port 80 and a /proc for
+# the root), held open by one process; in_ns runs a command inside.
+NSPID=
+ns_start() {
+	unshare --net --mount --propagation private --fork sleep infinity &
+	NSPID=
+	local i
+	for i in $(seq 50); do
+		NSPID=$(pgrep -P $! -x sleep || :)
+		[[ -n $NSPID ]] && break
+		sleep 0.1
+	done
+	NSPID_HOLDER=$!
+	nsenter -t "$NSPID" -n ip link set lo up
+	nsenter -t "$NSPID" -m mount -t proc proc "$ROOT/proc"
+}
+in_ns() {
+	nsenter -t "$NSPID" -n -m chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+		DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 "$@"
+}
+ns_stop() {
+	[[ -n $NSPID ]] || return 0
+	# shellcheck disable=SC2016 # expanded in the root
+	in_ns sh -c 'nginx -s stop; [ -s /run/idemflow/idemflow-fcgi.pid ] &&
+		kill "$(cat /run/idemflow/idemflow-fcgi.pid)"; sleep 1
+		for v in /etc/postgresql/*/main; do v=${v#/etc/postgresql/}; v=${v%/main}
+			su postgres -s /bin/sh -c "pg_ctlcluster $v main stop -m fast"; done' \
+		>/dev/null 2>&1 || :
+	kill "$NSPID_HOLDER" "$NSPID" 2>/dev/null || :
+	wait "$NSPID_HOLDER" 2>/dev/null || :
+	NSPID=
+}
+trap 'ns_stop; rm -rf -- "$WORK"' EXIT
+
+# http_req NAME CURL-ARGS...: one request through port 80, as a client on
+# this host; the status in $WORK/NAME.status, the headers and body beside.
+http_req() {
+	local name=$1
+	shift
+	in_ns curl -sS -o "/tmp/$name.body" -D "/tmp/$name.headers" -w '%{http_code}' \
+		--max-time 30 "$@" >"$WORK/$name.status" 2>"$WORK/$name.err" || :
+	cp "$ROOT/tmp/$name.body" "$WORK/$name.body" 2>/dev/null || : >"$WORK/$name.body"
+	tr -d '\r' <"$ROOT/tmp/$name.headers" >"$WORK/$name.headers" 2>/dev/null ||
+		: >"$WORK/$name.headers"
+}
+status_is() { # status_is NAME CODE
+	[[ $(cat "$WORK/$1.status") == "$2" ]]
+}
+
+server_through_nginx() {
+	step "the server behind Debian's nginx, its default site left enabled"
+	if ! in_root apt-get install -y --no-install-recommends nginx postgresql curl \
+		>>"$WORK/apt.log" 2>&1; then
+		tail -n 30 "$WORK/apt.log" >&2
+		bad "apt-get install nginx postgresql curl failed"
+		return
+	fi
+	check "Debian's default site is enabled" test -L "$ROOT/etc/nginx/sites-enabled/default"
+	check "the default site holds default_server on port 80" \
+		grep -q '^[[:space:]]*listen 80 default_server;' "$ROOT/etc/nginx/sites-available/default"
+	local pgconf
+	pgconf=$(ls -d "$ROOT"/etc/postgresql/*/main)
+	# Unix socket only (no port taken on this machine); the test root's
+	# own roles may log in without a password.
+	echo "listen_addresses = ''" >>"$pgconf/postgresql.conf"
+	sed -i '1i local all all trust' "$pgconf/pg_hba.conf"
+	local pgver=${pgconf%/main}
+	pgver=${pgver##*/}
+	ns_start
+	in_ns sh -c 'mkdir -p /run/postgresql && chown postgres:postgres /run/postgresql' || :
+	check "PostgreSQL $pgver starts in the root" \
+		in_ns su postgres -s /bin/sh -c "pg_ctlcluster $pgver main start"
+	in_ns su postgres -s /bin/sh -c \
+		"psql -qX -v ON_ERROR_STOP=1 -c 'CREATE ROLE idemflow LOGIN' &&
+		 createdb -O idemflow idemflow" >>"$WORK/server.log" 2>&1 || bad "creating the database"
+	check "idemflow migrate, as README.Debian says" \
+		in_ns runuser -u idemflow -- idemflow --config /etc/idemflow/idemflow.conf migrate
+	in_ns runuser -u idemflow -- idemflow --config /etc/idemflow/idemflow.conf tenant create pkg \
+		>/dev/null 2>>"$WORK/server.log" || bad "tenant create pkg"
+	local token
+	token=$(in_ns runuser -u idemflow -- idemflow --config /etc/idemflow/idemflow.conf \
+		token create --tenant pkg 2>>"$WORK/server.log") || bad "token create"
+	server_start
+	ln -s ../sites-available/idemflow "$ROOT/etc/nginx/sites-enabled/idemflow"
+	check "nginx -t accepts the packaged site beside the default one" in_ns nginx -t -q
+	check "nginx starts" in_ns nginx
+
+	local body='{"type":"order-flow","input":{"order":1}}'
+	local args=(-H 'Host: idemflow' -H "Authorization: Bearer $token"
+		-H 'Content-Type: application/json' -H 'Idempotency-Key: pkg-order-1' -d "$body"
+		http://127.0.0.1/v1/workflows)
+	http_req create "${args[@]}"
+	check "a keyed create through port 80 is 201 ($(cat "$WORK/create.status"))" status_is create 201
+	check "its answer is idemflow's JSON" grep -qi '^content-type: application/json' "$WORK/create.headers"
+	http_req replay "${args[@]}"
+	check "its replay is 201 ($(cat "$WORK/replay.status"))" status_is replay 201
+	check "the replay is byte for byte the first answer" cmp "$WORK/create.body" "$WORK/replay.body"
+	check "the replay says Idempotent-Replayed: true" \
+		grep -qix 'idempotent-replayed: true' "$WORK/replay.headers"
+	check "the create made one workflow" bash -c "[[ \$(chroot '$ROOT' su postgres -s /bin/sh \
+		-c \"psql -AtqX -d idemflow -c 'SELECT count(*) FROM workflows'\") == 1 ]]"
+	# Any other name still gets Debian's default site.
+	http_req other -H 'Host: www.example.org' http://127.0.0.1/
+	check "another host name gets the default site's welcome page ($(cat "$WORK/other.status"))" \
+		bash -c "[[ \$(cat '$WORK/other.status') == 200 ]] && grep -q 'Welcome to nginx' '$WORK/other.body'"
+	server_checks
+	ns_stop
+	if ((FAIL > 0)); then
+		tail -n 30 "$WORK/server.log" >&2 || :
+		tail -n 30 "$ROOT/var/log/nginx/idemflow.error.log" >&2 || :
+	fi
+	rm -f "$ROOT/etc/nginx/sites-enabled/idemflow"
+}
+
+# Start idemflow-fcgi in the root the way the packaged units do.
+server_start() {
+	# README.Debian: nginx's workers connect to the server's socket.
+	in_ns adduser --quiet www-data idemflow || bad "adduser www-data idemflow"
+	in_ns sh -c 'mkdir -p /run/idemflow && chown idemflow:idemflow /run/idemflow'
+	in_ns setsid runuser -u idemflow -- idemflow-fcgi --config /etc/idemflow/idemflow.conf \
+		--pid-file /run/idemflow/idemflow-fcgi.pid --workers 2 \
+		>>"$WORK/server.log" 2>&1 </dev/null &
+	local i
+	for i in $(seq 100); do
+		[[ -S $ROOT/run/idemflow/idemflow.sock ]] && break
+		sleep 0.1
+	done
+	check "idemflow-fcgi listens on /run/idemflow/idemflow.sock" \
+		test -S "$ROOT/run/idemflow/idemflow.sock"
+}
+
+# More checks on the running server (the secrets, the restart).
+server_checks() { :; }
+
+server_through_nginx
+
 # ---------------------------------------------------------------- remove, purge
 step "remove"
 mkdir -p "$ROOT/var/log/idemflow"
