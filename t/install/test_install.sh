@@ -176,9 +176,9 @@ if [[ $inst_unitdir != no ]]; then
 fi
 cron=$inst_sysconfdir/cron.d/idemflow
 expect_line "$cron" "PGSERVICEFILE=$inst_sysconfdir/idemflow/pg_service.conf"
-expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow-dispatch ] && PGSERVICE=idemflow-dispatch $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
-expect_line "$cron" "17 * * * * idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
-expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
+expect_line "$cron" "* * * * *  idemflow  [ -x $inst_bindir/idemflow-dispatch ] && PGSERVICE=idemflow-dispatch $inst_bindir/idemflow-dispatch --config $conf -t -q && PGSERVICE=idemflow-dispatch $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
+expect_line "$cron" "17 * * * * idemflow  [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf -t -q && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
+expect_line "$cron" "* * * * *  idemflow  [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf -t -q && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
 svc=$inst_sysconfdir/idemflow/pg_service.conf
 cmp -s "$top_srcdir/etc/pg_service.conf" "$DEST$svc" || fail "$svc is not the sample"
 for s in idemflow-server idemflow-dispatch idemflow-maintenance; do

@@ -13,8 +13,9 @@
 # .dpkg-dist), the unedited pg_service.conf is replaced. Checks after each
 # step what an operator would: the idemflow user, the configuration's owner
 # and mode, no service enabled or started, each cron job starting its
-# program only once the configuration names a database and the program is
-# installed, the edit kept, the programs gone, the configuration and logs
+# program only once the configuration names a database (idemflow.conf's
+# db, or pg_service.conf alone) and the program is installed, the edit
+# kept, the API through Debian's nginx on port 80, the programs gone, the configuration and logs
 # gone after purge.
 #
 # Slow (a package build and a debootstrap: minutes), so not in `make
@@ -170,8 +171,10 @@ stand_ins() { # stand_ins on|off
 	for p in "${PROGRAMS[@]}"; do
 		if [[ $1 == on ]]; then
 			mv "$ROOT$p" "$ROOT$p.real"
+			# The guard (-t) is the real program's; a run is recorded.
 			# shellcheck disable=SC2016 # expanded by the stand-in
-			printf '#!/bin/sh\necho "$0 $*" >>/tmp/cron-ran\n' >"$ROOT$p"
+			printf '#!/bin/sh\ncase " $* " in *" -t "*) exec %s.real "$@" ;; esac\necho "$0 $*" >>/tmp/cron-ran\n' \
+				"$p" >"$ROOT$p"
 			chmod 755 "$ROOT$p"
 		else
 			mv "$ROOT$p.real" "$ROOT$p"
@@ -189,20 +192,38 @@ cron_job() {
 	cat "$ROOT/tmp/cron-ran" >"$WORK/job.ran" 2>/dev/null || : >"$WORK/job.ran"
 	rm -f "$ROOT/tmp/cron-ran"
 }
-# A job that runs nothing exits 1 (a guard of its && chain) and says
-# nothing: "not found" (127) is cron mailing an error every minute.
-expect_nothing_ran() { # expect_nothing_ran WHEN
+# A job that runs nothing exits with its guard's status and says
+# nothing: 78 from the program's "-t -q" while no database is named, 1
+# from "[ -x ]" once the program is gone. "not found" (127) is cron
+# mailing an error every minute.
+expect_nothing_ran() { # expect_nothing_ran WHEN STATUS
 	local i
 	for i in "${!jobs[@]}"; do
 		cron_job "$i"
 		check "$1, cron job $((i + 1)) starts no program ($(wc -l <"$WORK/job.ran") started)" \
 			test ! -s "$WORK/job.ran"
-		check "$1, cron job $((i + 1)) exits 1 silently (status $job_rc, $(wc -c <"$WORK/job.err") bytes on stderr)" \
-			bash -c "[[ $job_rc == 1 && ! -s '$WORK/job.err' ]]"
+		check "$1, cron job $((i + 1)) exits $2 silently (status $job_rc, $(wc -c <"$WORK/job.err") bytes on stderr)" \
+			bash -c "[[ $job_rc == $2 && ! -s '$WORK/job.err' ]]"
+	done
+}
+# expect_each_ran WHEN: every job started its program.
+expect_each_ran() {
+	local i want
+	for i in "${!jobs[@]}"; do
+		cron_job "$i"
+		want=$(grep -o '/usr/bin/idemflow[a-z-]*' <<<"${jobs[$i]}" | tail -n 1)
+		check "$1, cron job $((i + 1)) starts $want" grep -q "^$want .*--config" "$WORK/job.ran"
 	done
 }
 stand_ins on
-expect_nothing_ran "unconfigured"
+expect_nothing_ran "unconfigured" 78
+# Configured through pg_service.conf alone (idemflow.conf names no
+# database): the jobs' services name it, and each job runs. Then the
+# file goes back as shipped, byte for byte.
+cp "$ROOT/etc/idemflow/pg_service.conf" "$WORK/pg_service.shipped"
+sed -i 's/^#dbname=idemflow$/dbname=idemflow/' "$ROOT/etc/idemflow/pg_service.conf"
+expect_each_ran "configured by pg_service.conf alone"
+cp "$WORK/pg_service.shipped" "$ROOT/etc/idemflow/pg_service.conf"
 stand_ins off
 
 # ---------------------------------------------------------------- upgrade
@@ -211,11 +232,7 @@ echo "db = host=/run/postgresql dbname=idemflow user=idemflow" >>"$ROOT/etc/idem
 cp "$ROOT/etc/idemflow/idemflow.conf" "$WORK/edited.conf"
 # Configured, each job starts its program: the guard opens.
 stand_ins on
-for i in "${!jobs[@]}"; do
-	cron_job "$i"
-	want=$(grep -o '/usr/bin/idemflow[a-z-]*' <<<"${jobs[$i]}" | tail -n 1)
-	check "configured, cron job $((i + 1)) starts $want" grep -q "^$want " "$WORK/job.ran"
-done
+expect_each_ran "configured"
 stand_ins off
 if in_root apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-confold \
 	"/tmp/${DEB##*/}" >>"$WORK/apt.log" 2>&1; then
@@ -384,7 +401,7 @@ in_root apt-get remove -y idemflow >>"$WORK/apt.log" 2>&1 || bad "apt-get remove
 check "remove takes the programs" bash -c "[[ ! -e '$ROOT/usr/bin/idemflow-dispatch' ]]"
 check "remove keeps the configuration" test -f "$ROOT/etc/idemflow/idemflow.conf"
 # Configured (the edit is kept), but the programs are gone.
-expect_nothing_ran "removed"
+expect_nothing_ran "removed" 1
 step "purge"
 in_root apt-get purge -y idemflow >>"$WORK/apt.log" 2>&1 || bad "apt-get purge failed"
 check "purge takes the configuration" bash -c "[[ ! -e '$ROOT/etc/idemflow' ]]"
