@@ -1,7 +1,6 @@
 /*
  * sup.h - the supervisor: binds the FastCGI socket once (or takes it from
- * systemd), pre-forks the
- * workers, and keeps the pool at its size.
+ * systemd), pre-forks the workers, and keeps the pool at its size.
  *
  *  - A worker that dies is logged (exit code or signal, uptime) and
  *    respawned; when workers keep dying young, respawns back off

@@ -81,6 +81,7 @@ for f in /usr/bin/idemflow /usr/bin/idemflow-dispatch /usr/sbin/idemflow-fcgi \
 	/etc/idemflow/idemflow.conf /etc/idemflow/pg_service.conf /etc/cron.d/idemflow /etc/logrotate.d/idemflow \
 	/etc/nginx/sites-available/idemflow /lib/systemd/system/idemflow-fcgi.service \
 	/lib/systemd/system/idemflow-dispatch.service /lib/systemd/system/idemflow-dispatch.timer \
+	/lib/systemd/system/idemflow-fcgi.socket \
 	/usr/lib/sysusers.d/idemflow.conf /usr/share/idemflow/sql/001_init.sql \
 	/usr/share/idemflow/sql/roles.sql /usr/share/man/man8/idemflow-fcgi.8.gz \
 	/usr/share/idemflow/prometheus/idemflow-rules.yml \
@@ -259,7 +260,8 @@ check "the configuration is still root:idemflow 0640" \
 # as README.Debian says, idemflow-fcgi as the idemflow user. Everything
 # runs in network and mount namespaces of its own (port 80 and a /proc for
 # the root), held open by one process; in_ns runs a command inside.
-NSPID=
+NSPID=''
+SERVER_PID=''
 ns_start() {
 	unshare --net --mount --propagation private --fork sleep infinity &
 	NSPID=
@@ -279,9 +281,13 @@ in_ns() {
 }
 ns_stop() {
 	[[ -n $NSPID ]] || return 0
+	if [[ -n $SERVER_PID ]]; then
+		kill -TERM "$SERVER_PID" 2>/dev/null || :
+		wait "$SERVER_PID" 2>/dev/null || :
+		SERVER_PID=
+	fi
 	# shellcheck disable=SC2016 # expanded in the root
-	in_ns sh -c 'nginx -s stop; [ -s /run/idemflow/idemflow-fcgi.pid ] &&
-		kill "$(cat /run/idemflow/idemflow-fcgi.pid)"; sleep 1
+	in_ns sh -c 'nginx -s stop; sleep 1
 		for v in /etc/postgresql/*/main; do v=${v#/etc/postgresql/}; v=${v%/main}
 			su postgres -s /bin/sh -c "pg_ctlcluster $v main stop -m fast"; done' \
 		>/dev/null 2>&1 || :
@@ -371,25 +377,64 @@ server_through_nginx() {
 	rm -f "$ROOT/etc/nginx/sites-enabled/idemflow"
 }
 
-# Start idemflow-fcgi in the root the way the packaged units do.
+# Start idemflow-fcgi in the root the way the packaged units do, without
+# systemd: what idemflow-fcgi.socket says (the socket idemflow:www-data
+# 0660, passed as descriptor 3 with LISTEN_FDS and LISTEN_PID), then the
+# service's command as the idemflow user. Perl (perl-base) plays systemd.
 server_start() {
-	# README.Debian: nginx's workers connect to the server's socket.
-	in_ns adduser --quiet www-data idemflow || bad "adduser www-data idemflow"
-	in_ns sh -c 'mkdir -p /run/idemflow && chown idemflow:idemflow /run/idemflow'
-	in_ns setsid runuser -u idemflow -- idemflow-fcgi --config /etc/idemflow/idemflow.conf \
-		--pid-file /run/idemflow/idemflow-fcgi.pid --workers 2 \
+	local unit=$ROOT/lib/systemd/system/idemflow-fcgi.socket
+	local path user group mode
+	path=$(sed -n 's/^ListenStream=//p' "$unit" 2>/dev/null || :)
+	user=$(sed -n 's/^SocketUser=//p' "$unit" 2>/dev/null || :)
+	group=$(sed -n 's/^SocketGroup=//p' "$unit" 2>/dev/null || :)
+	mode=$(sed -n 's/^SocketMode=//p' "$unit" 2>/dev/null || :)
+	check "idemflow-fcgi.socket: $path, $user:$group $mode" \
+		test "$path $user:$group $mode" == "/run/idemflow/idemflow.sock idemflow:www-data 0660"
+	cat >"$ROOT/tmp/socket-unit.pl" <<'PERL'
+use strict;
+use Socket;
+use POSIX ();
+my ($path, $user, $group, $mode, @cmd) = @ARGV;
+mkdir "/run/idemflow", 0755;
+unlink $path;
+socket(my $s, PF_UNIX, SOCK_STREAM, 0) or die "socket: $!";
+bind($s, pack_sockaddr_un($path)) or die "bind: $!";
+listen($s, 1024) or die "listen: $!";
+chown scalar(getpwnam($user)), scalar(getgrnam($group)), $path or die "chown: $!";
+chmod oct($mode), $path or die "chmod: $!";
+POSIX::dup2(fileno($s), 3) == 3 or die "dup2: $!";
+$ENV{LISTEN_FDS} = 1;
+$ENV{LISTEN_PID} = $$;
+exec @cmd or die "exec: $!";
+PERL
+	in_ns setsid perl /tmp/socket-unit.pl "$path" "$user" "$group" "$mode" \
+		setpriv --reuid=idemflow --regid=idemflow --init-groups \
+		idemflow-fcgi --config /etc/idemflow/idemflow.conf --workers 2 \
 		>>"$WORK/server.log" 2>&1 </dev/null &
+	# Each of setsid, perl and setpriv execs the next: this is the server.
+	SERVER_PID=$!
 	local i
 	for i in $(seq 100); do
-		[[ -S $ROOT/run/idemflow/idemflow.sock ]] && break
+		grep -q 'msg="worker started"' "$WORK/server.log" 2>/dev/null && break
 		sleep 0.1
 	done
-	check "idemflow-fcgi listens on /run/idemflow/idemflow.sock" \
-		test -S "$ROOT/run/idemflow/idemflow.sock"
+	check "idemflow-fcgi serves on the socket from the socket unit" \
+		grep -q 'msg="listening on the socket from systemd" fd=3' "$WORK/server.log"
 }
 
-# More checks on the running server (the secrets, the restart).
-server_checks() { :; }
+# The secrets: nginx's workers reach the server through the socket unit's
+# socket, never by reading what the idemflow group may read.
+server_checks() {
+	check "www-data is not in the idemflow group" \
+		bash -c "! chroot '$ROOT' id -nG www-data | grep -qw idemflow"
+	check "www-data cannot read /etc/idemflow/idemflow.conf" \
+		bash -c "! chroot '$ROOT' runuser -u www-data -- cat /etc/idemflow/idemflow.conf >/dev/null 2>&1"
+	check "README.Debian does not tell to add www-data to the idemflow group" \
+		bash -c "! zcat -f '$ROOT/usr/share/doc/idemflow/README.Debian'* | grep -q 'adduser www-data'"
+	http_req after -H 'Host: idemflow' http://127.0.0.1/healthz
+	check "and still, a request through nginx is served ($(cat "$WORK/after.status"))" \
+		status_is after 204
+}
 
 server_through_nginx
 
