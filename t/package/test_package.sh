@@ -397,6 +397,9 @@ use POSIX ();
 my ($path, $user, $group, $mode, @cmd) = @ARGV;
 mkdir "/run/idemflow", 0755;
 unlink $path;
+# Descriptors up to 3 survive exec: the socket may well be 3 already,
+# where dup2 below changes nothing.
+$^F = 3;
 socket(my $s, PF_UNIX, SOCK_STREAM, 0) or die "socket: $!";
 bind($s, pack_sockaddr_un($path)) or die "bind: $!";
 listen($s, 1024) or die "listen: $!";
