@@ -14,6 +14,7 @@ void cli_usage(FILE *out)
 	fprintf(
 	    out,
 	    "Usage: idemflow [--config FILE] [--db CONNINFO] COMMAND [ARGS]\n"
+	    "       idemflow [--config FILE] -t [-q] | -T   test the configuration and exit\n"
 	    "\n"
 	    "Commands:\n"
 	    "  migrate                        apply the SQL migrations (safe to repeat)\n"

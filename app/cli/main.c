@@ -18,6 +18,7 @@
 #include "config.h"
 #include "cli/cli.h"
 #include "core/conf.h"
+#include "core/conftest.h"
 #include "core/db.h"
 
 static const struct {
@@ -41,9 +42,18 @@ int main(int argc, char **argv)
 	struct conf *c = NULL;
 	PGconn *conn = NULL;
 	struct err e;
-	int next, rc;
+	int next, rc, tflags;
 
+	tflags = conftest_take_flags(&argc, argv);
 	c = conf_from_args(argc, argv, &next, &e);
+	if (tflags != 0 && c != NULL && next < argc) {
+		fprintf(stderr, "idemflow: -t and -T take no other argument (\"%s\")\n",
+		        argv[next]);
+		conf_free(c);
+		return EX_USAGE;
+	}
+	if (tflags != 0)
+		return conftest_run("idemflow", tflags, c, &e, NULL);
 	if (c == NULL) {
 		rc = cli_fail(EX_CONFIG, &e);
 		goto out;

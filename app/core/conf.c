@@ -31,6 +31,14 @@ enum conf_type {
 	T_URI
 };
 
+/* How conf_dump() shows a value that may hold a secret. */
+enum conf_mask {
+	M_NONE,
+	M_WHOLE,    /* the whole value is the secret */
+	M_CONNINFO, /* libpq: password=... in a conninfo, or the password of a URI */
+	M_URL       /* the password (or a token alone) in URLs' user info */
+};
+
 struct conf_key {
 	const char *name;
 	enum conf_type type;
@@ -39,6 +47,23 @@ struct conf_key {
 	long min, max;
 	const char *help;
 };
+
+/* The keys whose values may hold a secret, and how conf_dump() masks them. */
+static const struct {
+	const char *name;
+	enum conf_mask mask;
+} conf_secrets[] = {
+	{ "db", M_CONNINFO },  { "metrics_token", M_WHOLE }, { "secret", M_WHOLE },
+	{ "amqp_url", M_URL }, { "nats_url", M_URL },
+};
+
+static enum conf_mask key_mask(const char *name)
+{
+	for (size_t i = 0; i < sizeof(conf_secrets) / sizeof(conf_secrets[0]); i++)
+		if (strcmp(conf_secrets[i].name, name) == 0)
+			return conf_secrets[i].mask;
+	return M_NONE;
+}
 
 #define OFF(f)           offsetof(struct conf, f)
 #define WORKERS_AUTO_MAX 32
@@ -578,4 +603,175 @@ void conf_usage(FILE *out)
 	for (size_t k = 0; k < NKEYS; k++)
 		fprintf(out, "  %-20s %s [default: %s]\n", conf_keys[k].name, conf_keys[k].help,
 		        *conf_keys[k].def ? conf_keys[k].def : "none");
+}
+
+/* The text form of a duration in ms: the largest unit that is exact. */
+static void dump_duration(FILE *out, long ms)
+{
+	static const struct unit units[] = { { "d", 86400000 }, { "h", 3600000 }, { "m", 60000 },
+		                             { "s", 1000 },     { "ms", 1 },      { NULL, 0 } };
+
+	if (ms == 0) {
+		fputs("0", out);
+		return;
+	}
+	for (const struct unit *u = units; u->suffix; u++)
+		if (ms % u->mult == 0) {
+			fprintf(out, "%ld%s", ms / u->mult, u->suffix);
+			return;
+		}
+}
+
+static void dump_size(FILE *out, long b)
+{
+	if (b != 0 && b % 1048576 == 0)
+		fprintf(out, "%ldM", b / 1048576);
+	else if (b != 0 && b % 1024 == 0)
+		fprintf(out, "%ldk", b / 1024);
+	else
+		fprintf(out, "%ld", b);
+}
+
+#define MASKED "********"
+
+/* URLs, comma-separated: the password of each one's user info (and with
+ * token_alone, a user info without a password, which is a token). */
+static void dump_urls(FILE *out, const char *v, int token_alone)
+{
+	while (*v) {
+		size_t n = strcspn(v, ",");
+		const char *scheme = strstr(v, "://");
+		const char *at = NULL;
+
+		if (scheme != NULL && (size_t)(scheme - v) < n) {
+			const char *ui = scheme + 3;
+			size_t hostpart = strcspn(ui, "/?#,");
+			for (size_t i = 0; i < hostpart; i++)
+				if (ui[i] == '@')
+					at = ui + i;
+			if (at != NULL) {
+				const char *colon = memchr(ui, ':', (size_t)(at - ui));
+				if (colon != NULL)
+					fprintf(out, "%.*s" MASKED, (int)(colon + 1 - v), v);
+				else if (token_alone)
+					fprintf(out, "%.*s" MASKED, (int)(ui - v), v);
+				else
+					at = ui, fprintf(out, "%.*s", (int)(ui - v), v);
+				fprintf(out, "%.*s", (int)(v + n - at), at);
+			}
+		}
+		if (at == NULL)
+			fprintf(out, "%.*s", (int)n, v);
+		v += n;
+		if (*v == ',')
+			fputc(*v++, out);
+	}
+}
+
+/* A conninfo "k=v k='v'": every password's value masked. A URI: the
+ * password of its user info, and password= in its query. */
+static void dump_conninfo(FILE *out, const char *v)
+{
+	const char *p = v;
+
+	if (strstr(v, "://") != NULL) {
+		char *copy = strdup(v), *q;
+		if (copy == NULL)
+			return;
+		q = strstr(copy, "password=");
+		if (q != NULL && (q[-1] == '?' || q[-1] == '&')) {
+			size_t rest = strcspn(q + 9, "&#");
+			memmove(q + 9 + strlen(MASKED), q + 9 + rest, strlen(q + 9 + rest) + 1);
+			memcpy(q + 9, MASKED, strlen(MASKED));
+		}
+		dump_urls(out, copy, 0);
+		free(copy);
+		return;
+	}
+	while (*p) {
+		const char *kw = p;
+		size_t klen;
+
+		while (isspace((unsigned char)*p))
+			fputc(*p++, out);
+		kw = p;
+		while (*p && *p != '=' && !isspace((unsigned char)*p))
+			p++;
+		klen = (size_t)(p - kw);
+		fprintf(out, "%.*s", (int)klen, kw);
+		while (isspace((unsigned char)*p))
+			fputc(*p++, out);
+		if (*p != '=')
+			continue;
+		fputc(*p++, out);
+		while (isspace((unsigned char)*p))
+			fputc(*p++, out);
+		const char *val = p;
+		if (*p == '\'') {
+			for (p++; *p && *p != '\''; p++)
+				if (*p == '\\' && p[1])
+					p++;
+			if (*p)
+				p++;
+		} else {
+			while (*p && !isspace((unsigned char)*p))
+				p++;
+		}
+		if (klen == 8 && strncmp(kw, "password", 8) == 0)
+			fputs(MASKED, out);
+		else
+			fprintf(out, "%.*s", (int)(p - val), val);
+	}
+}
+
+void conf_dump(const struct conf *c, FILE *out)
+{
+	static const char *const levels[] = { "debug", "info", "warning", "error" };
+
+	fprintf(out,
+	        "# the effective configuration: %s, $DATABASE_URL and flags over the "
+	        "defaults; secrets masked\n",
+	        c->config_file != NULL ? c->config_file : "no file");
+	for (size_t k = 0; k < NKEYS; k++) {
+		const struct conf_key *key = &conf_keys[k];
+		const char *base = (const char *)c + key->offset;
+
+		fprintf(out, "%s = ", key->name);
+		switch (key->type) {
+		case T_STR:
+		case T_URI: {
+			const char *v = *(char *const *)base;
+			enum conf_mask mask = key_mask(key->name);
+			if (*v == '\0')
+				fputs("\"\"", out); /* as the parser reads it back: empty */
+			else if (mask == M_NONE)
+				fputs(v, out);
+			else if (mask == M_WHOLE)
+				fputs(MASKED, out);
+			else if (mask == M_CONNINFO)
+				dump_conninfo(out, v);
+			else
+				dump_urls(out, v, 1);
+			break;
+		}
+		case T_INT:
+		case T_WORKERS:
+		case T_KEY_STATUS: fprintf(out, "%d", *(const int *)base); break;
+		case T_OCTAL: fprintf(out, "%04o", (unsigned)*(const int *)base); break;
+		case T_DURATION: dump_duration(out, *(const long *)base); break;
+		case T_SIZE: dump_size(out, *(const long *)base); break;
+		case T_IDEM_MODE:
+			fputs(*(const enum idem_mode *)base == IDEM_KEY_REQUIRED ? "required"
+			                                                         : "optional",
+			      out);
+			break;
+		case T_LOG_LEVEL: fputs(levels[*(const enum log_level *)base], out); break;
+		case T_LOG_FORMAT:
+			fputs(*(const enum log_format *)base == LOG_FORMAT_JSON ? "json" : "logfmt",
+			      out);
+			break;
+		case T_BOOL: fputs(*(const int *)base ? "true" : "false", out); break;
+		}
+		fputc('\n', out);
+	}
 }

@@ -130,6 +130,15 @@ int conf_check(const struct conf *c, struct err *e) MUSTCHECK;
  */
 int conf_duration(const char *s, long *ms) MUSTCHECK;
 
+/*
+ * Print the effective configuration, every key as "key = value" in the
+ * order of the table, after a comment line naming the file: what -T shows.
+ * Secrets are masked (********): metrics_token and secret whole, the
+ * password of db (conninfo or URI), of amqp_url and of nats_url (or its
+ * token).
+ */
+void conf_dump(const struct conf *c, FILE *out);
+
 /* Print every key with its default and description, for --help. */
 void conf_usage(FILE *out);
 

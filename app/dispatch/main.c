@@ -22,6 +22,7 @@
 
 #include "config.h"
 #include "core/conf.h"
+#include "core/conftest.h"
 #include "core/log.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/sink.h"
@@ -31,8 +32,14 @@ static void usage(FILE *out)
 	fprintf(out,
 	        "Usage: idemflow-dispatch [--config FILE] [--db CONNINFO] [--once | --loop]\n"
 	        "                         [--sink http|amqp|nats|exec] [--KEY VALUE ...]\n"
+	        "                         [-t [-q] | -T]\n"
 	        "Claim due outbox events, deliver them, record the outcome.\n"
 	        "\n"
+	        "  -t                  test the configuration (values, a database named), exit 0 "
+	        "or 78\n"
+	        "  -T                  the same, and print the effective configuration, secrets "
+	        "masked\n"
+	        "  -q                  with -t: nothing on success, nor when no database is named\n"
 	        "  --once              run until nothing is due (the default; for cron)\n"
 	        "  --loop              keep running; wake on LISTEN/NOTIFY, poll as a fallback\n"
 	        "  --batch N           events claimed at a time\n"
@@ -155,6 +162,21 @@ static int exit_code(const struct err *e)
 	}
 }
 
+/* What only the dispatcher reads, checked without connecting anywhere. */
+static int dispatch_check(const struct conf *c, struct err *e)
+{
+	static const char *const sinks[] = { "http", "amqp", "nats", "exec" };
+
+	if (c->once && c->loop)
+		return err_set(e, ERR_CONFIG, "--once and --loop exclude each other");
+	for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]); i++)
+		if (strcmp(c->sink, sinks[i]) == 0)
+			return 0;
+	return err_set(e, ERR_CONFIG,
+	               "invalid value \"%s\" for \"sink\": expected http, amqp, nats or exec",
+	               c->sink);
+}
+
 int main(int argc, char **argv)
 {
 	struct err e = { 0 };
@@ -163,10 +185,19 @@ int main(int argc, char **argv)
 	struct dispatcher *d = NULL;
 	struct dispatch_stats st;
 	struct sigaction sa;
-	int next, rc = EX_OK, ran = 0;
+	int next, rc = EX_OK, ran = 0, tflags;
 
 	log_set_component("dispatch");
+	tflags = conftest_take_flags(&argc, argv);
 	c = conf_from_args(argc, argv, &next, &e);
+	if (tflags != 0 && c != NULL && next < argc) {
+		fprintf(stderr, "idemflow-dispatch: -t and -T take no other argument (\"%s\")\n",
+		        argv[next]);
+		conf_free(c);
+		return EX_USAGE;
+	}
+	if (tflags != 0)
+		return conftest_run("idemflow-dispatch", tflags, c, &e, dispatch_check);
 	if (c == NULL) {
 		fprintf(stderr, "idemflow-dispatch: %s\n", e.msg);
 		return EX_CONFIG;

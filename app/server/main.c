@@ -8,27 +8,47 @@
 
 #include "config.h"
 #include "core/conf.h"
+#include "core/conftest.h"
 #include "core/log.h"
+#include "server/metrics.h"
 #include "server/queries.h"
 #include "server/sup.h"
 
 static void usage(FILE *out)
 {
-	fprintf(out, "Usage: idemflow-fcgi [--config FILE] [--KEY VALUE ...]\n"
+	fprintf(out, "Usage: idemflow-fcgi [--config FILE] [--KEY VALUE ...] [-t [-q] | -T]\n"
 	             "Serve the idemflow API over FastCGI with a pool of pre-forked workers.\n"
+	             "  -t  test the configuration (values, a database named) and exit: 0 or 78\n"
+	             "  -T  the same, and print the effective configuration, secrets masked\n"
+	             "  -q  with -t: print nothing on success, nor when no database is named\n"
 	             "Signals: TERM/INT finish in-flight requests and exit; HUP reloads the\n"
 	             "configuration and replaces the workers one by one.\n\n");
 	conf_usage(out);
 }
 
+/* What only the server reads, checked as it is on start and reload. */
+static int server_check(const struct conf *c, struct err *e)
+{
+	return metrics_allow_match(c->metrics_allow, NULL, e) < 0 ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct err e;
-	int next;
+	int next, tflags;
 	struct conf *c;
 
 	log_set_component("supervisor");
+	tflags = conftest_take_flags(&argc, argv);
 	c = conf_from_args(argc, argv, &next, &e);
+	if (tflags != 0 && c != NULL && next < argc) {
+		fprintf(stderr, "idemflow-fcgi: -t and -T take no other argument (\"%s\")\n",
+		        argv[next]);
+		conf_free(c);
+		return EX_USAGE;
+	}
+	if (tflags != 0)
+		return conftest_run("idemflow-fcgi", tflags, c, &e, server_check);
 	if (c == NULL) {
 		fprintf(stderr, "idemflow-fcgi: %s\n", e.msg);
 		return EX_CONFIG;

@@ -52,6 +52,7 @@ struct sup {
 	int argc;
 	char **argv;
 	int listen_fd;
+	int socket_activated; /* listen_fd came from systemd: never unlink its path */
 	struct child kids[MAX_CHILDREN];
 	int nkids;
 	unsigned gen;
@@ -100,10 +101,70 @@ static int is_unix_path(const char *listen)
 	return strchr(listen, '/') != NULL;
 }
 
+/* The listening socket's flags for the workers: they wait in ppoll() and
+ * then accept(), non-blocking, so the losers of a race for one connection
+ * go back to waiting; never passed on to a program a worker runs. */
+static void listener_flags(int fd)
+{
+	int flags = fcntl(fd, F_GETFL);
+
+	fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+	fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+#define SD_LISTEN_FDS_START 3
+
+/*
+ * The socket systemd passed (a socket unit, sd_listen_fds(3) semantics):
+ * LISTEN_PID names this process and LISTEN_FDS says how many descriptors
+ * start at 3. Returns the one listening stream socket; -2 when none was
+ * passed to this process (bind listen ourselves); -1, logged, when what
+ * was passed is not one listening stream socket. The variables are
+ * removed either way, so no child takes them for its own.
+ */
+static int systemd_listener(void)
+{
+	const char *pid = getenv("LISTEN_PID"), *n = getenv("LISTEN_FDS");
+	char *end;
+	long lpid, nfds;
+	int fd = SD_LISTEN_FDS_START, type = 0, acc = 0;
+	socklen_t len = sizeof(type);
+	int rc = -2;
+
+	if (pid == NULL || n == NULL)
+		goto out;
+	errno = 0;
+	lpid = strtol(pid, &end, 10);
+	if (errno != 0 || end == pid || *end != '\0' || lpid != (long)getpid())
+		goto out; /* meant for another process */
+	nfds = strtol(n, &end, 10);
+	if (end == n || *end != '\0' || nfds != 1) {
+		log_error("expected one socket from systemd", "LISTEN_FDS=%s", LOG_Q(n));
+		rc = -1;
+		goto out;
+	}
+	errno = 0;
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM ||
+	    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &(socklen_t){ sizeof(acc) }) < 0 ||
+	    !acc) {
+		log_error("the socket from systemd is no listening stream socket", "fd=%d error=%s",
+		          fd, LOG_Q(errno ? strerror(errno) : "wrong type"));
+		rc = -1;
+		goto out;
+	}
+	listener_flags(fd);
+	rc = fd;
+out:
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	return rc;
+}
+
 /* Bind the socket once, before any fork: every worker inherits it. */
 static int open_listener(const struct conf *c)
 {
-	int fd, flags;
+	int fd;
 
 	if (is_unix_path(c->listen)) {
 		struct sockaddr_un sun;
@@ -140,11 +201,7 @@ static int open_listener(const struct conf *c)
 		close(fd);
 		return -1;
 	}
-	/* Workers wait in ppoll() and then accept(): non-blocking, so the
-	 * losers of a race for one connection go back to waiting. */
-	flags = fcntl(fd, F_GETFL);
-	fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-	fcntl(fd, F_SETFD, FD_CLOEXEC);
+	listener_flags(fd);
 	return fd;
 }
 
@@ -591,14 +648,23 @@ int sup_run(struct conf *c, int argc, char **argv)
 		log_failure("could not start", &e);
 		return 71; /* EX_OSERR */
 	}
-	s.listen_fd = open_listener(c);
+	/* A socket from systemd outlives this process: it stays open, and
+	 * keeps its queue, while the server restarts. */
+	s.listen_fd = systemd_listener();
+	s.socket_activated = s.listen_fd >= 0;
+	if (s.listen_fd == -2)
+		s.listen_fd = open_listener(c);
 	if (s.listen_fd < 0)
 		return 71; /* EX_OSERR */
 	scoreboard_set_listener(s.listen_fd);
 	if (write_pid_file(c->pid_file) < 0)
 		return 73; /* EX_CANTCREAT */
 	pid_file = strdup(c->pid_file);
-	log_info("listening", "listen=%s workers=%d", LOG_Q(c->listen), c->workers);
+	if (s.socket_activated)
+		log_info("listening on the socket from systemd", "fd=%d workers=%d", s.listen_fd,
+		         c->workers);
+	else
+		log_info("listening", "listen=%s workers=%d", LOG_Q(c->listen), c->workers);
 	notify_start();
 
 	for (;;) {
@@ -654,7 +720,7 @@ int sup_run(struct conf *c, int argc, char **argv)
 	notify_close();
 	timer_arm(-1);
 	close(s.listen_fd);
-	if (is_unix_path(s.conf->listen))
+	if (!s.socket_activated && is_unix_path(s.conf->listen))
 		unlink(s.conf->listen);
 	if (pid_file && *pid_file)
 		unlink(pid_file);

@@ -1,6 +1,6 @@
 /*
- * sup.h - the supervisor: binds the FastCGI socket once, pre-forks the
- * workers, and keeps the pool at its size.
+ * sup.h - the supervisor: binds the FastCGI socket once (or takes it from
+ * systemd), pre-forks the workers, and keeps the pool at its size.
  *
  *  - A worker that dies is logged (exit code or signal, uptime) and
  *    respawned; when workers keep dying young, respawns back off
@@ -11,6 +11,9 @@
  *    kept) and replace the workers one at a time.
  *  - SIGUSR1: reopen the log file (log_file), then have every worker do the
  *    same.
+ * Under a socket unit (LISTEN_FDS, LISTEN_PID) it serves on the socket
+ * systemd passed instead of binding listen, and leaves its file in place at
+ * exit: the socket, and the connections queued on it, outlive a restart.
  * Under systemd (NOTIFY_SOCKET) it tells the service manager when the pool
  * is ready, reloading and stopping, its status and its heartbeat; workers
  * report their connections to it (notify.h).

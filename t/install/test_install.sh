@@ -85,7 +85,7 @@ expect_file "$inst_sysconfdir/cron.d/idemflow" 644
 expect_file "$inst_sysconfdir/logrotate.d/idemflow" 644
 # --without-systemdsystemunitdir installs no unit.
 if [[ $inst_unitdir != no ]]; then
-	for u in idemflow-fcgi.service idemflow-dispatch.service idemflow-dispatch.timer; do
+	for u in idemflow-fcgi.service idemflow-fcgi.socket idemflow-dispatch.service idemflow-dispatch.timer; do
 		expect_file "$inst_unitdir/$u" 644
 	done
 fi
@@ -163,7 +163,7 @@ want=$(
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
 	printf '%s\n' "${INBOX[@]}"
 	if [[ $inst_unitdir != no ]]; then
-		for u in idemflow-fcgi.service idemflow-dispatch.service idemflow-dispatch.timer; do
+		for u in idemflow-fcgi.service idemflow-fcgi.socket idemflow-dispatch.service idemflow-dispatch.timer; do
 			echo "$inst_unitdir/$u"
 		done
 	fi
@@ -176,14 +176,18 @@ extra=$(comm -13 <(sort <<<"$want") <(echo "$got"))
 conf=$inst_sysconfdir/idemflow/idemflow.conf
 if [[ $inst_unitdir != no ]]; then
 	unit=$inst_unitdir/idemflow-fcgi.service
-	expect_line "$unit" "ExecStart=$inst_sbindir/idemflow-fcgi --config $conf --pid-file /run/idemflow/idemflow-fcgi.pid"
-	# shellcheck disable=SC2016 # $MAINPID is systemd's, not ours
-	expect_line "$unit" 'ExecReload=/bin/kill -HUP $MAINPID'
+	expect_line "$unit" "ExecStart=$inst_sbindir/idemflow-fcgi --config $conf"
+	expect_line "$unit" "Requires=idemflow-fcgi.socket"
+	expect_line "$inst_unitdir/idemflow-fcgi.socket" "ListenStream=/run/idemflow/idemflow.sock"
+	expect_line "$inst_unitdir/idemflow-fcgi.socket" "SocketUser=idemflow"
+	expect_line "$inst_unitdir/idemflow-fcgi.socket" "SocketGroup=www-data"
+	expect_line "$inst_unitdir/idemflow-fcgi.socket" "SocketMode=0660"
+	expect_line "$unit" "ExecStartPre=$inst_sbindir/idemflow-fcgi --config $conf -t"
+	expect_line "$unit" "ExecReload=/bin/sh -c '$inst_sbindir/idemflow-fcgi --config $conf -t && exec /bin/kill -HUP \"\$MAINPID\"'"
 	expect_line "$unit" "Type=notify"
 	expect_line "$unit" "NotifyAccess=main"
 	expect_line "$unit" "WatchdogSec=30s"
 	expect_line "$unit" "User=idemflow"
-	expect_line "$unit" "RuntimeDirectory=idemflow"
 	expect_line "$inst_unitdir/idemflow-dispatch.service" \
 		"ExecStart=$inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
 	expect_line "$inst_unitdir/idemflow-dispatch.timer" "OnCalendar=minutely"
@@ -207,9 +211,9 @@ if [[ $inst_unitdir != no ]]; then
 fi
 cron=$inst_sysconfdir/cron.d/idemflow
 expect_line "$cron" "PGSERVICEFILE=$inst_sysconfdir/idemflow/pg_service.conf"
-expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow-dispatch ] && PGSERVICE=idemflow-dispatch $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
-expect_line "$cron" "17 * * * * idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
-expect_line "$cron" "* * * * *  idemflow  grep -qs '^[[:space:]]*db[[:space:]]*=' $conf && [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
+expect_line "$cron" "* * * * *  idemflow  [ -x $inst_bindir/idemflow-dispatch ] && PGSERVICE=idemflow-dispatch $inst_bindir/idemflow-dispatch --config $conf -t -q && PGSERVICE=idemflow-dispatch $inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
+expect_line "$cron" "17 * * * * idemflow  [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf -t -q && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf prune | logger -t idemflow-prune"
+expect_line "$cron" "* * * * *  idemflow  [ -x $inst_bindir/idemflow ] && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf -t -q && PGSERVICE=idemflow-maintenance $inst_bindir/idemflow --config $conf reap | logger -t idemflow-reap"
 svc=$inst_sysconfdir/idemflow/pg_service.conf
 cmp -s "$top_srcdir/etc/pg_service.conf" "$DEST$svc" || fail "$svc is not the sample"
 for s in idemflow-server idemflow-dispatch idemflow-maintenance; do

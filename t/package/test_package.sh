@@ -13,12 +13,14 @@
 # .dpkg-dist), the unedited pg_service.conf is replaced. Checks after each
 # step what an operator would: the idemflow user, the configuration's owner
 # and mode, no service enabled or started, each cron job starting its
-# program only once the configuration names a database and the program is
-# installed, the edit kept, the programs gone, the configuration and logs
-# gone after purge. The consumer inbox's packages (libidemflow-inbox1,
-# libidemflow-inbox-dev, idemflow-inbox) are installed into the same root
-# with a compiler, and a program built with `pkg-config --cflags --libs
-# idemflow-inbox` links against the installed library and runs.
+# program only once the configuration names a database (idemflow.conf's
+# db, or pg_service.conf alone) and the program is installed, the edit
+# kept, the API through Debian's nginx on port 80, the programs gone, the
+# configuration and logs gone after purge. The consumer inbox's packages
+# (libidemflow-inbox1, libidemflow-inbox-dev, idemflow-inbox) are installed
+# into the same root with a compiler, and a program built with
+# `pkg-config --cflags --libs idemflow-inbox` links against the installed
+# library and runs.
 #
 # Slow (a package build and a debootstrap: minutes), so not in `make
 # check`: `scripts/test --package` runs it. Needs root (chroot), network
@@ -83,6 +85,7 @@ for f in /usr/bin/idemflow /usr/bin/idemflow-dispatch /usr/sbin/idemflow-fcgi \
 	/etc/idemflow/idemflow.conf /etc/idemflow/pg_service.conf /etc/cron.d/idemflow /etc/logrotate.d/idemflow \
 	/etc/nginx/sites-available/idemflow /lib/systemd/system/idemflow-fcgi.service \
 	/lib/systemd/system/idemflow-dispatch.service /lib/systemd/system/idemflow-dispatch.timer \
+	/lib/systemd/system/idemflow-fcgi.socket \
 	/usr/lib/sysusers.d/idemflow.conf /usr/share/idemflow/sql/001_init.sql \
 	/usr/share/idemflow/sql/roles.sql /usr/share/man/man8/idemflow-fcgi.8.gz \
 	/usr/share/idemflow/prometheus/idemflow-rules.yml \
@@ -198,8 +201,10 @@ stand_ins() { # stand_ins on|off
 	for p in "${PROGRAMS[@]}"; do
 		if [[ $1 == on ]]; then
 			mv "$ROOT$p" "$ROOT$p.real"
+			# The guard (-t) is the real program's; a run is recorded.
 			# shellcheck disable=SC2016 # expanded by the stand-in
-			printf '#!/bin/sh\necho "$0 $*" >>/tmp/cron-ran\n' >"$ROOT$p"
+			printf '#!/bin/sh\ncase " $* " in *" -t "*) exec %s.real "$@" ;; esac\necho "$0 $*" >>/tmp/cron-ran\n' \
+				"$p" >"$ROOT$p"
 			chmod 755 "$ROOT$p"
 		else
 			mv "$ROOT$p.real" "$ROOT$p"
@@ -217,20 +222,38 @@ cron_job() {
 	cat "$ROOT/tmp/cron-ran" >"$WORK/job.ran" 2>/dev/null || : >"$WORK/job.ran"
 	rm -f "$ROOT/tmp/cron-ran"
 }
-# A job that runs nothing exits 1 (a guard of its && chain) and says
-# nothing: "not found" (127) is cron mailing an error every minute.
-expect_nothing_ran() { # expect_nothing_ran WHEN
+# A job that runs nothing exits with its guard's status and says
+# nothing: 78 from the program's "-t -q" while no database is named, 1
+# from "[ -x ]" once the program is gone. "not found" (127) is cron
+# mailing an error every minute.
+expect_nothing_ran() { # expect_nothing_ran WHEN STATUS
 	local i
 	for i in "${!jobs[@]}"; do
 		cron_job "$i"
 		check "$1, cron job $((i + 1)) starts no program ($(wc -l <"$WORK/job.ran") started)" \
 			test ! -s "$WORK/job.ran"
-		check "$1, cron job $((i + 1)) exits 1 silently (status $job_rc, $(wc -c <"$WORK/job.err") bytes on stderr)" \
-			bash -c "[[ $job_rc == 1 && ! -s '$WORK/job.err' ]]"
+		check "$1, cron job $((i + 1)) exits $2 silently (status $job_rc, $(wc -c <"$WORK/job.err") bytes on stderr)" \
+			bash -c "[[ $job_rc == $2 && ! -s '$WORK/job.err' ]]"
+	done
+}
+# expect_each_ran WHEN: every job started its program.
+expect_each_ran() {
+	local i want
+	for i in "${!jobs[@]}"; do
+		cron_job "$i"
+		want=$(grep -o '/usr/bin/idemflow[a-z-]*' <<<"${jobs[$i]}" | tail -n 1)
+		check "$1, cron job $((i + 1)) starts $want" grep -q "^$want .*--config" "$WORK/job.ran"
 	done
 }
 stand_ins on
-expect_nothing_ran "unconfigured"
+expect_nothing_ran "unconfigured" 78
+# Configured through pg_service.conf alone (idemflow.conf names no
+# database): the jobs' services name it, and each job runs. Then the
+# file goes back as shipped, byte for byte.
+cp "$ROOT/etc/idemflow/pg_service.conf" "$WORK/pg_service.shipped"
+sed -i 's/^#dbname=idemflow$/dbname=idemflow/' "$ROOT/etc/idemflow/pg_service.conf"
+expect_each_ran "configured by pg_service.conf alone"
+cp "$WORK/pg_service.shipped" "$ROOT/etc/idemflow/pg_service.conf"
 stand_ins off
 
 # ---------------------------------------------------------------- upgrade
@@ -239,11 +262,7 @@ echo "db = host=/run/postgresql dbname=idemflow user=idemflow" >>"$ROOT/etc/idem
 cp "$ROOT/etc/idemflow/idemflow.conf" "$WORK/edited.conf"
 # Configured, each job starts its program: the guard opens.
 stand_ins on
-for i in "${!jobs[@]}"; do
-	cron_job "$i"
-	want=$(grep -o '/usr/bin/idemflow[a-z-]*' <<<"${jobs[$i]}" | tail -n 1)
-	check "configured, cron job $((i + 1)) starts $want" grep -q "^$want " "$WORK/job.ran"
-done
+expect_each_ran "configured"
 stand_ins off
 if in_root apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-confold \
 	"/tmp/${DEB##*/}" >>"$WORK/apt.log" 2>&1; then
@@ -263,6 +282,194 @@ check "the unedited pg_service.conf is the new release's" \
 check "the configuration is still root:idemflow 0640" \
 	bash -c "[[ \$(chroot '$ROOT' stat -c '%U:%G %a' /etc/idemflow/idemflow.conf) == 'root:idemflow 640' ]]"
 
+# ---------------------------------------------------------------- the server through nginx
+# The installed package as an operator runs it, on a stock Debian 12 root:
+# PostgreSQL and nginx from Debian, nginx's "default" site left enabled
+# (it holds default_server on port 80), the packaged site linked beside it
+# as README.Debian says, idemflow-fcgi as the idemflow user. Everything
+# runs in network and mount namespaces of its own (port 80 and a /proc for
+# the root), held open by one process; in_ns runs a command inside.
+NSPID=''
+SERVER_PID=''
+ns_start() {
+	unshare --net --mount --propagation private --fork sleep infinity &
+	NSPID=
+	local i
+	for i in $(seq 50); do
+		NSPID=$(pgrep -P $! -x sleep || :)
+		[[ -n $NSPID ]] && break
+		sleep 0.1
+	done
+	NSPID_HOLDER=$!
+	nsenter -t "$NSPID" -n ip link set lo up
+	nsenter -t "$NSPID" -m mount -t proc proc "$ROOT/proc"
+}
+in_ns() {
+	nsenter -t "$NSPID" -n -m chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+		DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 "$@"
+}
+ns_stop() {
+	[[ -n $NSPID ]] || return 0
+	if [[ -n $SERVER_PID ]]; then
+		kill -TERM "$SERVER_PID" 2>/dev/null || :
+		wait "$SERVER_PID" 2>/dev/null || :
+		SERVER_PID=
+	fi
+	# shellcheck disable=SC2016 # expanded in the root
+	in_ns sh -c 'nginx -s stop; sleep 1
+		for v in /etc/postgresql/*/main; do v=${v#/etc/postgresql/}; v=${v%/main}
+			su postgres -s /bin/sh -c "pg_ctlcluster $v main stop -m fast"; done' \
+		>/dev/null 2>&1 || :
+	kill "$NSPID_HOLDER" "$NSPID" 2>/dev/null || :
+	wait "$NSPID_HOLDER" 2>/dev/null || :
+	NSPID=
+}
+trap 'ns_stop; rm -rf -- "$WORK"' EXIT
+
+# http_req NAME CURL-ARGS...: one request through port 80, as a client on
+# this host; the status in $WORK/NAME.status, the headers and body beside.
+http_req() {
+	local name=$1
+	shift
+	in_ns curl -sS -o "/tmp/$name.body" -D "/tmp/$name.headers" -w '%{http_code}' \
+		--max-time 30 "$@" >"$WORK/$name.status" 2>"$WORK/$name.err" || :
+	cp "$ROOT/tmp/$name.body" "$WORK/$name.body" 2>/dev/null || : >"$WORK/$name.body"
+	tr -d '\r' <"$ROOT/tmp/$name.headers" >"$WORK/$name.headers" 2>/dev/null ||
+		: >"$WORK/$name.headers"
+}
+status_is() { # status_is NAME CODE
+	[[ $(cat "$WORK/$1.status") == "$2" ]]
+}
+
+server_through_nginx() {
+	step "the server behind Debian's nginx, its default site left enabled"
+	if ! in_root apt-get install -y --no-install-recommends nginx postgresql curl \
+		>>"$WORK/apt.log" 2>&1; then
+		tail -n 30 "$WORK/apt.log" >&2
+		bad "apt-get install nginx postgresql curl failed"
+		return
+	fi
+	check "Debian's default site is enabled" test -L "$ROOT/etc/nginx/sites-enabled/default"
+	check "the default site holds default_server on port 80" \
+		grep -q '^[[:space:]]*listen 80 default_server;' "$ROOT/etc/nginx/sites-available/default"
+	local pgconf
+	pgconf=$(ls -d "$ROOT"/etc/postgresql/*/main)
+	# Unix socket only (no port taken on this machine); the test root's
+	# own roles may log in without a password.
+	echo "listen_addresses = ''" >>"$pgconf/postgresql.conf"
+	sed -i '1i local all all trust' "$pgconf/pg_hba.conf"
+	local pgver=${pgconf%/main}
+	pgver=${pgver##*/}
+	ns_start
+	in_ns sh -c 'mkdir -p /run/postgresql && chown postgres:postgres /run/postgresql' || :
+	check "PostgreSQL $pgver starts in the root" \
+		in_ns su postgres -s /bin/sh -c "pg_ctlcluster $pgver main start"
+	in_ns su postgres -s /bin/sh -c \
+		"psql -qX -v ON_ERROR_STOP=1 -c 'CREATE ROLE idemflow LOGIN' &&
+		 createdb -O idemflow idemflow" >>"$WORK/server.log" 2>&1 || bad "creating the database"
+	check "idemflow migrate, as README.Debian says" \
+		in_ns runuser -u idemflow -- idemflow --config /etc/idemflow/idemflow.conf migrate
+	in_ns runuser -u idemflow -- idemflow --config /etc/idemflow/idemflow.conf tenant create pkg \
+		>/dev/null 2>>"$WORK/server.log" || bad "tenant create pkg"
+	local token
+	token=$(in_ns runuser -u idemflow -- idemflow --config /etc/idemflow/idemflow.conf \
+		token create --tenant pkg 2>>"$WORK/server.log") || bad "token create"
+	server_start
+	ln -s ../sites-available/idemflow "$ROOT/etc/nginx/sites-enabled/idemflow"
+	check "nginx -t accepts the packaged site beside the default one" in_ns nginx -t -q
+	check "nginx starts" in_ns nginx
+
+	local body='{"type":"order-flow","input":{"order":1}}'
+	local args=(-H 'Host: idemflow' -H "Authorization: Bearer $token"
+		-H 'Content-Type: application/json' -H 'Idempotency-Key: pkg-order-1' -d "$body"
+		http://127.0.0.1/v1/workflows)
+	http_req create "${args[@]}"
+	check "a keyed create through port 80 is 201 ($(cat "$WORK/create.status"))" status_is create 201
+	check "its answer is idemflow's JSON" grep -qi '^content-type: application/json' "$WORK/create.headers"
+	http_req replay "${args[@]}"
+	check "its replay is 201 ($(cat "$WORK/replay.status"))" status_is replay 201
+	check "the replay is byte for byte the first answer" cmp "$WORK/create.body" "$WORK/replay.body"
+	check "the replay says Idempotent-Replayed: true" \
+		grep -qix 'idempotent-replayed: true' "$WORK/replay.headers"
+	check "the create made one workflow" bash -c "[[ \$(chroot '$ROOT' su postgres -s /bin/sh \
+		-c \"psql -AtqX -d idemflow -c 'SELECT count(*) FROM workflows'\") == 1 ]]"
+	# Any other name still gets Debian's default site.
+	http_req other -H 'Host: www.example.org' http://127.0.0.1/
+	check "another host name gets the default site's welcome page ($(cat "$WORK/other.status"))" \
+		bash -c "[[ \$(cat '$WORK/other.status') == 200 ]] && grep -q 'Welcome to nginx' '$WORK/other.body'"
+	server_checks
+	ns_stop
+	if ((FAIL > 0)); then
+		tail -n 30 "$WORK/server.log" >&2 || :
+		tail -n 30 "$ROOT/var/log/nginx/idemflow.error.log" >&2 || :
+	fi
+	rm -f "$ROOT/etc/nginx/sites-enabled/idemflow"
+}
+
+# Start idemflow-fcgi in the root the way the packaged units do, without
+# systemd: what idemflow-fcgi.socket says (the socket idemflow:www-data
+# 0660, passed as descriptor 3 with LISTEN_FDS and LISTEN_PID), then the
+# service's command as the idemflow user. Perl (perl-base) plays systemd.
+server_start() {
+	local unit=$ROOT/lib/systemd/system/idemflow-fcgi.socket
+	local path user group mode
+	path=$(sed -n 's/^ListenStream=//p' "$unit" 2>/dev/null || :)
+	user=$(sed -n 's/^SocketUser=//p' "$unit" 2>/dev/null || :)
+	group=$(sed -n 's/^SocketGroup=//p' "$unit" 2>/dev/null || :)
+	mode=$(sed -n 's/^SocketMode=//p' "$unit" 2>/dev/null || :)
+	check "idemflow-fcgi.socket: $path, $user:$group $mode" \
+		test "$path $user:$group $mode" == "/run/idemflow/idemflow.sock idemflow:www-data 0660"
+	cat >"$ROOT/tmp/socket-unit.pl" <<'PERL'
+use strict;
+use Socket;
+use POSIX ();
+my ($path, $user, $group, $mode, @cmd) = @ARGV;
+mkdir "/run/idemflow", 0755;
+unlink $path;
+# Descriptors up to 3 survive exec: the socket may well be 3 already,
+# where dup2 below changes nothing.
+$^F = 3;
+socket(my $s, PF_UNIX, SOCK_STREAM, 0) or die "socket: $!";
+bind($s, pack_sockaddr_un($path)) or die "bind: $!";
+listen($s, 1024) or die "listen: $!";
+chown scalar(getpwnam($user)), scalar(getgrnam($group)), $path or die "chown: $!";
+chmod oct($mode), $path or die "chmod: $!";
+POSIX::dup2(fileno($s), 3) == 3 or die "dup2: $!";
+$ENV{LISTEN_FDS} = 1;
+$ENV{LISTEN_PID} = $$;
+exec @cmd or die "exec: $!";
+PERL
+	in_ns setsid perl /tmp/socket-unit.pl "$path" "$user" "$group" "$mode" \
+		setpriv --reuid=idemflow --regid=idemflow --init-groups \
+		idemflow-fcgi --config /etc/idemflow/idemflow.conf --workers 2 \
+		>>"$WORK/server.log" 2>&1 </dev/null &
+	# Each of setsid, perl and setpriv execs the next: this is the server.
+	SERVER_PID=$!
+	local i
+	for i in $(seq 100); do
+		grep -q 'msg="worker started"' "$WORK/server.log" 2>/dev/null && break
+		sleep 0.1
+	done
+	check "idemflow-fcgi serves on the socket from the socket unit" \
+		grep -q 'msg="listening on the socket from systemd" fd=3' "$WORK/server.log"
+}
+
+# The secrets: nginx's workers reach the server through the socket unit's
+# socket, never by reading what the idemflow group may read.
+server_checks() {
+	check "www-data is not in the idemflow group" \
+		bash -c "! chroot '$ROOT' id -nG www-data | grep -qw idemflow"
+	check "www-data cannot read /etc/idemflow/idemflow.conf" \
+		bash -c "! chroot '$ROOT' runuser -u www-data -- cat /etc/idemflow/idemflow.conf >/dev/null 2>&1"
+	check "README.Debian does not tell to add www-data to the idemflow group" \
+		bash -c "! zcat -f '$ROOT/usr/share/doc/idemflow/README.Debian'* | grep -q 'adduser www-data'"
+	http_req after -H 'Host: idemflow' http://127.0.0.1/healthz
+	check "and still, a request through nginx is served ($(cat "$WORK/after.status"))" \
+		status_is after 204
+}
+
+server_through_nginx
+
 # ---------------------------------------------------------------- remove, purge
 step "remove"
 mkdir -p "$ROOT/var/log/idemflow"
@@ -271,7 +478,7 @@ in_root apt-get remove -y idemflow >>"$WORK/apt.log" 2>&1 || bad "apt-get remove
 check "remove takes the programs" bash -c "[[ ! -e '$ROOT/usr/bin/idemflow-dispatch' ]]"
 check "remove keeps the configuration" test -f "$ROOT/etc/idemflow/idemflow.conf"
 # Configured (the edit is kept), but the programs are gone.
-expect_nothing_ran "removed"
+expect_nothing_ran "removed" 1
 step "purge"
 in_root apt-get purge -y idemflow >>"$WORK/apt.log" 2>&1 || bad "apt-get purge failed"
 check "purge takes the configuration" bash -c "[[ ! -e '$ROOT/etc/idemflow' ]]"
