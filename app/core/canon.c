@@ -494,3 +494,12 @@ int canon_write(struct buf *out, struct json_object *v, struct err *e)
 	}
 	return err_set(e, ERR_INTERNAL, "unknown JSON type");
 }
+
+int canon_recanon(struct buf *out, const char *text, size_t len, struct err *e)
+{
+	struct json_object *v = canon_parse(text, len, CANON_STORED_DEPTH, e);
+	int rc = v != NULL ? canon_write(out, v, e) : -1;
+
+	json_object_put(v);
+	return rc;
+}

@@ -46,6 +46,18 @@ struct json_object *canon_parse(const char *text, size_t len, int max_depth,
  * number too large for a double). */
 int canon_write(struct buf *out, struct json_object *v, struct err *e) MUSTCHECK;
 
+/* The nesting canon_recanon() accepts: as deep as the deepest request
+ * (the configuration's max_depth is at most 1000). */
+#define CANON_STORED_DEPTH 1000
+
+/*
+ * Append the canonical form of len bytes of JSON text that the program
+ * stored itself (jsonb prints in its own style: spaces, its own key
+ * order), parsed as canon_parse() with CANON_STORED_DEPTH. Returns 0, or
+ * -1 with e filled; out may then hold part of a value.
+ */
+int canon_recanon(struct buf *out, const char *text, size_t len, struct err *e) MUSTCHECK;
+
 /* Append s (n bytes, valid UTF-8) as a JSON string literal with quotes. */
 void canon_write_string(struct buf *out, const char *s, size_t n);
 

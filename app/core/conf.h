@@ -39,7 +39,7 @@ struct conf {
 	long replay_cache_ttl;  /* ms a worker may answer a replay from memory; 0 = never */
 	long statement_timeout; /* ms; 0 = none */
 	long max_body;          /* bytes */
-	long max_answer;        /* bytes of a page (wf.c) */
+	long max_answer;        /* bytes of a page (page.c) */
 	long message_ttl_max;   /* ms: the longest ttl of a message kept by business key */
 	long max_depth;         /* JSON nesting */
 	long retry_after;       /* s, sent with 503 and 409 in-flight */

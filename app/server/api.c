@@ -15,6 +15,7 @@
 
 #include "server/auth.h"
 #include "server/jobs.h"
+#include "server/messages.h"
 #include "server/ops.h"
 #include "server/queries.h"
 #include "server/route.h"

@@ -2,7 +2,7 @@
  * handler.h - what every handler of the v1 API shares: the per-worker
  * request context and the two ways to answer with a problem.
  *
- * Handlers (wf.c, jobs.c, ops.c, ...) include this header and never the
+ * Handlers (wf.c, messages.c, jobs.c, ops.c, ...) include this header and never the
  * router (api.h) nor one another; the router includes them.
  */
 #ifndef IDF_HANDLER_H

@@ -76,13 +76,8 @@ static void write_text(struct buf *out, const char *name, const char *s)
 static int write_json(struct buf *out, const char *name, const char *text, size_t len,
                       struct err *e)
 {
-	struct json_object *v = canon_parse(text, len, 1000, e);
-	int rc;
-
 	buf_printf(out, ",\"%s\":", name);
-	rc = v != NULL ? canon_write(out, v, e) : -1;
-	json_object_put(v);
-	return rc;
+	return canon_recanon(out, text, len, e);
 }
 
 /* Append the job in row i of res, with its progress when progress is set

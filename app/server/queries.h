@@ -227,7 +227,7 @@ enum message_publish_param {
 	MP_MESSAGE_ID,
 	MP_NAME,
 	MP_BUSINESS_KEY,
-	MP_TTL, /* an ISO 8601 duration, checked (wf.c) */
+	MP_TTL, /* an ISO 8601 duration, checked (messages.c) */
 	MP_PAYLOAD,
 	MP_TTL_MAX, /* ms: message_ttl_max */
 	MP__N
@@ -259,7 +259,7 @@ enum job_fail_param {
 };
 
 /* Q_WF_EVENTS: events after seq WE_AFTER, at most WE_LIMIT, stopping
- * after the first one past WE_BUDGET bytes (wf.c, answer_page). */
+ * after the first one past WE_BUDGET bytes (page.c, page_answer). */
 enum wf_events_param { WE_TENANT, WE_ID, WE_AFTER, WE_LIMIT, WE_BUDGET, WE__N };
 
 /* Q_WF_LIST: filters are NULL when not asked for; pages as Q_WF_EVENTS. */

@@ -1,6 +1,7 @@
 /*
- * wf.c - workflows: create, read, list, history, transitions, resumes,
- * messages.
+ * wf.c - workflows: create, read, list, history, transitions, resumes.
+ * The steps' checks are wf_steps.c's, the message routes messages.c's,
+ * the paging page.c's.
  *
  * A plain keyed create (no steps, no business key) is one SQL statement
  * (Q_CREATE_KEYED), so the key row with its stored response, the workflow
@@ -14,7 +15,6 @@
 
 #include "config.h"
 
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,229 +22,12 @@
 #include "core/canon.h"
 #include "core/fp.h"
 #include "core/ids.h"
-#include "core/iso8601.h"
 #include "server/cmd.h"
+#include "server/page.h"
 #include "server/queries.h"
+#include "server/wf_steps.h"
 
-#define WF_TYPE_MAX         128
-#define WF_NAME_MAX         64
-#define WF_STEPS_MAX        32 /* as JOBS_STEP_MAX */
-#define WF_BUSINESS_KEY_MAX 255
-#define WF_RETRIES_MAX      100
-#define WF_PAGE_DEFAULT     100
-#define WF_PAGE_MAX         1000
-#define WF_GET_PROGRESS     8      /* Q_WF_GET's column after the workflow's */
-#define WF_MESSAGE_TTL      "PT1H" /* a published message's ttl when none is given */
-
-/* The members of a create body; all borrowed from the parsed body. */
-struct wf_body {
-	struct json_object *type;
-	struct json_object *input;
-	struct json_object *steps;
-	const char *business_key;
-};
-
-/* A job step's failure policy: "on_failure" is "fail" (the default: the
- * workflow fails once the retries are used up) or "incident" (it waits in
- * incident for a resume); "resumable" (boolean) lets a failed workflow be
- * resumed at this step. *on_failure: the member, or NULL when absent. */
-static int validate_failure(struct json_object *st, const char **on_failure, char *why, size_t wlen)
-{
-	struct json_object *v;
-
-	if (cmd_text(st, "on_failure", 0, 16, on_failure, why, wlen) < 0)
-		return -1;
-	if (*on_failure != NULL && strcmp(*on_failure, "fail") != 0 &&
-	    strcmp(*on_failure, "incident") != 0) {
-		snprintf(why, wlen, "\"on_failure\" is \"fail\" or \"incident\"");
-		return -1;
-	}
-	if (json_object_object_get_ex(st, "resumable", &v) &&
-	    !json_object_is_type(v, json_type_boolean)) {
-		snprintf(why, wlen, "\"resumable\" must be true or false");
-		return -1;
-	}
-	return 0;
-}
-
-/* The longest wait, sleep or message ttl: about ten years. */
-#define WF_DURATION_MAX_DAYS 3650L
-
-/*
- * A duration of at most WF_DURATION_MAX_DAYS (whole days: P3650DT23H
- * passes), or an RFC 3339 time: what iso8601.h reads, which PostgreSQL
- * reads too. Returns 0, or -1 with why.
- */
-static int check_time(const char *v, int is_time, char *why, size_t wlen)
-{
-	int64_t us;
-
-	if (is_time)
-		return iso8601_time(v, NULL, why, wlen);
-	if (iso8601_duration(v, &us, why, wlen) < 0)
-		return -1;
-	if (us / (86400LL * 1000000LL) > WF_DURATION_MAX_DAYS) {
-		snprintf(why, wlen, "at most P%ldD", WF_DURATION_MAX_DAYS);
-		return -1;
-	}
-	return 0;
-}
-
-/*
- * The duration (or, when is_time, the time) member name of st, if present,
- * into *out (borrowed from st; NULL when absent): 0, or -1 with detail
- * filled ("<where>: "<name>": why").
- */
-static int check_time_member(struct json_object *st, const char *name, int is_time,
-                             const char *where, const char **out, char *detail, size_t dlen)
-{
-	const char *v;
-	char why[160];
-
-	*out = NULL;
-	if (cmd_text(st, name, 0, 64, &v, why, sizeof(why)) < 0) {
-		snprintf(detail, dlen, "%s%s%s", where, where[0] ? ": " : "", why);
-		return -1;
-	}
-	*out = v;
-	if (v == NULL)
-		return 0;
-	if (check_time(v, is_time, why, sizeof(why)) == 0)
-		return 0;
-	snprintf(detail, dlen, "%s%s\"%s\": %s", where, where[0] ? ": " : "", name, why);
-	return -1;
-}
-
-/* Check one step definition (index i, 0-based) against the ones before.
- * On failure *kind says how: P_INVALID_DURATION for a malformed duration
- * or time, else it is left alone (P_INVALID_WORKFLOW). */
-static int validate_step(struct json_object *steps, size_t i, enum problem_kind *kind, char *detail,
-                         size_t dlen)
-{
-	static const char *const members[] = { "name",       "job_type",  "wait_for", "retries",
-		                               "sleep",      "until",     "timeout",  "on_timeout",
-		                               "on_failure", "resumable", NULL };
-	struct json_object *st = json_object_array_get_idx(steps, i);
-	const char *name, *job_type, *wait_for, *on_timeout, *on_failure, *v;
-	char why[200], where[24];
-	long retries;
-	int kinds;
-
-	if (!json_object_is_type(st, json_type_object)) {
-		snprintf(detail, dlen, "step %zu must be a JSON object", i + 1);
-		return -1;
-	}
-	if (cmd_members(st, members, why, sizeof(why)) < 0 ||
-	    cmd_text(st, "name", 1, WF_NAME_MAX, &name, why, sizeof(why)) < 0 ||
-	    cmd_text(st, "job_type", 0, WF_TYPE_MAX, &job_type, why, sizeof(why)) < 0 ||
-	    cmd_text(st, "wait_for", 0, WF_TYPE_MAX, &wait_for, why, sizeof(why)) < 0 ||
-	    cmd_text(st, "on_timeout", 0, WF_NAME_MAX, &on_timeout, why, sizeof(why)) < 0 ||
-	    cmd_int(st, "retries", 0, WF_RETRIES_MAX, 0, &retries, why, sizeof(why)) < 0 ||
-	    validate_failure(st, &on_failure, why, sizeof(why)) < 0)
-		goto bad;
-	snprintf(where, sizeof(where), "step %zu", i + 1);
-	if (check_time_member(st, "sleep", 0, where, &v, detail, dlen) < 0 ||
-	    check_time_member(st, "until", 1, where, &v, detail, dlen) < 0 ||
-	    check_time_member(st, "timeout", 0, where, &v, detail, dlen) < 0) {
-		*kind = P_INVALID_DURATION;
-		return -1;
-	}
-	kinds = (job_type != NULL) + (wait_for != NULL) +
-	        json_object_object_get_ex(st, "sleep", NULL) +
-	        json_object_object_get_ex(st, "until", NULL);
-	if (kinds != 1) {
-		snprintf(why, sizeof(why),
-		         "a step has exactly one of \"job_type\", \"wait_for\", \"sleep\" and "
-		         "\"until\"");
-		goto bad;
-	}
-	if (job_type == NULL && json_object_object_get_ex(st, "retries", NULL)) {
-		snprintf(why, sizeof(why), "only a job step has \"retries\"");
-		goto bad;
-	}
-	if (job_type == NULL &&
-	    (on_failure != NULL || json_object_object_get_ex(st, "resumable", NULL))) {
-		snprintf(why, sizeof(why),
-		         "only a job step has \"on_failure\" and \"resumable\": only a job fails");
-		goto bad;
-	}
-	if (wait_for == NULL && (json_object_object_get_ex(st, "timeout", NULL) ||
-	                         json_object_object_get_ex(st, "on_timeout", NULL))) {
-		snprintf(why, sizeof(why), "only a wait step has \"timeout\" and \"on_timeout\"");
-		goto bad;
-	}
-	if (on_timeout != NULL && !json_object_object_get_ex(st, "timeout", NULL)) {
-		snprintf(why, sizeof(why), "\"on_timeout\" needs a \"timeout\"");
-		goto bad;
-	}
-	if (on_timeout != NULL) {
-		/* A later step: a step begins once, so a workflow only moves on. */
-		size_t n = json_object_array_length(steps), k;
-		for (k = i + 1; k < n; k++) {
-			struct json_object *other = json_object_array_get_idx(steps, k), *nm;
-			if (json_object_is_type(other, json_type_object) &&
-			    json_object_object_get_ex(other, "name", &nm) &&
-			    json_object_is_type(nm, json_type_string) &&
-			    strcmp(json_object_get_string(nm), on_timeout) == 0)
-				break;
-		}
-		if (k == n) {
-			snprintf(
-			    why, sizeof(why),
-			    "\"on_timeout\" names no later step: \"%.64s\" is not the name of a "
-			    "step after this one",
-			    on_timeout);
-			goto bad;
-		}
-	}
-	for (size_t k = 0; k < i; k++) {
-		struct json_object *other, *n;
-		other = json_object_array_get_idx(steps, k);
-		if (json_object_object_get_ex(other, "name", &n) &&
-		    strcmp(json_object_get_string(n), name) == 0) {
-			snprintf(why, sizeof(why), "the name \"%s\" is already step %zu's", name,
-			         k + 1);
-			goto bad;
-		}
-	}
-	return 0;
-bad:
-	snprintf(detail, dlen, "step %zu: %s", i + 1, why);
-	return -1;
-}
-
-/* Check the parsed body; on failure fill detail and return -1. */
-static int validate(struct json_object *root, struct wf_body *b, enum problem_kind *kind,
-                    char *detail, size_t dlen)
-{
-	static const char *const members[] = { "type", "input", "steps", "business_key", NULL };
-	const char *type;
-	size_t n;
-
-	memset(b, 0, sizeof(*b));
-	if (cmd_members(root, members, detail, dlen) < 0 ||
-	    cmd_text(root, "type", 1, WF_TYPE_MAX, &type, detail, dlen) < 0 ||
-	    cmd_object(root, "input", &b->input, detail, dlen) < 0 ||
-	    cmd_text(root, "business_key", 0, WF_BUSINESS_KEY_MAX, &b->business_key, detail, dlen) <
-	        0)
-		return -1;
-	json_object_object_get_ex(root, "type", &b->type);
-	if (!json_object_object_get_ex(root, "steps", &b->steps) || b->steps == NULL)
-		return 0;
-	if (!json_object_is_type(b->steps, json_type_array)) {
-		snprintf(detail, dlen, "\"steps\" must be an array");
-		return -1;
-	}
-	n = json_object_array_length(b->steps);
-	if (n == 0 || n > WF_STEPS_MAX) {
-		snprintf(detail, dlen, "\"steps\" must hold 1 to %d steps", WF_STEPS_MAX);
-		return -1;
-	}
-	for (size_t i = 0; i < n; i++)
-		if (validate_step(b->steps, i, kind, detail, dlen) < 0)
-			return -1;
-	return 0;
-}
+#define WF_GET_PROGRESS 8 /* Q_WF_GET's column after the workflow's */
 
 void wf_write(struct buf *out, const struct wf_view *w)
 {
@@ -271,16 +54,6 @@ void wf_write(struct buf *out, const struct wf_view *w)
 	buf_putc(out, '}');
 }
 
-/* Canonical form of stored JSON text (jsonb prints in its own style). */
-static int recanon(struct buf *out, const char *text, size_t len, struct err *e)
-{
-	struct json_object *v = canon_parse(text, len, 1000, e);
-	int rc = v != NULL ? canon_write(out, v, e) : -1;
-
-	json_object_put(v);
-	return rc;
-}
-
 /* The view of the workflow in row `row` of res, columns from `col` on as
  * wf_write_row() reads them, its JSON canonical in tmp. 0, or -1 with e. */
 static int row_view(struct wf_view *view, struct buf *tmp, const PGresult *res, int row, int col,
@@ -290,14 +63,14 @@ static int row_view(struct wf_view *view, struct buf *tmp, const PGresult *res, 
 	size_t input_len;
 
 	buf_reset(tmp);
-	if (recanon(tmp, PQgetvalue(res, row, col + 3), (size_t)PQgetlength(res, row, col + 3), e) <
-	    0)
+	if (canon_recanon(tmp, PQgetvalue(res, row, col + 3),
+	                  (size_t)PQgetlength(res, row, col + 3), e) < 0)
 		return err_set(e, ERR_INTERNAL, "stored input of workflow %s is not valid JSON",
 		               PQgetvalue(res, row, col));
 	input_len = tmp->len;
 	if (strcmp(PQgetvalue(res, row, col + 6), "[]") != 0 &&
-	    recanon(tmp, PQgetvalue(res, row, col + 6), (size_t)PQgetlength(res, row, col + 6), e) <
-	        0)
+	    canon_recanon(tmp, PQgetvalue(res, row, col + 6),
+	                  (size_t)PQgetlength(res, row, col + 6), e) < 0)
 		return err_set(e, ERR_INTERNAL, "stored steps of workflow %s are not valid JSON",
 		               PQgetvalue(res, row, col));
 	if (tmp->oom)
@@ -545,7 +318,7 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	root = cmd_read_json(ctx, req, resp, c->idempotency_key == IDEM_KEY_REQUIRED);
 	if (root == NULL)
 		goto out;
-	if (validate(root, &b, &kind, detail, sizeof(detail)) < 0) {
+	if (wf_steps_body(root, &b, &kind, detail, sizeof(detail)) < 0) {
 		handler_problem(resp, req, kind, detail);
 		goto out;
 	}
@@ -622,8 +395,8 @@ static int get_progress(struct wf_view *w, struct buf *tmp, const PGresult *res,
 
 	if (PQgetisnull(res, 0, WF_GET_PROGRESS))
 		return 0;
-	if (recanon(tmp, PQgetvalue(res, 0, WF_GET_PROGRESS),
-	            (size_t)PQgetlength(res, 0, WF_GET_PROGRESS), e) < 0)
+	if (canon_recanon(tmp, PQgetvalue(res, 0, WF_GET_PROGRESS),
+	                  (size_t)PQgetlength(res, 0, WF_GET_PROGRESS), e) < 0)
 		return err_set(e, ERR_INTERNAL, "stored progress of workflow %s is not valid JSON",
 		               w->id);
 	if (tmp->oom)
@@ -669,45 +442,6 @@ void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struc
 	PQclear(res);
 }
 
-/* A query parameter into out; "" when absent. -1 with resp filled when
- * it is malformed. */
-static int query_param(const struct http_req *req, struct http_resp *resp, const char *name,
-                       char *out, size_t outlen)
-{
-	char detail[128];
-	int rc = http_query_param(req->query, name, out, outlen);
-
-	if (rc < 0) {
-		snprintf(detail, sizeof(detail),
-		         "query parameter \"%s\" is malformed or longer than %zu bytes", name,
-		         outlen - 1);
-		handler_problem(resp, req, P_INVALID_REQUEST, detail);
-		return -1;
-	}
-	if (rc == 0)
-		out[0] = '\0';
-	return 0;
-}
-
-/* limit=N within 1..WF_PAGE_MAX, WF_PAGE_DEFAULT when absent. */
-static int query_limit(const struct http_req *req, struct http_resp *resp, long *limit)
-{
-	char v[16], *end;
-
-	if (query_param(req, resp, "limit", v, sizeof(v)) < 0)
-		return -1;
-	*limit = WF_PAGE_DEFAULT;
-	if (v[0] == '\0')
-		return 0;
-	*limit = strtol(v, &end, 10);
-	if (*end != '\0' || end == v || *limit < 1 || *limit > WF_PAGE_MAX) {
-		handler_problem(resp, req, P_INVALID_REQUEST,
-		                "limit must be an integer from 1 to 1000");
-		return -1;
-	}
-	return 0;
-}
-
 static int is_state(const char *s)
 {
 	static const char *const states[] = { "pending",   "running", "incident",
@@ -717,62 +451,6 @@ static int is_state(const char *s)
 		if (strcmp(s, states[i]) == 0)
 			return 1;
 	return 0;
-}
-
-/* Append row i of res to out as one item of a page; 0, or -1 with e. */
-typedef int (*page_item_fn)(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
-                            struct err *e);
-
-/* The longest end of a page: "],"next_cursor":"<uuid>"}". */
-#define PAGE_TAIL_MAX 64
-
-/*
- * Answer 200 {"<name>":[items],"next_cursor":...} from the first rows of
- * res: at most limit items and at most max_answer bytes, the first item
- * always (so a walk always moves on, even past an item bigger than the
- * cap). The query asked for one row more than limit and stopped one row
- * past its byte budget; column within_col says whether a row starts
- * within that budget. A row left over means a next page; the cursor is
- * column 0 of the last row shown.
- */
-static void answer_page(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
-                        const char *name, const PGresult *res, int n, long limit, int within_col,
-                        page_item_fn item)
-{
-	const size_t cap = (size_t)ctx->conf->max_answer;
-	struct buf *b = &resp->body;
-	int shown = 0;
-	struct err e;
-
-	buf_printf(b, "{\"%s\":[", name);
-	for (int i = 0; i < n && i < limit; i++) {
-		size_t mark = b->len;
-		if (i > 0 && strcmp(PQgetvalue(res, i, within_col), "t") != 0)
-			break;
-		if (i > 0)
-			buf_putc(b, ',');
-		if (item(ctx, b, res, i, &e) < 0)
-			goto fail;
-		if (i > 0 && b->len + PAGE_TAIL_MAX > cap) {
-			buf_truncate(b, mark); /* the next page starts with it */
-			break;
-		}
-		shown++;
-	}
-	if (shown < n)
-		buf_printf(b, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, shown - 1, 0));
-	else
-		buf_puts(b, "],\"next_cursor\":null}");
-	if (b->oom) {
-		err_set(&e, ERR_INTERNAL, "out of memory");
-		goto fail;
-	}
-	resp->status = 200;
-	resp->content_type = "application/json";
-	return;
-fail:
-	buf_reset(b);
-	handler_db_error(ctx, resp, req, &e);
 }
 
 static int list_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
@@ -793,7 +471,8 @@ static int event_item(struct handler_ctx *ctx, struct buf *out, const PGresult *
 	int rc;
 
 	(void)ctx;
-	v = canon_parse(PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), 1000, e);
+	v = canon_parse(PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), CANON_STORED_DEPTH,
+	                e);
 	if (v == NULL || !json_object_is_type(v, json_type_object)) {
 		json_object_put(v);
 		return err_set(e, ERR_INTERNAL, "stored event %s is not valid JSON",
@@ -816,10 +495,10 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	PGresult *res;
 	int n;
 
-	if (query_param(req, resp, "state", state, sizeof(state)) < 0 ||
-	    query_param(req, resp, "type", type, sizeof(type)) < 0 ||
-	    query_param(req, resp, "after", after, sizeof(after)) < 0 ||
-	    query_limit(req, resp, &limit) < 0)
+	if (page_param(req, resp, "state", state, sizeof(state)) < 0 ||
+	    page_param(req, resp, "type", type, sizeof(type)) < 0 ||
+	    page_param(req, resp, "after", after, sizeof(after)) < 0 ||
+	    page_limit(req, resp, &limit) < 0)
 		return;
 	if (state[0] != '\0' && !is_state(state)) {
 		handler_problem(
@@ -848,7 +527,7 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 		return;
 	}
 	n = PQntuples(res);
-	answer_page(ctx, req, resp, "workflows", res, n, limit, 8, list_item);
+	page_answer(ctx, req, resp, "workflows", res, n, limit, 8, list_item);
 	PQclear(res);
 }
 
@@ -865,8 +544,8 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id,
 		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
 		return;
 	}
-	if (query_param(req, resp, "after", after, sizeof(after)) < 0 ||
-	    query_limit(req, resp, &limit) < 0)
+	if (page_param(req, resp, "after", after, sizeof(after)) < 0 ||
+	    page_limit(req, resp, &limit) < 0)
 		return;
 	if (after[0] != '\0') {
 		after_seq = strtol(after, &end, 10);
@@ -898,7 +577,7 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id,
 	}
 	if (PQgetisnull(res, 0, 0))
 		n = 0;
-	answer_page(ctx, req, resp, "events", res, n, limit, 2, event_item);
+	page_answer(ctx, req, resp, "events", res, n, limit, 2, event_item);
 	PQclear(res);
 }
 
@@ -992,154 +671,6 @@ void wf_resume(struct handler_ctx *ctx, struct http_req *req, const char *id,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_transition };
-	cmd_run(ctx, req, resp, &cmd);
-out:
-	json_object_put(root);
-}
-
-static int render_message(struct handler_ctx *ctx, const struct http_req *req,
-                          struct http_resp *resp, const PGresult *res, const struct cmd *c,
-                          struct err *e)
-{
-	const char *message_id = c->arg, *outcome;
-
-	(void)ctx;
-	(void)req;
-	if (PQntuples(res) != 1)
-		return err_set(e, ERR_INTERNAL, "idemflow_wf_message returned %d rows",
-		               PQntuples(res));
-	outcome = PQgetvalue(res, 0, 2);
-	resp->status = strcmp(outcome, "recorded") == 0 ? 202 : 200;
-	resp->content_type = "application/json";
-	buf_puts(&resp->body, "{\"message_id\":");
-	canon_write_string(&resp->body, message_id, strlen(message_id));
-	buf_printf(&resp->body, ",\"duplicate\":%s,\"correlated\":%s",
-	           strcmp(outcome, "duplicate") == 0 ? "true" : "false",
-	           PQgetisnull(res, 0, 3) ? "false" : "true");
-	if (!PQgetisnull(res, 0, 3))
-		buf_printf(&resp->body, ",\"step\":%s", PQgetvalue(res, 0, 3));
-	buf_putc(&resp->body, '}');
-	return 0;
-}
-
-void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id,
-                struct http_resp *resp)
-{
-	static const char *const members[] = { "message_id", "name", "payload", NULL };
-	struct json_object *root, *payload;
-	const char *message_id, *name;
-	char tenant[24], detail[300], fp_text[IDEM_FP_TEXT];
-	size_t off;
-
-	root = cmd_read_json(ctx, req, resp, 0);
-	if (root == NULL)
-		return;
-	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
-	    cmd_text(root, "message_id", 1, 255, &message_id, detail, sizeof(detail)) < 0 ||
-	    cmd_text(root, "name", 1, WF_TYPE_MAX, &name, detail, sizeof(detail)) < 0 ||
-	    cmd_object(root, "payload", &payload, detail, sizeof(detail)) < 0) {
-		handler_problem(resp, req, P_INVALID_REQUEST, detail);
-		goto out;
-	}
-	if (!ids_is_uuid(id)) {
-		handler_problem(resp, req, P_NOT_FOUND, "no such workflow");
-		goto out;
-	}
-	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
-		goto out;
-	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
-		goto out;
-	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[MS__N] = { [MS_TENANT] = tenant,
-		                 [MS_ID] = id,
-		                 [MS_MESSAGE_ID] = message_id,
-		                 [MS_NAME] = name,
-		                 [MS_PAYLOAD] = ctx->scratch.data + off };
-	const struct cmd cmd = { .stmt = Q_WF_MESSAGE,
-		                 .nparams = MS__N,
-		                 .params = p,
-		                 .fp_text = fp_text,
-		                 .render = render_message,
-		                 .arg = (void *)message_id };
-	cmd_run(ctx, req, resp, &cmd);
-out:
-	json_object_put(root);
-}
-
-static int render_publish(struct handler_ctx *ctx, const struct http_req *req,
-                          struct http_resp *resp, const PGresult *res, const struct cmd *c,
-                          struct err *e)
-{
-	const char *message_id = c->arg, *outcome;
-	int delivered;
-
-	(void)ctx;
-	(void)req;
-	if (PQntuples(res) != 1)
-		return err_set(e, ERR_INTERNAL, "idemflow_message_publish returned %d rows",
-		               PQntuples(res));
-	outcome = PQgetvalue(res, 0, 2);
-	delivered = !PQgetisnull(res, 0, 3);
-	resp->status = strcmp(outcome, "buffered") == 0 ? 202 : 200;
-	resp->content_type = "application/json";
-	buf_puts(&resp->body, "{\"message_id\":");
-	canon_write_string(&resp->body, message_id, strlen(message_id));
-	buf_printf(&resp->body, ",\"duplicate\":%s,\"correlated\":%s",
-	           strcmp(outcome, "duplicate") == 0 ? "true" : "false",
-	           delivered ? "true" : "false");
-	if (delivered)
-		buf_printf(&resp->body, ",\"workflow_id\":\"%s\",\"step\":%s",
-		           PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 4));
-	else
-		buf_printf(&resp->body, ",\"expires_at\":\"%s\"", PQgetvalue(res, 0, 5));
-	buf_putc(&resp->body, '}');
-	return 0;
-}
-
-void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
-{
-	static const char *const members[] = { "name", "business_key", "message_id",
-		                               "ttl",  "payload",      NULL };
-	struct json_object *root, *payload;
-	const char *message_id, *name, *key, *ttl;
-	char tenant[24], ttl_max[24], detail[300], fp_text[IDEM_FP_TEXT];
-	size_t off;
-
-	root = cmd_read_json(ctx, req, resp, 0);
-	if (root == NULL)
-		return;
-	if (cmd_members(root, members, detail, sizeof(detail)) < 0 ||
-	    cmd_text(root, "name", 1, WF_TYPE_MAX, &name, detail, sizeof(detail)) < 0 ||
-	    cmd_text(root, "business_key", 1, WF_BUSINESS_KEY_MAX, &key, detail, sizeof(detail)) <
-	        0 ||
-	    cmd_text(root, "message_id", 1, 255, &message_id, detail, sizeof(detail)) < 0 ||
-	    cmd_object(root, "payload", &payload, detail, sizeof(detail)) < 0) {
-		handler_problem(resp, req, P_INVALID_REQUEST, detail);
-		goto out;
-	}
-	if (check_time_member(root, "ttl", 0, "", &ttl, detail, sizeof(detail)) < 0) {
-		handler_problem(resp, req, P_INVALID_DURATION, detail);
-		goto out;
-	}
-	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
-		goto out;
-	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
-		goto out;
-	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	snprintf(ttl_max, sizeof(ttl_max), "%ld", ctx->conf->message_ttl_max);
-	const char *p[MP__N] = { [MP_TENANT] = tenant,
-		                 [MP_MESSAGE_ID] = message_id,
-		                 [MP_NAME] = name,
-		                 [MP_BUSINESS_KEY] = key,
-		                 [MP_TTL] = ttl != NULL ? ttl : WF_MESSAGE_TTL,
-		                 [MP_PAYLOAD] = ctx->scratch.data + off,
-		                 [MP_TTL_MAX] = ttl_max };
-	const struct cmd cmd = { .stmt = Q_MESSAGE_PUBLISH,
-		                 .nparams = MP__N,
-		                 .params = p,
-		                 .fp_text = fp_text,
-		                 .render = render_publish,
-		                 .arg = (void *)message_id };
 	cmd_run(ctx, req, resp, &cmd);
 out:
 	json_object_put(root);

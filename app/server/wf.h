@@ -1,7 +1,7 @@
 /*
- * wf.h - workflow handlers: create, read, list, history, transitions,
- * resumes, messages to a workflow and messages published by business key.
- * Called by api.c after routing and authentication.
+ * wf.h - workflow handlers: create, read, list, history, transitions and
+ * resumes (the message routes are messages.h's). Called by api.c after
+ * routing and authentication.
  */
 #ifndef IDF_WF_H
 #define IDF_WF_H
@@ -30,15 +30,6 @@ void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id
  * whose failed step is resumable, runs again from that step. */
 void wf_resume(struct handler_ctx *ctx, struct http_req *req, const char *id,
                struct http_resp *resp);
-
-/* POST /v1/workflows/{id}/messages: deduplicated by message_id. */
-void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id,
-                struct http_resp *resp);
-
-/* POST /v1/messages: a message for the workflow with its business key
- * that waits for its name, else kept until its ttl (sql/010_timers.sql);
- * deduplicated by message_id within the tenant. */
-void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
 
 /* A workflow as the API shows it; every string borrowed. input and steps
  * are canonical JSON; steps is NULL for a workflow without steps. */

@@ -384,3 +384,54 @@ Test(canon, utf8_copy_cuts_between_characters_and_replaces_bytes_that_are_not_ut
 	cr_assert_eq(canon_utf8_copy(out, 1, "abc"), 0);
 	cr_assert_str_eq(out, "");
 }
+
+/* What the server reads back from jsonb (its own spacing, its own key
+ * order) is answered in the canonical form, appended to what is there. */
+Test(canon, recanon_appends_the_canonical_form_of_stored_text)
+{
+	static const char stored[] =
+	    "{\"b\": 2, \"a\": {\"y\": [1, 2.50, 1e2], \"x\": \"\\u00e9\"}}";
+	struct buf out = BUF_INIT;
+	struct err e = { 0 };
+
+	buf_puts(&out, "\"input\":");
+	cr_assert_eq(canon_recanon(&out, stored, strlen(stored), &e), 0, "%s", e.msg);
+	buf_putc(&out, '\0');
+	cr_assert_str_eq(out.data,
+	                 "\"input\":{\"a\":{\"x\":\"\xc3\xa9\",\"y\":[1,2.5,100]},\"b\":2}");
+	buf_free(&out);
+}
+
+/* len bytes are read, not up to a NUL: a value inside a larger buffer. */
+Test(canon, recanon_reads_len_bytes_only)
+{
+	static const char text[] = "[1, 2]garbage";
+	struct buf out = BUF_INIT;
+	struct err e = { 0 };
+
+	cr_assert_eq(canon_recanon(&out, text, 6, &e), 0, "%s", e.msg);
+	cr_assert_eq(out.len, 5);
+	cr_assert_eq(memcmp(out.data, "[1,2]", 5), 0);
+	buf_free(&out);
+}
+
+/* Text that is not JSON is an error, not an empty answer; nesting up to
+ * CANON_STORED_DEPTH is read, one level more is refused. */
+Test(canon, recanon_refuses_what_is_not_json_and_nesting_past_its_depth)
+{
+	static char deep[2 * (CANON_STORED_DEPTH + 1)];
+	struct buf out = BUF_INIT;
+	struct err e = { 0 };
+
+	cr_assert_eq(canon_recanon(&out, "{\"a\": ", 6, &e), -1);
+	cr_assert(e.msg[0] != '\0');
+	memset(deep, '[', CANON_STORED_DEPTH + 1);
+	memset(deep + CANON_STORED_DEPTH + 1, ']', CANON_STORED_DEPTH + 1);
+	buf_reset(&out);
+	cr_assert_eq(canon_recanon(&out, deep + 1, 2 * CANON_STORED_DEPTH, &e), 0, "%s", e.msg);
+	cr_assert_eq(out.len, 2 * CANON_STORED_DEPTH);
+	buf_reset(&out);
+	cr_assert_eq(canon_recanon(&out, deep, sizeof(deep), &e), -1);
+	cr_assert(strstr(e.msg, "too deep") != NULL, "message: %s", e.msg);
+	buf_free(&out);
+}
