@@ -308,11 +308,26 @@ in_ns() {
 	nsenter -t "$NSPID" -n -m chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
 		DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 "$@"
 }
+server_pid() {
+	local p pp
+	for p in $(pgrep -x idemflow-fcgi); do
+		[[ $(readlink "/proc/$p/root" 2>/dev/null) == "$ROOT" ]] || continue
+		pp=$(ps -o ppid= -p "$p" | tr -d ' ')
+		if [[ $(ps -o comm= -p "$pp" 2>/dev/null) != idemflow-fcgi ]]; then
+			echo "$p"
+			return
+		fi
+	done
+}
 ns_stop() {
 	[[ -n $NSPID ]] || return 0
+	local i p left=''
 	if [[ -n $SERVER_PID ]]; then
 		kill -TERM "$SERVER_PID" 2>/dev/null || :
-		wait "$SERVER_PID" 2>/dev/null || :
+		for i in $(seq 100); do
+			kill -0 "$SERVER_PID" 2>/dev/null || break
+			sleep 0.1
+		done
 		SERVER_PID=
 	fi
 	# shellcheck disable=SC2016 # expanded in the root
@@ -320,6 +335,12 @@ ns_stop() {
 		for v in /etc/postgresql/*/main; do v=${v#/etc/postgresql/}; v=${v%/main}
 			su postgres -s /bin/sh -c "pg_ctlcluster $v main stop -m fast"; done' \
 		>/dev/null 2>&1 || :
+	# Whatever still runs in the root is stopped by its root directory.
+	for p in /proc/[0-9]*; do
+		[[ $(readlink "$p/root" 2>/dev/null) == "$ROOT" ]] && left+=" ${p#/proc/}"
+	done
+	# shellcheck disable=SC2086 # a list of pids
+	[[ -z $left ]] || kill -KILL $left 2>/dev/null || :
 	kill "$NSPID_HOLDER" "$NSPID" 2>/dev/null || :
 	wait "$NSPID_HOLDER" 2>/dev/null || :
 	NSPID=
@@ -443,13 +464,16 @@ PERL
 		setpriv --reuid=idemflow --regid=idemflow --init-groups \
 		idemflow-fcgi --config /etc/idemflow/idemflow.conf --workers 2 \
 		>>"$WORK/server.log" 2>&1 </dev/null &
-	# Each of setsid, perl and setpriv execs the next: this is the server.
-	SERVER_PID=$!
+	# $! names the subshell that runs in_ns, not the server: found by its
+	# root and name, the idemflow-fcgi whose parent is not one.
 	local i
 	for i in $(seq 100); do
-		grep -q 'msg="worker started"' "$WORK/server.log" 2>/dev/null && break
+		SERVER_PID=$(server_pid)
+		[[ -n $SERVER_PID ]] && grep -q 'msg="worker started"' "$WORK/server.log" 2>/dev/null &&
+			break
 		sleep 0.1
 	done
+	check "the server's pid is known, to stop it" test -n "$SERVER_PID"
 	check "idemflow-fcgi serves on the socket from the socket unit" \
 		grep -q 'msg="listening on the socket from systemd" fd=3' "$WORK/server.log"
 }
