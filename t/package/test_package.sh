@@ -98,7 +98,7 @@ dpkg-deb -I "$DEB" conffiles >"$WORK/conffiles"
 check "the configuration is a conffile" grep -qxF /etc/idemflow/idemflow.conf "$WORK/conffiles"
 check "nothing is installed under /usr/local" bash -c "! grep -q '^/usr/local' '$WORK/files'"
 check "the service's package holds nothing of the consumer inbox" \
-	bash -c "! grep -Eq 'inbox|^/usr/include|\\.so' '$WORK/files'"
+	bash -c "! grep -Eq 'inbox|^/usr/include|\\.so(\\.[0-9]+)*\$' '$WORK/files'"
 
 # The consumer inbox: the library, its development files, its SQL and Python.
 MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
