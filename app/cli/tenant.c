@@ -20,8 +20,10 @@ static int tenant_create(PGconn *conn, const char *name)
 	int rc = EX_OK;
 
 	res = db_exec(conn,
-	              "INSERT INTO tenants (name) VALUES ($1)"
-	              " ON CONFLICT (name) DO NOTHING RETURNING id",
+	              "INSERT INTO tenants (name)\n"
+	              "VALUES ($1)\n"
+	              "    ON CONFLICT (name) DO NOTHING\n"
+	              "RETURNING id\n",
 	              1, p, &e);
 	if (res == NULL) {
 		if (strcmp(e.sqlstate, "23514") == 0) {
@@ -51,8 +53,9 @@ static int tenant_list(PGconn *conn)
 	struct err e;
 
 	res = db_exec(conn,
-	              "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')"
-	              "  FROM tenants ORDER BY id",
+	              "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')\n"
+	              "  FROM tenants\n"
+	              " ORDER BY id\n",
 	              0, NULL, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
@@ -97,8 +100,10 @@ static int tenant_set_ttl(PGconn *conn, const struct conf *c, const char *name, 
 		p[1] = ms;
 	}
 	res = db_exec(conn,
-	              "UPDATE tenants SET idempotency_ttl = $2::bigint * interval '1 millisecond'"
-	              " WHERE name = $1 RETURNING id",
+	              "UPDATE tenants\n"
+	              "   SET idempotency_ttl = $2::bigint * interval '1 millisecond'\n"
+	              " WHERE name = $1\n"
+	              "RETURNING id\n",
 	              2, p, &e);
 	if (res == NULL) {
 		rc = cli_db_fail(&e);

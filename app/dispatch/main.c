@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/sink.h"
+#include "dispatch/queries.h"
 
 static void usage(FILE *out)
 {
@@ -229,6 +230,11 @@ int main(int argc, char **argv)
 		return EX_CANTCREAT;
 	}
 
+	/* A statement whose parameters drifted from its SQL is a bug: refuse
+	 * to start (EX_SOFTWARE, the statement named in the log), rather than
+	 * fail each claim later or bind values to the wrong $n. */
+	if (dispatch_queries_check(&e) < 0)
+		goto fail;
 	s = sink_open(c, &e);
 	if (s == NULL)
 		goto fail;
