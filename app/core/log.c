@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "core/buf.h"
-#include "core/canon.h"
+#include "core/utf8.h"
 
 #define LOG_LINE_MAX 2048
 
@@ -241,9 +241,8 @@ static const char *jw_unescape(struct jw *w, const char *p, const char *end)
 	case 'r': jw_char(w, '\r'); return p + 1;
 	case 'u':
 		for (int i = 1; i <= 4 && v >= 0; i++)
-			v = p + i < end && canon_hex_digit(p[i]) >= 0
-			        ? v * 16 + canon_hex_digit(p[i])
-			        : -1;
+			v = p + i < end && utf8_hex_digit(p[i]) >= 0 ? v * 16 + utf8_hex_digit(p[i])
+			                                             : -1;
 		if (v >= 0 && v < 0x80) {
 			jw_char(w, (unsigned char)v);
 			return p + 5;
@@ -268,7 +267,7 @@ static void jw_text(struct jw *w, const char *p, const char *end, int quoted)
 		} else if (c < 0x80) {
 			jw_char(w, c);
 			p++;
-		} else if ((n = canon_utf8_len((const unsigned char *)p, (size_t)(end - p))) > 0) {
+		} else if ((n = utf8_len((const unsigned char *)p, (size_t)(end - p))) > 0) {
 			jw_put(w, p, n);
 			p += n;
 		} else {

@@ -11,10 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/canon.h"
 #include "core/buf.h"
 #include "core/db.h"
 #include "core/log.h"
+#include "core/utf8.h"
 
 enum { D_CLAIM, D_DONE, D_FAIL, D_RELEASE, D_STATS, D_LISTEN, D__COUNT };
 
@@ -398,7 +398,7 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 			/* last_error is for humans: keep it short. The text may quote
 			 * a receiver's bytes, and one byte that is not UTF-8 would
 			 * fail the recording of the whole batch, on every run. */
-			canon_utf8_copy(trunc, sizeof(trunc), o->error[0] ? o->error : "failed");
+			utf8_copy(trunc, sizeof(trunc), o->error[0] ? o->error : "failed");
 			array_elem(&b->errs, trunc);
 			buf_printf(&b->delays, "%s%ld", b->delays.len ? "," : "{",
 			           dead ? 0 : delay);
