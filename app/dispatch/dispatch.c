@@ -102,19 +102,15 @@ void dispatch_stop(void)
 int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *e)
 {
 	char *copy = strdup(spec), *save = NULL, *tok;
-	struct conf *scratch = conf_new();
 	int n = 0;
 
-	if (copy == NULL || scratch == NULL) {
-		free(copy);
-		conf_free(scratch);
+	if (copy == NULL)
 		return err_set(e, ERR_INTERNAL, "out of memory");
-	}
 	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		while (*tok == ' ')
 			tok++;
-		/* Reuse the one duration parser through a scratch config. */
-		if (n == max || conf_set(scratch, "timeout", tok, "backoff", e) < 0) {
+		/* The configuration's durations; a delay is at least 1 ms. */
+		if (n == max || conf_duration(tok, &delays[n]) < 0 || delays[n] < 1) {
 			err_set(e, ERR_CONFIG,
 			        "invalid value \"%s\" for \"backoff\": expected up to %d durations "
 			        "separated by commas, such as 5s,5m,30m,2h",
@@ -122,7 +118,7 @@ int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *
 			n = -1;
 			goto out;
 		}
-		delays[n++] = scratch->timeout;
+		n++;
 	}
 	if (n == 0) {
 		err_set(e, ERR_CONFIG, "invalid value \"%s\" for \"backoff\": no delays", spec);
@@ -130,7 +126,6 @@ int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *
 	}
 out:
 	free(copy);
-	conf_free(scratch);
 	return n;
 }
 

@@ -43,9 +43,10 @@ Test(utf8_len, what_is_not_utf8_is_zero)
 		"\xf4\x90\x80\x80", /* U+110000, above the last code point */
 		"\xf5\x80\x80\x80", /* a lead byte that can begin nothing */
 		"\xff",
-		"\xc3" "a",        /* a lead byte, then no continuation */
-		"\xe2\x82",         /* cut short: two of three bytes */
-		"\xf0\x9f\x98",     /* three of four */
+		"\xc3"
+		"a",            /* a lead byte, then no continuation */
+		"\xe2\x82",     /* cut short: two of three bytes */
+		"\xf0\x9f\x98", /* three of four */
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
