@@ -28,7 +28,7 @@ expect_keys() {
 		FAIL=1
 		return 0
 	fi
-	if diff -u <(printf '%s\n' $want) "$TMP/$prog.keys" >&2; then
+	if diff -u <(xargs -n1 <<<"$want") "$TMP/$prog.keys" >&2; then
 		echo "ok: $prog --help lists exactly its keys"
 	else
 		echo "FAIL: $prog --help: keys differ (-expected +got)" >&2
@@ -72,7 +72,8 @@ fi
 
 # The text before the keys is the program's own.
 for p in idemflow-fcgi idemflow-dispatch idemflow; do
-	"$B/$p" --help >"$TMP/help" && head -1 "$TMP/help" | grep -q "^Usage: $p " ||
+	"$B/$p" --help >"$TMP/help" || { echo "FAIL: $p --help failed" >&2; FAIL=1; }
+	head -1 "$TMP/help" | grep -q "^Usage: $p " ||
 		{ echo "FAIL: $p --help does not start with its usage" >&2; FAIL=1; }
 done
 exit $FAIL
