@@ -72,31 +72,25 @@ static int tenant_set_ttl(PGconn *conn, const struct conf *c, const char *name, 
 {
 	char ms[24];
 	const char *p[2] = { name, NULL }; /* NULL: the server's idempotency_ttl */
-	struct conf *tmp = NULL;
+	struct conf chk;
 	PGresult *res = NULL;
 	struct err e;
 	int rc = EX_OK;
 
 	if (strcmp(value, "default") != 0) {
-		tmp = conf_new();
-		if (tmp == NULL) {
-			fprintf(stderr, "idemflow: out of memory\n");
-			rc = EX_OSERR;
-			goto out;
-		}
-		if (conf_set(tmp, "idempotency_ttl", value, "tenant set-ttl", &e) < 0) {
+		chk = *c; /* the waits of the configuration the CLI reads */
+		if (conf_key_duration("idempotency_ttl", value, "tenant set-ttl",
+		                      &chk.idempotency_ttl, &e) < 0) {
 			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
 			rc = EX_USAGE;
 			goto out;
 		}
-		tmp->idempotency_wait = c->idempotency_wait;
-		tmp->statement_timeout = c->statement_timeout;
-		if (conf_check(tmp, &e) < 0) {
+		if (conf_check(&chk, &e) < 0) {
 			fprintf(stderr, "idemflow: %s\n", e.msg);
 			rc = EX_USAGE;
 			goto out;
 		}
-		snprintf(ms, sizeof(ms), "%ld", tmp->idempotency_ttl);
+		snprintf(ms, sizeof(ms), "%ld", chk.idempotency_ttl);
 		p[1] = ms;
 	}
 	res = db_exec(conn,
@@ -120,7 +114,6 @@ static int tenant_set_ttl(PGconn *conn, const struct conf *c, const char *name, 
 		printf("tenant %s: idempotency keys kept for %s (from new keys on)\n", name, value);
 out:
 	PQclear(res);
-	conf_free(tmp);
 	return rc;
 }
 

@@ -11,10 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/canon.h"
 #include "core/buf.h"
 #include "core/db.h"
 #include "core/log.h"
+#include "core/utf8.h"
 #include "dispatch/queries.h"
 
 struct dispatcher {
@@ -42,19 +42,15 @@ void dispatch_stop(void)
 int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *e)
 {
 	char *copy = strdup(spec), *save = NULL, *tok;
-	struct conf *scratch = conf_new();
 	int n = 0;
 
-	if (copy == NULL || scratch == NULL) {
-		free(copy);
-		conf_free(scratch);
+	if (copy == NULL)
 		return err_set(e, ERR_INTERNAL, "out of memory");
-	}
 	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		while (*tok == ' ')
 			tok++;
-		/* Reuse the one duration parser through a scratch config. */
-		if (n == max || conf_set(scratch, "timeout", tok, "backoff", e) < 0) {
+		/* The configuration's durations; a delay is at least 1 ms. */
+		if (n == max || conf_duration(tok, &delays[n]) < 0 || delays[n] < 1) {
 			err_set(e, ERR_CONFIG,
 			        "invalid value \"%s\" for \"backoff\": expected up to %d durations "
 			        "separated by commas, such as 5s,5m,30m,2h",
@@ -62,7 +58,7 @@ int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *
 			n = -1;
 			goto out;
 		}
-		delays[n++] = scratch->timeout;
+		n++;
 	}
 	if (n == 0) {
 		err_set(e, ERR_CONFIG, "invalid value \"%s\" for \"backoff\": no delays", spec);
@@ -70,7 +66,6 @@ int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *
 	}
 out:
 	free(copy);
-	conf_free(scratch);
 	return n;
 }
 
@@ -338,7 +333,7 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 			/* last_error is for humans: keep it short. The text may quote
 			 * a receiver's bytes, and one byte that is not UTF-8 would
 			 * fail the recording of the whole batch, on every run. */
-			canon_utf8_copy(trunc, sizeof(trunc), o->error[0] ? o->error : "failed");
+			utf8_copy(trunc, sizeof(trunc), o->error[0] ? o->error : "failed");
 			array_elem(&b->errs, trunc);
 			buf_printf(&b->delays, "%s%ld", b->delays.len ? "," : "{",
 			           dead ? 0 : delay);

@@ -52,7 +52,7 @@ static void usage(FILE *out)
 	        "  --nats-url U --nats-subject-prefix P --nats-stream S  nats sink (JetStream)\n"
 	        "  --exec CMD                                 exec sink\n"
 	        "\n");
-	conf_usage(out);
+	conf_usage(out, CONF_DISPATCH);
 }
 
 static void on_stop(int sig)
