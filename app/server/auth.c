@@ -63,7 +63,9 @@ int auth_begin(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 
 int auth_settle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
-	const char *p[AK__N] = { [AK_TOKEN_HASH] = ctx->token_hex, [AK_KEY] = req->idem_key };
+	const char *p[AUTH_KEY__N] = {
+		[AUTH_KEY_TOKEN_HASH] = ctx->token_hex, [AUTH_KEY_KEY] = req->idem_key
+	};
 	struct err e;
 	PGresult *res;
 	int ok;
@@ -71,10 +73,11 @@ int auth_settle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	if (!ctx->auth_pending)
 		return 1;
 	ctx->auth_pending = 0;
-	_Static_assert((int)AK_TOKEN_HASH == (int)AU_TOKEN_HASH, "Q_AUTH's $1 is Q_AUTH_KEY's");
+	_Static_assert((int)AUTH_KEY_TOKEN_HASH == (int)AUTH_TOKEN_HASH,
+	               "Q_AUTH's $1 is Q_AUTH_KEY's");
 	scoreboard_stage(SB_IN_DB);
 	res = db_run(ctx->db, ctx->auth_keyed ? Q_AUTH_KEY : Q_AUTH,
-	             ctx->auth_keyed ? AK__N : AU__N, p, &e);
+	             ctx->auth_keyed ? AUTH_KEY__N : AUTH__N, p, &e);
 	if (res == NULL) {
 		e.outcome_unknown = 0; /* it only reads */
 		http_resp_reset(resp);
