@@ -5,8 +5,6 @@
  * bearer token (401), then the handler's own validation. A request that
  * fails any check writes nothing. A create checks its token in its own
  * statement (auth.h), answering as if the token had been checked first.
- * The route is matched once (route.h) and kept on the request's context
- * for the counters and the log line.
  */
 #include "server/api.h"
 
@@ -48,9 +46,8 @@ enum access {
 	OPEN,      /* anyone: no token, no database before the handler */
 	TOKEN,     /* a tenant's bearer token */
 	TOKEN_KEY, /* a tenant's bearer token, and the Idempotency-Key's row */
-	/* TOKEN_KEY, begun before the handler and settled by its statement
-	 * (a plain keyed create checks the token in its one round trip) or,
-	 * when it answers without one, after it (auth.h) */
+	/* TOKEN_KEY, begun before the handler, which ends it (auth.h): a
+	 * plain keyed create checks the token in its one round trip */
 	TOKEN_KEY_LATE,
 };
 
@@ -97,14 +94,9 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	size_t arglen = 0, row = NTABLE, n = 0;
 	char id[64], allow[48];
 
-	ctx->tenant_id = 0;
-	handler_set_token(ctx, 0);
-	ctx->auth_pending = 0;
-	PQclear(ctx->key_row);
-	ctx->key_row = NULL;
+	auth_reset(ctx);
 	ctx->bytes_fp[0] = '\0';
 	ctx->idem = IDEM_NONE;
-	ctx->cached = 0;
 	ctx->created = 0;
 	ctx->refused = -1;
 	err_clear(&ctx->err);
@@ -146,11 +138,11 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	case OPEN: break;
 	case TOKEN:
 	case TOKEN_KEY:
-		if (!auth_check(ctx, req, resp, table[row].access == TOKEN_KEY))
+		if (auth_check(ctx, req, resp, table[row].access == TOKEN_KEY) < 0)
 			return;
 		break;
 	case TOKEN_KEY_LATE:
-		if (!auth_begin(ctx, req, resp, 1))
+		if (auth_begin(ctx, req, resp, 1) < 0)
 			return;
 		break;
 	}
@@ -158,7 +150,4 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		table[row].by_id(ctx, req, id, resp);
 	else
 		table[row].plain(ctx, req, resp);
-	/* Answered without the database (a request the handler refused):
-	 * a bad token's 401 comes first. */
-	auth_settle(ctx, req, resp);
 }

@@ -9,7 +9,6 @@
 
 #include "core/canon.h"
 #include "core/fp.h"
-#include "server/auth.h"
 #include "server/queries.h"
 #include "server/scoreboard.h"
 
@@ -142,7 +141,7 @@ static void answer_row(struct handler_ctx *ctx, struct http_resp *resp, const st
 }
 
 /*
- * The key row fetched with the token (ctx->key_row) is live and was stored
+ * The key row found before the handler (ctx->key_row) is live and was stored
  * from exactly these bytes: answer the stored response without parsing the
  * body, and return 1. 0 otherwise (no row, expired, other bytes, a row
  * from before the column): the canonical comparison follows.
@@ -475,10 +474,10 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
 	return ATTEMPT_DONE;
 }
 
-/* CMD_TX_SINGLE: the statement checks the token, claims, works and stores
- * in one round trip, the request's trace context among its parameters. It
- * stores only its success: every refusal of a create is a validation
- * error, answered before the key is claimed. */
+/* CMD_TX_SINGLE: the statement claims, works and stores in one round
+ * trip, the request's trace context among its parameters; its row goes to
+ * c->checked first. It stores only its success: every refusal of a create
+ * is a validation error, answered before the key is claimed. */
 static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_req *req,
                                    struct http_resp *resp, const struct cmd *c, PGresult **row,
                                    int *in_flight, struct err *e)
@@ -492,11 +491,6 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
 
 	if (res == NULL) {
 		*in_flight = e->code == ERR_LOCK_TIMEOUT;
-		/* A failure is answered as one whatever the token (a bad one
-		 * writes nothing, so it cannot have caused it); a wait on the
-		 * key was a good token's, whose tenant the answer reads. */
-		if (!*in_flight)
-			ctx->auth_pending = 0;
 		return ATTEMPT_FAILED;
 	}
 	if (PQntuples(res) != 1 || PQnfields(res) != CREATE_COL_OUTCOME + 1) {
@@ -505,13 +499,11 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
 		PQclear(res);
 		return ATTEMPT_FAILED;
 	}
-	outcome = PQgetvalue(res, 0, CREATE_COL_OUTCOME);
-	if (strcmp(outcome, "unauthorized") == 0) {
+	if (c->checked != NULL && c->checked(ctx, req, resp, res) < 0) {
 		PQclear(res);
-		auth_refused(ctx, req, resp);
 		return ATTEMPT_DONE;
 	}
-	auth_passed(ctx, req, res);
+	outcome = PQgetvalue(res, 0, CREATE_COL_OUTCOME);
 	if (strcmp(outcome, "taken") == 0) {
 		/* A concurrent owner committed while we waited on the unique
 		 * index: its row is visible to a new statement. */
@@ -545,7 +537,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 	struct err e;
 	int in_flight;
 
-	/* 0 until a create's statement has checked its token. */
+	/* 0 until the single statement's row is read (cmd_run). */
 	snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
 	snprintf(k.ttl, sizeof(k.ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
 	k.kc[KEY_CLAIM_TENANT] = k.kg[KEY_GET_TENANT] = k.tenant;
@@ -575,7 +567,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 			return;
 		if (a == ATTEMPT_FAILED)
 			goto failed;
-		/* The tenant is known now, from the token or the statement. */
+		/* The tenant is known now, whichever way the key was claimed. */
 		snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
 		/* Taken by an owner that committed while the single statement
 		 * waited on it: committed just now, so live whatever its
@@ -610,8 +602,6 @@ failed_waiting:
 	/* Reading or deleting the key row waits only on its owner. */
 	in_flight = e.code == ERR_LOCK_TIMEOUT;
 failed:
-	if (in_flight && !auth_settle(ctx, req, resp))
-		return;
 	if (in_flight)
 		key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
 	else
@@ -621,10 +611,7 @@ failed:
 void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
              const struct cmd *c)
 {
-	/* Only the keyed single statement checks the token itself. */
-	if ((c->tx != CMD_TX_SINGLE || req->idem_key == NULL) && !auth_settle(ctx, req, resp))
-		return;
-	/* The key's row came with the authentication: a replay or a
+	/* The key's row came before the handler (ctx->key_row): a replay or a
 	 * conflict is answered now, without another statement. Expired:
 	 * the claim finds it again and takes it over. */
 	if (ctx->key_row != NULL && !key_expired(ctx->key_row)) {

@@ -22,6 +22,7 @@
 #include "core/canon.h"
 #include "core/fp.h"
 #include "core/ids.h"
+#include "server/auth.h"
 #include "server/cmd.h"
 #include "server/page.h"
 #include "server/queries.h"
@@ -296,6 +297,12 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
  * function run as a command (CMD_TX_PIPELINE). Either way through the
  * keyed-command runner (cmd.h), which answers a replay before anything
  * is rendered.
+ *
+ * The router only begins the token's check (auth_begin); this handler
+ * ends it. A plain keyed create's statement checks the token itself
+ * (auth_checked reads its row); every other create settles it before the
+ * runner. A create answered without either (refused before, or in flight
+ * on its key) settles it at the end: a bad token's 401 comes first.
  */
 void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
@@ -350,6 +357,8 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	cr.steps = b.steps != NULL ? sc->data + steps_off : NULL;
 
 	if (b.steps != NULL || b.business_key != NULL) {
+		if (auth_settle(ctx, req, resp) < 0)
+			goto out;
 		const struct cmd cmd = { .tx = CMD_TX_PIPELINE,
 			                 .stmt = Q_WF_CREATE_RUN,
 			                 .nparams = WF_CREATE_RUN__N,
@@ -360,6 +369,8 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 			                 .arg = &cr };
 		cmd_run(ctx, req, resp, &cmd);
 	} else {
+		if (req->idem_key == NULL && auth_settle(ctx, req, resp) < 0)
+			goto out;
 		const struct cmd cmd = { .tx = CMD_TX_SINGLE,
 			                 .stmt = create_stmt(ctx),
 			                 .nparams = CREATE_KEYED__N,
@@ -369,11 +380,16 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 			                 .unkeyed_params = cr.unkeyed,
 			                 .fp_text = fp_text,
 			                 .prepare = create_prepare,
+			                 .checked = auth_checked,
 			                 .render = render_created,
 			                 .arg = &cr };
 		cmd_run(ctx, req, resp, &cmd);
 	}
 out:
+	/* A 5xx stands whatever the token: a bad one writes nothing, so it
+	 * cannot have caused the failure. */
+	if (resp->status < 500)
+		auth_settle(ctx, req, resp);
 	json_object_put(root);
 	buf_free(&cr.out);
 	buf_free(&cr.payload);
