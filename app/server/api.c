@@ -5,6 +5,8 @@
  * bearer token (401), then the handler's own validation. A request that
  * fails any check writes nothing. A create checks its token in its own
  * statement (auth.h), answering as if the token had been checked first.
+ * The route comes matched (route.h), once per request, and is kept on the
+ * request's context for the counters and the log line.
  */
 #include "server/api.h"
 
@@ -88,10 +90,10 @@ static const struct {
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 
-void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+void api_handle(struct handler_ctx *ctx, struct http_req *req, const struct route_hit *hit,
+                struct http_resp *resp)
 {
-	const char *arg = NULL;
-	size_t arglen = 0, row = NTABLE, n = 0;
+	size_t row = NTABLE, n = 0;
 	char id[64], allow[48];
 
 	auth_reset(ctx);
@@ -102,21 +104,20 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 
-	/* The one place a path is matched: the counters and the request's
-	 * log line take the route from ctx. */
-	ctx->route = route_match(req->path, &arg, &arglen);
+	/* The counters and the request's log line take the route from ctx. */
+	ctx->route = hit->route;
 	if (ctx->route == ROUTE_OTHER) {
 		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
 		return;
 	}
 	/* An id longer than any id is no resource either, whatever the method. */
-	if (arg != NULL) {
-		if (arglen >= sizeof(id)) {
+	if (hit->arg != NULL) {
+		if (hit->arglen >= sizeof(id)) {
 			handler_problem(resp, req, P_NOT_FOUND, "no such resource");
 			return;
 		}
-		memcpy(id, arg, arglen);
-		id[arglen] = '\0';
+		memcpy(id, hit->arg, hit->arglen);
+		id[hit->arglen] = '\0';
 	}
 	allow[0] = '\0';
 	for (size_t i = 0; i < NTABLE; i++) {

@@ -29,7 +29,7 @@ struct handler_ctx {
 	struct buf body;         /* the request body */
 	struct buf scratch;      /* canonical forms, payloads */
 	/* Per request, for the access log: */
-	enum route route; /* matched once, by the router, before anything
+	enum route route; /* matched once, by the worker, before anything
 	                   * else; the counters and the log line read it */
 	/* Who asks: written by auth.c alone (auth.h). */
 	long tenant_id; /* 0 until authenticated */
