@@ -60,6 +60,11 @@ def conf_table():
     default: { "workers", T_WORKERS, OFF(workers), "auto", ... }. Entries
     inside #ifdef IDEMFLOW_TEST_HOOKS exist only in test builds."""
     text = src("app/core/conf.c")
+    # The table alone: from "conf_keys[] = {" to the "};" that closes it.
+    start = re.search(r"\bconf_keys\s*\[\s*\]\s*=\s*\{", text)
+    if start is None:
+        sys.exit("app/core/conf.c: no conf_keys[] table; adapt conf_table()")
+    text = text[start.end():text.index("\n};", start.end())]
     keys = {}
     test_only = False
     entry = re.compile(
