@@ -53,8 +53,8 @@ static const struct {
 	const char *name;
 	enum conf_mask mask;
 } conf_secrets[] = {
-	{ "db", M_CONNINFO },  { "metrics_token", M_WHOLE }, { "secret", M_WHOLE },
-	{ "amqp_url", M_URL }, { "nats_url", M_URL },
+	{ "db", M_CONNINFO },           { "metrics_token", M_WHOLE }, { "secret", M_WHOLE },
+	{ "secret_previous", M_WHOLE }, { "amqp_url", M_URL },        { "nats_url", M_URL },
 };
 
 static enum conf_mask key_mask(const char *name)
@@ -142,6 +142,8 @@ static const struct conf_key conf_keys[] = {
 	{ "url", T_STR, OFF(url), "", 0, 0, "dispatch (http): webhook URL" },
 	{ "secret", T_STR, OFF(secret), "", 0, 0,
 	  "dispatch (http): signing secret, whsec_<base64> or raw text" },
+	{ "secret_previous", T_STR, OFF(secret_previous), "", 0, 0,
+	  "dispatch (http): the secret being rotated out, signing beside secret meanwhile" },
 	{ "timeout", T_DURATION, OFF(timeout), "10s", 1, 0, "dispatch: timeout of one delivery" },
 	{ "dead_on_4xx", T_BOOL, OFF(dead_on_4xx), "true", 0, 0,
 	  "dispatch (http): a 4xx other than 408/429 makes the event dead at once" },

@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/sink.h"
+#include "dispatch/whsig.h"
 
 static void usage(FILE *out)
 {
@@ -166,9 +167,22 @@ static int exit_code(const struct err *e)
 static int dispatch_check(const struct conf *c, struct err *e)
 {
 	static const char *const sinks[] = { "http", "amqp", "nats", "exec" };
+	uint8_t key[WHSIG_KEY_MAX];
+	size_t keylen;
 
 	if (c->once && c->loop)
 		return err_set(e, ERR_CONFIG, "--once and --loop exclude each other");
+	/* The signing secrets as the http sink reads them (too short, bad
+	 * base64), whatever the sink: the file may serve another one later. */
+	if (*c->secret != '\0' && whsig_key(c->secret, key, &keylen, e) < 0)
+		return -1;
+	if (*c->secret_previous != '\0') {
+		if (*c->secret == '\0')
+			return err_set(e, ERR_CONFIG, "secret_previous is set without secret");
+		if (whsig_key_named("secret_previous", c->secret_previous, key, &keylen, e) < 0)
+			return -1;
+	}
+	explicit_bzero(key, sizeof(key));
 	for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]); i++)
 		if (strcmp(c->sink, sinks[i]) == 0)
 			return 0;
