@@ -48,6 +48,7 @@ static void usage(FILE *out)
 	        "  --max-attempts N    attempts before an event is dead\n"
 	        "  --sink S            http | amqp | nats | exec\n"
 	        "  --url U --secret S --timeout D --parallel N  http sink\n"
+	        "  --secret-previous S  http sink, while rotating: the old secret signs too\n"
 	        "  --amqp-url U --exchange X --routing-key K  amqp sink ({type} = event type)\n"
 	        "  --nats-url U --nats-subject-prefix P --nats-stream S  nats sink (JetStream)\n"
 	        "  --exec CMD                                 exec sink\n"
