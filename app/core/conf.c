@@ -66,8 +66,8 @@ static const struct {
 	const char *name;
 	enum conf_mask mask;
 } conf_secrets[] = {
-	{ "db", M_CONNINFO },  { "metrics_token", M_WHOLE }, { "secret", M_WHOLE },
-	{ "amqp_url", M_URL }, { "nats_url", M_URL },
+	{ "db", M_CONNINFO },           { "metrics_token", M_WHOLE }, { "secret", M_WHOLE },
+	{ "secret_previous", M_WHOLE }, { "amqp_url", M_URL },        { "nats_url", M_URL },
 };
 
 static enum conf_mask key_mask(const char *name)
@@ -160,6 +160,8 @@ static const struct conf_key conf_keys[] = {
 	{ "url", P_DSP, T_STR, OFF(url), "", 0, 0, "dispatch (http): webhook URL" },
 	{ "secret", P_DSP, T_STR, OFF(secret), "", 0, 0,
 	  "dispatch (http): signing secret, whsec_<base64> or raw text" },
+	{ "secret_previous", P_DSP, T_STR, OFF(secret_previous), "", 0, 0,
+	  "dispatch (http): the secret being rotated out, signing beside secret meanwhile" },
 	{ "timeout", P_DSP, T_DURATION, OFF(timeout), "10s", 1, 0,
 	  "dispatch: timeout of one delivery" },
 	{ "dead_on_4xx", P_DSP, T_BOOL, OFF(dead_on_4xx), "true", 0, 0,

@@ -66,24 +66,25 @@ struct conf {
 	char *textfile;      /* dispatch: node_exporter textfile; "" = none */
 
 	/* idemflow-dispatch */
-	int once;           /* one pass, then exit (the default) */
-	int loop;           /* keep running, woken by LISTEN/NOTIFY */
-	int batch;          /* events claimed per round trip */
-	long max_runtime;   /* ms; 0 = no limit */
-	int max_attempts;   /* attempts before an event is dead */
-	char *backoff;      /* delays after attempt 1, 2, ...: "5s,5m,30m,2h,5h,10h,10h" */
-	long lease;         /* ms a claim is held before another dispatcher may take it */
-	long poll_interval; /* ms between polls in --loop when no notification comes */
-	char *sink;         /* http | amqp | nats | exec */
-	char *url;          /* http: the webhook URL */
-	char *secret;       /* http: Standard Webhooks secret ("whsec_" + base64, or raw) */
-	long timeout;       /* ms per delivery (http, amqp, nats, exec) */
-	int dead_on_4xx;    /* http: 4xx other than 408/429 is dead at once */
-	int parallel;       /* http: requests in flight at once */
-	char *amqp_url;     /* amqp://user:pass@host:port/vhost */
-	char *exchange;     /* amqp exchange ("" = default exchange) */
-	char *routing_key;  /* amqp routing key; "{type}" is the event type */
-	char *exec;         /* exec: shell command, event JSON on stdin */
+	int once;              /* one pass, then exit (the default) */
+	int loop;              /* keep running, woken by LISTEN/NOTIFY */
+	int batch;             /* events claimed per round trip */
+	long max_runtime;      /* ms; 0 = no limit */
+	int max_attempts;      /* attempts before an event is dead */
+	char *backoff;         /* delays after attempt 1, 2, ...: "5s,5m,30m,2h,5h,10h,10h" */
+	long lease;            /* ms a claim is held before another dispatcher may take it */
+	long poll_interval;    /* ms between polls in --loop when no notification comes */
+	char *sink;            /* http | amqp | nats | exec */
+	char *url;             /* http: the webhook URL */
+	char *secret;          /* http: Standard Webhooks secret ("whsec_" + base64, or raw) */
+	char *secret_previous; /* http: the secret being replaced, also signing meanwhile */
+	long timeout;          /* ms per delivery (http, amqp, nats, exec) */
+	int dead_on_4xx;       /* http: 4xx other than 408/429 is dead at once */
+	int parallel;          /* http: requests in flight at once */
+	char *amqp_url;        /* amqp://user:pass@host:port/vhost */
+	char *exchange;        /* amqp exchange ("" = default exchange) */
+	char *routing_key;     /* amqp routing key; "{type}" is the event type */
+	char *exec;            /* exec: shell command, event JSON on stdin */
 
 	/* idemflow-dispatch, sink = nats (NATS JetStream) */
 	char *nats_url;            /* server URLs, comma-separated, tried in order */
@@ -151,7 +152,7 @@ int conf_duration(const char *s, long *ms) MUSTCHECK;
 /*
  * Print the effective configuration, every key as "key = value" in the
  * order of the table, after a comment line naming the file: what -T shows.
- * Secrets are masked (********): metrics_token and secret whole, the
+ * Secrets are masked (********): metrics_token, secret and secret_previous whole, the
  * password of db (conninfo or URI), of amqp_url and of nats_url (or its
  * token).
  */

@@ -27,6 +27,7 @@
 #include "dispatch/dispatch.h"
 #include "dispatch/sink.h"
 #include "dispatch/queries.h"
+#include "dispatch/whsig.h"
 
 static void usage(FILE *out)
 {
@@ -48,6 +49,7 @@ static void usage(FILE *out)
 	        "  --max-attempts N    attempts before an event is dead\n"
 	        "  --sink S            http | amqp | nats | exec\n"
 	        "  --url U --secret S --timeout D --parallel N  http sink\n"
+	        "  --secret-previous S  http sink, while rotating: the old secret signs too\n"
 	        "  --amqp-url U --exchange X --routing-key K  amqp sink ({type} = event type)\n"
 	        "  --nats-url U --nats-subject-prefix P --nats-stream S  nats sink (JetStream)\n"
 	        "  --exec CMD                                 exec sink\n"
@@ -167,9 +169,22 @@ static int exit_code(const struct err *e)
 static int dispatch_check(const struct conf *c, struct err *e)
 {
 	static const char *const sinks[] = { "http", "amqp", "nats", "exec" };
+	uint8_t key[WHSIG_KEY_MAX];
+	size_t keylen;
 
 	if (c->once && c->loop)
 		return err_set(e, ERR_CONFIG, "--once and --loop exclude each other");
+	/* The signing secrets as the http sink reads them (too short, bad
+	 * base64), whatever the sink: the file may serve another one later. */
+	if (*c->secret != '\0' && whsig_key(c->secret, key, &keylen, e) < 0)
+		return -1;
+	if (*c->secret_previous != '\0') {
+		if (*c->secret == '\0')
+			return err_set(e, ERR_CONFIG, "secret_previous is set without secret");
+		if (whsig_key_named("secret_previous", c->secret_previous, key, &keylen, e) < 0)
+			return -1;
+	}
+	explicit_bzero(key, sizeof(key));
 	for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]); i++)
 		if (strcmp(c->sink, sinks[i]) == 0)
 			return 0;

@@ -4,7 +4,8 @@
  * Each event is one POST of its payload to `url`, with webhook-id and
  * Idempotency-Key set to the event id (so a receiver can drop the
  * duplicates at-least-once delivery brings), webhook-timestamp, and a
- * webhook-signature when `secret` is set (see whsig.h). One curl handle
+ * webhook-signature when `secret` is set (see whsig.h), signed with
+ * `secret_previous` too while a secret is rotated. One curl handle
  * serves every request so its keep-alive connection is reused across a
  * batch and across batches; events are sent one after another.
  *
@@ -65,6 +66,9 @@ struct http_sink {
 	int sign; /* a secret is configured */
 	uint8_t key[WHSIG_KEY_MAX];
 	size_t keylen;
+	int sign_previous; /* and the previous one, during a rotation */
+	uint8_t key_previous[WHSIG_KEY_MAX];
+	size_t key_previous_len;
 };
 
 static pthread_once_t http_once = PTHREAD_ONCE_INIT;
@@ -334,7 +338,7 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i, stru
                      struct err *e)
 {
 	struct http_sink *h = x->h;
-	char sig[WHSIG_MAX] = "";
+	char sig[WHSIG_HEADER_MAX] = "";
 	const char *body = ev->payload ? ev->payload : "";
 	long ts = (long)time(NULL);
 	CURLcode cc;
@@ -353,7 +357,9 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i, stru
 		return 0;
 	}
 	if (h->sign &&
-	    whsig_sign(h->key, h->keylen, ev->event_id, ts, body, ev->payload_len, sig, e) < 0)
+	    whsig_sign_header(h->key, h->keylen, h->sign_previous ? h->key_previous : NULL,
+	                      h->key_previous_len, ev->event_id, ts, body, ev->payload_len, sig,
+	                      e) < 0)
 		return -1;
 	x->hl = build_headers(h, ev, ts, sig);
 	if (x->hl == NULL) {
@@ -511,6 +517,7 @@ static void http_close(struct sink *s)
 	if (h->multi)
 		curl_multi_cleanup(h->multi);
 	explicit_bzero(h->key, sizeof(h->key));
+	explicit_bzero(h->key_previous, sizeof(h->key_previous));
 	free(h->url);
 	free(h);
 }
@@ -547,6 +554,16 @@ struct sink *sink_http_open(const struct conf *c, struct err *e)
 		if (whsig_key(c->secret, h->key, &h->keylen, e) < 0)
 			goto fail;
 		h->sign = 1;
+	}
+	if (c->secret_previous != NULL && *c->secret_previous != '\0') {
+		if (!h->sign) {
+			err_set(e, ERR_CONFIG, "secret_previous is set without secret");
+			goto fail;
+		}
+		if (whsig_key_named("secret_previous", c->secret_previous, h->key_previous,
+		                    &h->key_previous_len, e) < 0)
+			goto fail;
+		h->sign_previous = 1;
 	}
 	for (h->nx = 0; h->nx < c->parallel && h->nx < HTTP_PARALLEL_MAX; h->nx++) {
 		struct xfer *x = &h->x[h->nx];

@@ -13,7 +13,7 @@
 
 #define WHSIG_PREFIX "whsec_"
 #define MAC_LEN      32 /* SHA-256 */
-#define BAD_B64      "secret: the text after \"whsec_\" is not valid base64"
+#define BAD_B64      "the text after \"whsec_\" is not valid base64"
 
 /*
  * Strict standard base64 with padding, as the specification's libraries
@@ -44,6 +44,12 @@ static int b64_check(const char *s, size_t n, size_t *pad)
 
 int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e)
 {
+	return whsig_key_named("secret", secret, key, keylen, e);
+}
+
+int whsig_key_named(const char *name, const char *secret, uint8_t *key, size_t *keylen,
+                    struct err *e)
+{
 	const size_t plen = sizeof(WHSIG_PREFIX) - 1;
 	/* DecodeBlock writes whole 3-byte groups, padding included. */
 	unsigned char tmp[WHSIG_KEY_MAX + 3];
@@ -52,12 +58,18 @@ int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e)
 	int got;
 
 	if (secret == NULL || *secret == '\0')
-		return err_set(e, ERR_CONFIG, "secret is empty");
+		return err_set(e, ERR_CONFIG, "%s is empty", name);
 	if (strncmp(secret, WHSIG_PREFIX, plen) != 0) {
 		n = strlen(secret);
 		if (n > WHSIG_KEY_MAX)
-			return err_set(e, ERR_CONFIG, "secret is longer than %d bytes",
+			return err_set(e, ERR_CONFIG, "%s is longer than %d bytes", name,
 			               WHSIG_KEY_MAX);
+		if (n < WHSIG_KEY_MIN)
+			return err_set(e, ERR_CONFIG,
+			               "%s is %zu bytes, shorter than %d: use %d or more random "
+			               "bytes, e.g. whsec_ and the base64 of 32 (openssl rand "
+			               "-base64 32)",
+			               name, n, WHSIG_KEY_MIN, WHSIG_KEY_MIN);
 		memcpy(key, secret, n);
 		*keylen = n;
 		return 0;
@@ -66,16 +78,21 @@ int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e)
 	b64 = secret + plen;
 	n = strlen(b64);
 	if (b64_check(b64, n, &pad) < 0)
-		return err_set(e, ERR_CONFIG, BAD_B64);
+		return err_set(e, ERR_CONFIG, "%s: %s", name, BAD_B64);
 	if (n / 4 * 3 - pad > WHSIG_KEY_MAX)
-		return err_set(e, ERR_CONFIG, "secret: the decoded key is longer than %d bytes",
+		return err_set(e, ERR_CONFIG, "%s: the decoded key is longer than %d bytes", name,
 		               WHSIG_KEY_MAX);
 	got = EVP_DecodeBlock(tmp, (const unsigned char *)b64, (int)n);
 	if (got < 0 || (size_t)got < pad)
-		return err_set(e, ERR_CONFIG, BAD_B64);
+		return err_set(e, ERR_CONFIG, "%s: %s", name, BAD_B64);
 	*keylen = (size_t)got - pad;
-	if (*keylen == 0)
-		return err_set(e, ERR_CONFIG, "secret: the decoded key is empty");
+	if (*keylen < WHSIG_KEY_MIN) {
+		OPENSSL_cleanse(tmp, sizeof(tmp));
+		return err_set(e, ERR_CONFIG,
+		               "%s: the decoded key is %zu bytes, shorter than %d: use %d or "
+		               "more random bytes (openssl rand -base64 32)",
+		               name, *keylen, WHSIG_KEY_MIN, WHSIG_KEY_MIN);
+	}
 	memcpy(key, tmp, *keylen);
 	OPENSSL_cleanse(tmp, sizeof(tmp));
 	return 0;
@@ -130,6 +147,25 @@ int whsig_sign(const uint8_t *key, size_t keylen, const char *id, long ts, const
 
 	snprintf(tsbuf, sizeof(tsbuf), "%ld", ts);
 	return sign_text(key, keylen, id, tsbuf, body, len, out, e);
+}
+
+int whsig_sign_header(const uint8_t *key, size_t keylen, const uint8_t *key2, size_t key2len,
+                      const char *id, long ts, const char *body, size_t len,
+                      char out[WHSIG_HEADER_MAX], struct err *e)
+{
+	char second[WHSIG_MAX];
+
+	/* WHSIG_HEADER_MAX holds the first entry, a space and the second. */
+	if (whsig_sign(key, keylen, id, ts, body, len, out, e) < 0)
+		return -1;
+	if (key2 == NULL)
+		return 0;
+	if (whsig_sign(key2, key2len, id, ts, body, len, second, e) < 0) {
+		out[0] = '\0';
+		return -1;
+	}
+	snprintf(out + strlen(out), WHSIG_HEADER_MAX - strlen(out), " %s", second);
+	return 0;
 }
 
 int whsig_verify(const uint8_t *key, size_t keylen, const char *id, const char *ts,

@@ -11,6 +11,12 @@
  * specification's libraries generate); any other string is used as raw key
  * bytes. The reference libraries also base64-decode an unprefixed secret, so
  * a receiver that verifies with one of them should be given the whsec_ form.
+ * A key is at least WHSIG_KEY_MIN bytes: the specification asks for 24 to
+ * 64 random bytes, and a shorter one is likely a word someone typed.
+ *
+ * Rotation: while a secret is replaced, the sender signs with the new and
+ * the previous one at once, "v1,<new> v1,<previous>" in one header, and a
+ * receiver holding either secret accepts (doc/security.md).
  */
 #ifndef IDF_WHSIG_H
 #define IDF_WHSIG_H
@@ -20,17 +26,25 @@
 
 #include "core/err.h"
 
-#define WHSIG_KEY_MAX     256 /* longest key, decoded or raw */
-#define WHSIG_MAX         48  /* "v1," + base64 of 32 bytes (44) + NUL */
+#define WHSIG_KEY_MAX 256 /* longest key, decoded or raw */
+#define WHSIG_KEY_MIN 24  /* shortest key, decoded or raw */
+#define WHSIG_MAX     48  /* "v1," + base64 of 32 bytes (44) + NUL */
+/* Two entries and the space between them: a header signed during a rotation. */
+#define WHSIG_HEADER_MAX  (2 * WHSIG_MAX)
 #define WHSIG_TOLERANCE_S 300 /* the specification's suggested freshness window */
 
 /*
  * Turn a configured secret into key bytes: key must hold WHSIG_KEY_MAX.
  * ERR_CONFIG (naming "secret", never quoting it) for an empty secret, bad
- * base64 after "whsec_", an empty decoded key or one longer than
+ * base64 after "whsec_", a key shorter than WHSIG_KEY_MIN or longer than
  * WHSIG_KEY_MAX.
  */
 int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e) MUSTCHECK;
+
+/* The same, the messages naming the configuration key name (borrowed)
+ * instead of "secret": "secret_previous: ...". */
+int whsig_key_named(const char *name, const char *secret, uint8_t *key, size_t *keylen,
+                    struct err *e) MUSTCHECK;
 
 /*
  * out = "v1,<base64>" for the event id, timestamp ts (unix seconds, signed
@@ -39,6 +53,15 @@ int whsig_key(const char *secret, uint8_t *key, size_t *keylen, struct err *e) M
  */
 int whsig_sign(const uint8_t *key, size_t keylen, const char *id, long ts, const char *body,
                size_t len, char out[WHSIG_MAX], struct err *e) MUSTCHECK;
+
+/*
+ * out = the webhook-signature header's value: whsig_sign() with key, then,
+ * when key2 is not NULL (a rotation's previous secret), a space and the
+ * entry of key2. Fails as whsig_sign() does.
+ */
+int whsig_sign_header(const uint8_t *key, size_t keylen, const uint8_t *key2, size_t key2len,
+                      const char *id, long ts, const char *body, size_t len,
+                      char out[WHSIG_HEADER_MAX], struct err *e) MUSTCHECK;
 
 /*
  * For receivers (and the tests): 0 when header, a space-separated list of

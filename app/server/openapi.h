@@ -15,4 +15,9 @@
 extern const char openapi_json[];
 extern const size_t openapi_json_len;
 
+/* The base the document's problem type URIs are written with (its
+ * x-problem-base-uri, the default problem_base_uri): GET /v1/openapi.json
+ * answers with the configured base in its place. */
+extern const char openapi_problem_base[];
+
 #endif

@@ -22,15 +22,81 @@ void ops_healthz(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 	resp->status = 204;
 }
 
+/*
+ * The document with the configured problem_base_uri in place of the base
+ * it was written with: every JSON string that begins with that base (the
+ * problem type URIs, their examples) begins with base instead. The text of
+ * descriptions that only mention the default is left as it is. No escaping
+ * is needed: conf.c accepts no quote, backslash or control character in a
+ * URI. Made once per worker and base (a reload may change the base); NULL
+ * when memory ran out.
+ */
+static const char *openapi_rebased(const char *base, size_t *len)
+{
+	static char *doc, *doc_base;
+	static size_t doc_len;
+	const size_t ol = strlen(openapi_problem_base), nl = strlen(base);
+	const char *p, *end = openapi_json + openapi_json_len, *hit;
+	size_t n = 0, total;
+	char *out, *w, *copy;
+
+	if (doc != NULL && strcmp(doc_base, base) == 0) {
+		*len = doc_len;
+		return doc;
+	}
+	/* Each occurrence is a quote and the old base: count, then copy. */
+	for (p = openapi_json; (hit = memmem(p, (size_t)(end - p), openapi_problem_base, ol));
+	     p = hit + ol)
+		if (hit > openapi_json && hit[-1] == '"')
+			n++;
+	total = openapi_json_len - n * ol + n * nl;
+	out = malloc(total + 1);
+	copy = strdup(base);
+	if (out == NULL || copy == NULL) {
+		free(out);
+		free(copy);
+		return NULL;
+	}
+	w = out;
+	for (p = openapi_json; (hit = memmem(p, (size_t)(end - p), openapi_problem_base, ol));
+	     p = hit + ol) {
+		memcpy(w, p, (size_t)(hit - p));
+		w += hit - p;
+		if (hit > openapi_json && hit[-1] == '"') {
+			memcpy(w, base, nl);
+			w += nl;
+		} else {
+			memcpy(w, hit, ol);
+			w += ol;
+		}
+	}
+	memcpy(w, p, (size_t)(end - p));
+	w += end - p;
+	*w = '\0';
+	free(doc);
+	free(doc_base);
+	doc = out;
+	doc_base = copy;
+	doc_len = (size_t)(w - out);
+	*len = doc_len;
+	return doc;
+}
+
 /* The contract, embedded at build time: no file to read, nothing to fail
- * but memory. */
+ * but memory. The problem type URIs follow problem_base_uri. */
 void ops_openapi(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
-	(void)ctx;
-	(void)req;
+	const char *base = ctx->conf->problem_base_uri, *doc = openapi_json;
+	size_t len = openapi_json_len;
+
+	if (strcmp(base, openapi_problem_base) != 0 &&
+	    (doc = openapi_rebased(base, &len)) == NULL) {
+		handler_problem(resp, req, P_INTERNAL, "out of memory");
+		return;
+	}
 	resp->status = 200;
 	resp->content_type = "application/json";
-	buf_append(&resp->body, openapi_json, openapi_json_len);
+	buf_append(&resp->body, doc, len);
 }
 
 #define READYZ_DIRECT_EVERY_MS 1000

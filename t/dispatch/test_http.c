@@ -521,6 +521,83 @@ Test(http, a_bad_secret_is_a_config_error)
 	cr_assert_str_eq(e.msg, "secret: the text after \"whsec_\" is not valid base64");
 }
 
+Test(http, a_secret_shorter_than_24_bytes_is_a_config_error)
+{
+	struct err e = open_error(rcv.url, "abcdefghijklmnopqrstuvw");
+
+	cr_assert_eq(e.code, ERR_CONFIG);
+	cr_assert_str_eq(e.msg, "secret is 23 bytes, shorter than 24: use 24 or more random bytes, "
+	                        "e.g. whsec_ and the base64 of 32 (openssl rand -base64 32)");
+}
+
+/* The error of opening a sink with secret_previous and, unless NULL, secret. */
+static struct err open_error_previous(const char *secret, const char *previous)
+{
+	struct conf *c = conf_new();
+	struct err e = { 0 };
+	struct sink *s;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(conf_set(c, "url", rcv.url, "test", &e), 0, "%s", e.msg);
+	if (secret)
+		cr_assert_eq(conf_set(c, "secret", secret, "test", &e), 0, "%s", e.msg);
+	cr_assert_eq(conf_set(c, "secret_previous", previous, "test", &e), 0, "%s", e.msg);
+	s = sink_http_open(c, &e);
+	conf_free(c);
+	cr_assert_null(s, "secret_previous \"%s\" was accepted", previous);
+	return e;
+}
+
+Test(http, a_bad_previous_secret_is_a_config_error)
+{
+	struct err e = open_error_previous(SECRET, "whsec_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnc=");
+
+	cr_assert_eq(e.code, ERR_CONFIG);
+	cr_assert_str_eq(e.msg,
+	                 "secret_previous: the decoded key is 23 bytes, shorter than 24: use "
+	                 "24 or more random bytes (openssl rand -base64 32)");
+	e = open_error_previous(NULL, OTHER_SECRET);
+	cr_assert_eq(e.code, ERR_CONFIG);
+	cr_assert_str_eq(e.msg, "secret_previous is set without secret");
+}
+
+Test(http, during_a_rotation_both_secrets_sign_in_one_header)
+{
+	/* secret is the new one, secret_previous the one being replaced: the
+	 * header is "v1,<new> v1,<previous>", each made here on its own. */
+	struct sink_event ev = event("evt-rotation.1", "{\"rotating\":true}");
+	struct sink_outcome out;
+	struct receiver_delivery *d;
+	uint8_t key[WHSIG_KEY_MAX], prev[WHSIG_KEY_MAX];
+	size_t keylen, prevlen, got;
+	char want_new[WHSIG_MAX], want_prev[WHSIG_MAX], want[2 * WHSIG_MAX];
+	struct err e = { 0 };
+	struct sink *s =
+	    open_sink(rcv.url, "secret", SECRET, "secret_previous", OTHER_SECRET, (char *)NULL);
+
+	deliver(s, &ev, 1, &out);
+	s->close(s);
+	cr_assert_eq(out.result, SINK_OK, "%s", out.error);
+	cr_assert_eq(receiver_deliveries(&rcv, &d, &got), 0, "%s", rcv.error);
+	cr_assert_eq(got, 1);
+	cr_assert_not_null(d[0].timestamp);
+	cr_assert_not_null(d[0].signature);
+	key_of(SECRET, key, &keylen);
+	key_of(OTHER_SECRET, prev, &prevlen);
+	cr_assert_eq(whsig_sign(key, keylen, ev.event_id, atol(d[0].timestamp), ev.payload,
+	                        ev.payload_len, want_new, &e),
+	             0, "%s", e.msg);
+	cr_assert_eq(whsig_sign(prev, prevlen, ev.event_id, atol(d[0].timestamp), ev.payload,
+	                        ev.payload_len, want_prev, &e),
+	             0, "%s", e.msg);
+	snprintf(want, sizeof(want), "%s %s", want_new, want_prev);
+	cr_assert_str_eq(d[0].signature, want);
+	cr_assert_eq(strlen(d[0].signature), 2 * 47 + 1);
+	/* receiver.py holds only the new secret and accepts. */
+	cr_assert_eq(d[0].signature_valid, 1);
+	receiver_deliveries_free(d, got);
+}
+
 Test(http, an_event_id_that_cannot_be_a_header_is_dead)
 {
 	struct sink_event ev = event("evt\r\nX-Injected: 1", "{}");

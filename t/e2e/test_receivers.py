@@ -14,6 +14,10 @@ proves, with exact counts:
   deliveries, 3 effects;
 - the receiver holds two secrets (as while rotating) and accepts the
   dispatcher's signature made with either;
+- a dispatcher rotating its secret (secret and secret_previous) signs
+  with both at once, "v1,<new> v1,<previous>": a receiver holding only
+  the previous secret and one holding only the new one each apply the
+  event once;
 - a dispatcher signing with a secret the receiver does not hold is refused
   with 401, nothing applied, the event dead at once (a final 4xx); once
   requeued and signed with the right secret it is applied once;
@@ -89,9 +93,9 @@ def psql(sql):
 class Receiver:
     """A snippet running as a program: its stdout lines, as they come."""
 
-    def __init__(self, kind, tmp):
+    def __init__(self, kind, tmp, secrets=None, name=None):
         self.kind = kind
-        self.db = os.path.join(tmp, f"{kind}-inbox.sqlite3")
+        self.db = os.path.join(tmp, f"{name or kind}-inbox.sqlite3")
         if kind == "python":
             argv = [sys.executable, os.path.join(TOP, "app", "clients", "python",
                                                  "webhook_receiver.py"),
@@ -99,7 +103,8 @@ class Receiver:
         else:
             argv = ["node", os.path.join(TOP, "app", "clients", "node", "webhook-receiver.mjs"),
                     "--port", "0"]
-        env = dict(os.environ, WEBHOOK_SECRET=f"{OLD} {SECRET}", PYTHONDONTWRITEBYTECODE="1")
+        env = dict(os.environ, WEBHOOK_SECRET=secrets or f"{OLD} {SECRET}",
+                   PYTHONDONTWRITEBYTECODE="1")
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         first = self.p.stdout.readline().strip()
         if not first.startswith("listening on http://127.0.0.1:"):
@@ -145,10 +150,11 @@ class Receiver:
         self.p.wait(timeout=10)
 
 
-def dispatch(url, secret):
+def dispatch(url, secret, previous=None):
     """One idemflow-dispatch --once run; its exit status and log."""
+    rotating = ["--secret-previous", previous] if previous else []
     r = subprocess.run([os.environ["IDEMFLOW_DISPATCH"], "--db", os.environ["DATABASE_URL"],
-                        "--sink", "http", "--url", url, "--secret", secret, "--once",
+                        "--sink", "http", "--url", url, "--secret", secret, *rotating, "--once",
                         "--backoff", "100ms", "--timeout", "5s", "--parallel", "2"],
                        capture_output=True, text=True, timeout=60)
     return r.returncode, r.stderr
@@ -158,11 +164,11 @@ def pending():
     return int(psql("SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL"))
 
 
-def drain(url, secret, runs=30):
+def drain(url, secret, runs=30, previous=None):
     """Dispatch until nothing is pending (a failed attempt is due again
     after the 100 ms backoff); the number of runs."""
     for n in range(1, runs + 1):
-        rc, log = dispatch(url, secret)
+        rc, log = dispatch(url, secret, previous)
         if rc != 0:
             fail(f"idemflow-dispatch exited {rc}: {log}")
         if pending() == 0:
@@ -202,6 +208,7 @@ class Run:
         self.proxy = faultproxy.FaultProxy("127.0.0.1", self.rcv.port).start()
         self.url = self.proxy.url + "/hooks/idemflow"
         self.kind = kind
+        self.tmp = tmp
         self.n_lines = 0  # lines the receiver printed so far
         self.applied = []  # event ids applied, in order
 
@@ -294,6 +301,28 @@ class Run:
         print(f"ok - {self.kind}: a tampered body and a stale timestamp refused with 401, "
               "not applied; the event itself applied once")
 
+    def rotation(self):
+        """The dispatcher signs with the new secret and the previous one;
+        a receiver holding either alone applies the event."""
+        new, previous = new_secret(), new_secret()
+        for held, which in ((previous, "previous"), (new, "new")):
+            rcv = Receiver(self.kind, self.tmp, secrets=held, name=f"{self.kind}-{which}")
+            try:
+                url = f"http://127.0.0.1:{rcv.port}/hooks/idemflow"
+                (eid,) = self.create(1)
+                drain(url, new, previous=previous)
+                want = [("applied", eid, "200")]
+                n = 2 if self.kind == "node" else 1
+                expect(f"rotation, a receiver holding only the {which} secret: its answers",
+                       rcv.outcomes(n), want)
+                expect(f"rotation, only the {which} secret: the effects", rcv.effects(n), [eid])
+                expect(f"rotation, only the {which} secret: the outbox", outbox([eid]),
+                       {eid: ("1", "true", "false")})
+            finally:
+                rcv.stop()
+        print(f"ok - {self.kind}: signed with a new and a previous secret at once, applied by "
+              "a receiver holding only the previous one and by one holding only the new one")
+
     def close(self):
         self.proxy.close()
         self.rcv.stop()
@@ -310,7 +339,7 @@ def main():
         for kind in kinds:
             run = Run(client, kind, tmp)
             try:
-                for step in (run.redelivery, run.wrong_secret, run.tampered):
+                for step in (run.redelivery, run.wrong_secret, run.tampered, run.rotation):
                     try:
                         step()
                     except Failure as e:

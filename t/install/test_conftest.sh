@@ -44,7 +44,8 @@ expect() {
 cat >"$TMP/good.conf" <<'CONF'
 db = host=/run/postgresql dbname=idemflow user=idemflow password='s3 cr\'et' sslmode=require
 metrics_token = tok-very-secret
-secret = whsec_c2VjcmV0c2VjcmV0c2VjcmV0
+secret = whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0
+secret_previous = old-secret-being-rotated-out
 amqp_url = amqp://user:amqppass@broker:5672/vh
 nats_url = nats://natstoken@n1:4222,nats://u:natspass@n2:4222,nats://n3:4222
 workers = 3
@@ -102,6 +103,7 @@ poll_interval = 5s
 sink = http
 url = ""
 secret = ********
+secret_previous = ********
 timeout = 10s
 dead_on_4xx = true
 parallel = 4
@@ -123,7 +125,7 @@ fi
 expect "idemflow-fcgi -T" 0 "$TMP/dump" \
 	"idemflow-fcgi: configuration file $TMP/good.conf test is successful
 " "$FCGI" --config "$TMP/good.conf" -T
-for s in s3 tok-very-secret c2VjcmV0 amqppass natstoken natspass; do
+for s in s3 tok-very-secret c2VjcmV0 rotated-out amqppass natstoken natspass; do
 	if grep -q -- "$s" "$TMP/out"; then
 		echo "FAIL: -T shows the secret $s" >&2
 		FAIL=1
@@ -165,6 +167,24 @@ expect "idemflow-dispatch -t, an unknown sink" 78 "$TMP/empty" \
 	"idemflow-dispatch: invalid value \"kafka\" for \"sink\": expected http, amqp, nats or exec
 idemflow-dispatch: configuration file $TMP/sink.conf test failed
 " "$DISPATCH" --config "$TMP/sink.conf" -t
+# A webhook secret of 23 bytes: too short (Standard Webhooks asks for 24 to
+# 64 random bytes), raw or decoded; a previous secret without a secret.
+printf 'db = dbname=x\nsecret = abcdefghijklmnopqrstuvw\n' >"$TMP/short.conf"
+expect "idemflow-dispatch -t, a secret of 23 bytes" 78 "$TMP/empty" \
+	"idemflow-dispatch: secret is 23 bytes, shorter than 24: use 24 or more random bytes, e.g. whsec_ and the base64 of 32 (openssl rand -base64 32)
+idemflow-dispatch: configuration file $TMP/short.conf test failed
+" "$DISPATCH" --config "$TMP/short.conf" -t
+printf 'db = dbname=x\nsecret = abcdefghijklmnopqrstuvwx\nsecret_previous = whsec_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnc=\n' \
+	>"$TMP/short.conf"
+expect "idemflow-dispatch -t, a previous secret of 23 bytes" 78 "$TMP/empty" \
+	"idemflow-dispatch: secret_previous: the decoded key is 23 bytes, shorter than 24: use 24 or more random bytes (openssl rand -base64 32)
+idemflow-dispatch: configuration file $TMP/short.conf test failed
+" "$DISPATCH" --config "$TMP/short.conf" -t
+printf 'db = dbname=x\nsecret_previous = abcdefghijklmnopqrstuvwx\n' >"$TMP/short.conf"
+expect "idemflow-dispatch -t, a previous secret alone" 78 "$TMP/empty" \
+	"idemflow-dispatch: secret_previous is set without secret
+idemflow-dispatch: configuration file $TMP/short.conf test failed
+" "$DISPATCH" --config "$TMP/short.conf" -t
 printf "db = host='unterminated\n" >"$TMP/conninfo.conf"
 expect "idemflow -t, a db libpq cannot parse" 78 "$TMP/empty" \
 	"idemflow: invalid value for \"db\": unterminated quoted string in connection info string

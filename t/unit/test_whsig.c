@@ -147,11 +147,11 @@ Test(whsig, raw_secret_is_used_as_key_bytes)
 	cr_assert_eq(memcmp(key, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", 32), 0);
 
 	/* python3 -c 'import hmac,hashlib,base64; print(base64.b64encode(hmac.new(
-	 *   b"my raw secret", b"evt_1.1700000000.{}", hashlib.sha256).digest()))' */
-	load("my raw secret");
+	 *   b"my raw secret of 24 byte", b"evt_1.1700000000.{}", hashlib.sha256).digest()))' */
+	load("my raw secret of 24 byte");
 	cr_assert_eq(whsig_sign(key, keylen, "evt_1", 1700000000L, "{}", 2, sig, &e), 0, "%s",
 	             e.msg);
-	cr_assert_str_eq(sig, "v1,SG/Ek4jVcI7UOkkl2ZJURFOEs1YDv+q1Ioqq5HkZBsE=");
+	cr_assert_str_eq(sig, "v1,hp0wKcUpEBLeKGHiQhTImEUAx6Q1yW0VCVeJtDJiRhI=");
 	cr_assert_eq(whsig_verify(key, keylen, "evt_1", "1700000000", "{}", 2, sig, 1700000000L,
 	                          WHSIG_TOLERANCE_S, &e),
 	             0);
@@ -184,15 +184,15 @@ Test(whsig, bad_base64_after_whsec_is_a_config_error)
 Test(whsig, padding_is_not_part_of_the_key)
 {
 	/* EVP_DecodeBlock counts padding as decoded zero bytes; the key must not. */
-	load("whsec_YWJjZA==");
-	cr_assert_eq(keylen, 4);
-	cr_assert_eq(memcmp(key, "abcd", 4), 0);
-	load("whsec_YWJjZGU=");
-	cr_assert_eq(keylen, 5);
-	cr_assert_eq(memcmp(key, "abcde", 5), 0);
-	load("whsec_YWJj");
-	cr_assert_eq(keylen, 3);
-	cr_assert_eq(memcmp(key, "abc", 3), 0);
+	load("whsec_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eQ==");
+	cr_assert_eq(keylen, 25);
+	cr_assert_eq(memcmp(key, "abcdefghijklmnopqrstuvwxy", 25), 0);
+	load("whsec_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo=");
+	cr_assert_eq(keylen, 26);
+	cr_assert_eq(memcmp(key, "abcdefghijklmnopqrstuvwxyz", 26), 0);
+	load("whsec_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4");
+	cr_assert_eq(keylen, 24);
+	cr_assert_eq(memcmp(key, "abcdefghijklmnopqrstuvwx", 24), 0);
 }
 
 Test(whsig, empty_or_oversized_secret_is_a_config_error)
@@ -211,4 +211,59 @@ Test(whsig, empty_or_oversized_secret_is_a_config_error)
 	big[WHSIG_KEY_MAX] = '\0';
 	cr_assert_eq(whsig_key(big, key, &keylen, &e), 0, "%s", e.msg);
 	cr_assert_eq(keylen, WHSIG_KEY_MAX);
+}
+
+Test(whsig, a_key_shorter_than_24_bytes_is_a_config_error)
+{
+	struct err e = { 0 };
+
+	/* 23 bytes, raw and decoded; 24 is the shortest accepted. */
+	cr_assert_eq(whsig_key("abcdefghijklmnopqrstuvw", key, &keylen, &e), -1);
+	cr_assert_eq(e.code, ERR_CONFIG);
+	cr_assert_str_eq(e.msg, "secret is 23 bytes, shorter than 24: use 24 or more random bytes, "
+	                        "e.g. whsec_ and the base64 of 32 (openssl rand -base64 32)");
+	cr_assert_eq(whsig_key_named("secret_previous",
+	                             "whsec_YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnc=", key, &keylen, &e),
+	             -1);
+	cr_assert_eq(e.code, ERR_CONFIG);
+	cr_assert_str_eq(e.msg,
+	                 "secret_previous: the decoded key is 23 bytes, shorter than 24: use "
+	                 "24 or more random bytes (openssl rand -base64 32)");
+	cr_assert_eq(whsig_key("whsec_", key, &keylen, &e), -1);
+	cr_assert_str_eq(e.msg, "secret: the text after \"whsec_\" is not valid base64");
+	cr_assert_eq(whsig_key("abcdefghijklmnopqrstuvwx", key, &keylen, &e), 0, "%s", e.msg);
+	cr_assert_eq(keylen, 24);
+}
+
+Test(whsig, a_rotation_signs_with_both_secrets_in_one_header)
+{
+	/* The new secret's entry first, then the previous one's, one space
+	 * between, as Standard Webhooks writes several signatures:
+	 * python3 -c 'import hmac,hashlib,base64; print(base64.b64encode(hmac.new(
+	 *   b"secret-of-another-endpoint",
+	 *   b"msg_p5jXN8AQM9LWM0D4loKWxJek.1614265330.{\"test\": 2432232314}",
+	 *   hashlib.sha256).digest()))' */
+	uint8_t prev[WHSIG_KEY_MAX];
+	size_t prevlen;
+	char header[WHSIG_HEADER_MAX];
+	struct err e = { 0 };
+
+	cr_assert_eq(whsig_key("whsec_c2VjcmV0LW9mLWFub3RoZXItZW5kcG9pbnQ=", prev, &prevlen, &e), 0,
+	             "%s", e.msg);
+	load(V_SECRET);
+	cr_assert_eq(whsig_sign_header(key, keylen, prev, prevlen, V_ID, V_TS, V_BODY,
+	                               strlen(V_BODY), header, &e),
+	             0, "%s", e.msg);
+	cr_assert_str_eq(header, V_SIG " v1,1L8HhWnhZJdyF7wZDthm11UOUO4iIt+LLPWMeW/O+lU=");
+	cr_assert_eq(strlen(header), WHSIG_HEADER_MAX - 1);
+	/* Each secret alone verifies the header. */
+	cr_assert_eq(verify(V_ID, V_TS_TEXT, V_BODY, header), 0);
+	cr_assert_eq(whsig_verify(prev, prevlen, V_ID, V_TS_TEXT, V_BODY, strlen(V_BODY), header,
+	                          V_TS, WHSIG_TOLERANCE_S, &e),
+	             0, "%s", e.msg);
+	/* Without a previous key: the one entry. */
+	cr_assert_eq(
+	    whsig_sign_header(key, keylen, NULL, 0, V_ID, V_TS, V_BODY, strlen(V_BODY), header, &e),
+	    0, "%s", e.msg);
+	cr_assert_str_eq(header, V_SIG);
 }
