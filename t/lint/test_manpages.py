@@ -111,8 +111,11 @@ def metrics(paths):
         full = os.path.join(top, p)
         if os.path.isdir(full):
             for dirpath, _, fs in os.walk(full):
+                # openapi_json.c is generated from doc/openapi.yaml, whose
+                # examples quote metrics (cut across string literals).
                 files += [os.path.join(dirpath, f) for f in fs
-                          if f.endswith((".c", ".h", ".sql", ".py"))]
+                          if f.endswith((".c", ".h", ".sql", ".py")) and
+                          f != "openapi_json.c"]
         else:
             files.append(full)
     for f in sorted(files):
