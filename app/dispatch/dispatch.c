@@ -15,6 +15,7 @@
 #include "core/buf.h"
 #include "core/db.h"
 #include "core/log.h"
+#include "dispatch/dmetrics.h"
 
 enum { D_CLAIM, D_DONE, D_FAIL, D_RELEASE, D_STATS, D_LISTEN, D__COUNT };
 
@@ -379,6 +380,7 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 		}
 		dead = o->result == SINK_DEAD ||
 		       (o->result == SINK_RETRY && b->evs[i].attempt >= c->max_attempts);
+		dmetrics_outcome(&b->evs[i], o, dead);
 		if (o->result == SINK_OK) {
 			buf_putc(&b->done, b->done.len ? ',' : '{');
 			buf_puts(&b->done, id);
@@ -816,6 +818,7 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 	memset(st, 0, sizeof(*st));
 	err_clear(e);
 	while (!dispatch_stopping && !out_of_time(d)) {
+		dmetrics_round(); /* --loop: the textfile after every round */
 		int n = d->c->loop ? listen_again(d, e) : 0;
 		if (n == 0)
 			n = drain(d, st, e);
