@@ -30,6 +30,7 @@ static const char *const outcome_names[OUT__COUNT] = { "delivered", "retried", "
 static struct {
 	char sink[16];
 	const char *textfile; /* borrowed; NULL: no writes per round */
+	int lag;              /* measure the lag: a textfile will hold it */
 	unsigned long long outcomes[OUT__COUNT];
 	unsigned long long duplicates;
 	unsigned long long lag_buckets[NLAG + 1]; /* per bucket; the last: +Inf */
@@ -60,6 +61,8 @@ void dmetrics_start(const char *sink, const char *textfile, int loop)
 	memset(&dm, 0, sizeof(dm));
 	snprintf(dm.sink, sizeof(dm.sink), "%s", sink);
 	dm.textfile = loop && textfile != NULL && *textfile ? textfile : NULL;
+	/* Parsing every payload costs: only when a file will show it. */
+	dm.lag = textfile != NULL && *textfile;
 }
 
 double dmetrics_lag(const char *occurred_at, double now)
@@ -106,7 +109,7 @@ void dmetrics_outcome(const struct sink_event *ev, const struct sink_outcome *o,
 		dm.outcomes[OUT_DELIVERED]++;
 		if (o->duplicate)
 			dm.duplicates++;
-		lag = payload_lag(ev, wall_s());
+		lag = dm.lag ? payload_lag(ev, wall_s()) : -1;
 		if (lag < 0) {
 			dm.lag_unknown++;
 		} else {
@@ -140,8 +143,8 @@ static void write_counters(FILE *f)
 	     "Delivery attempts since the dispatcher started, by sink and outcome: delivered, "
 	     "retried (failed, rescheduled) or dead (failed for good).");
 	for (int i = 0; i < OUT__COUNT; i++)
-		fprintf(f, "idemflow_dispatch_events_total{sink=\"%s\",outcome=\"%s\"} %llu\n", dm.sink,
-		        outcome_names[i], dm.outcomes[i]);
+		fprintf(f, "idemflow_dispatch_events_total{sink=\"%s\",outcome=\"%s\"} %llu\n",
+		        dm.sink, outcome_names[i], dm.outcomes[i]);
 	help(f, "idemflow_dispatch_broker_duplicates_total", "counter",
 	     "Delivered events the broker already held and dropped (JetStream acknowledgements "
 	     "marked duplicate); also counted as delivered.");
@@ -151,15 +154,18 @@ static void write_counters(FILE *f)
 	     "Time from an event's creation (its occurred_at) to its delivery.");
 	for (size_t k = 0; k < NLAG; k++) {
 		cum += dm.lag_buckets[k];
-		fprintf(f, "idemflow_dispatch_delivery_lag_seconds_bucket{sink=\"%s\",le=\"%s\"} %llu\n",
-		        dm.sink, lag_le_text[k], cum);
+		fprintf(
+		    f,
+		    "idemflow_dispatch_delivery_lag_seconds_bucket{sink=\"%s\",le=\"%s\"} %llu\n",
+		    dm.sink, lag_le_text[k], cum);
 	}
 	cum += dm.lag_buckets[NLAG];
 	fprintf(f, "idemflow_dispatch_delivery_lag_seconds_bucket{sink=\"%s\",le=\"+Inf\"} %llu\n",
 	        dm.sink, cum);
 	fprintf(f, "idemflow_dispatch_delivery_lag_seconds_sum{sink=\"%s\"} %.6f\n", dm.sink,
 	        dm.lag_sum);
-	fprintf(f, "idemflow_dispatch_delivery_lag_seconds_count{sink=\"%s\"} %llu\n", dm.sink, cum);
+	fprintf(f, "idemflow_dispatch_delivery_lag_seconds_count{sink=\"%s\"} %llu\n", dm.sink,
+	        cum);
 	help(f, "idemflow_dispatch_delivery_lag_unknown_total", "counter",
 	     "Delivered events whose payload has no occurred_at: not in the lag histogram.");
 	fprintf(f, "idemflow_dispatch_delivery_lag_unknown_total{sink=\"%s\"} %llu\n", dm.sink,
@@ -211,16 +217,17 @@ static void write_last_run(FILE *f, const struct dmetrics_run *st, int ok)
 	/* Only a run that finished counted what is left; a failed one knows
 	 * nothing reliable about it. */
 	if (st != NULL && ok)
-		fprintf(f,
-		        "# HELP idemflow_dispatch_outbox_pending Events left undelivered (not dead) "
-		        "when the last run ended.\n"
-		        "# TYPE idemflow_dispatch_outbox_pending gauge\n"
-		        "idemflow_dispatch_outbox_pending %ld\n"
-		        "# HELP idemflow_dispatch_outbox_oldest_pending_age_seconds Age of the oldest "
-		        "of them.\n"
-		        "# TYPE idemflow_dispatch_outbox_oldest_pending_age_seconds gauge\n"
-		        "idemflow_dispatch_outbox_oldest_pending_age_seconds %.3f\n",
-		        st->pending, st->oldest_pending_s);
+		fprintf(
+		    f,
+		    "# HELP idemflow_dispatch_outbox_pending Events left undelivered (not dead) "
+		    "when the last run ended.\n"
+		    "# TYPE idemflow_dispatch_outbox_pending gauge\n"
+		    "idemflow_dispatch_outbox_pending %ld\n"
+		    "# HELP idemflow_dispatch_outbox_oldest_pending_age_seconds Age of the oldest "
+		    "of them.\n"
+		    "# TYPE idemflow_dispatch_outbox_oldest_pending_age_seconds gauge\n"
+		    "idemflow_dispatch_outbox_oldest_pending_age_seconds %.3f\n",
+		    st->pending, st->oldest_pending_s);
 }
 
 /*

@@ -32,9 +32,9 @@
 #include "dispatch/sink.h"
 
 /*
- * Start counting for sink (its name, borrowed for the run) and write to
- * textfile after every round when loop ("" or NULL: count, write nothing
- * but the end of the run, if dmetrics_write is called).
+ * Start counting for sink (its name, copied) and write to textfile
+ * (borrowed for the run) after every round when loop. Without a textfile
+ * ("" or NULL) the lag is not measured: nothing would show it.
  */
 void dmetrics_start(const char *sink, const char *textfile, int loop);
 
