@@ -374,6 +374,7 @@ void scoreboard_sample_queue(void)
 void scoreboard_pool(struct sb_pool *p)
 {
 	memset(p, 0, sizeof(*p));
+	p->reload_ok = 1; /* no supervisor, no reload */
 	if (sb == NULL)
 		return;
 	p->start_time = atomic_load(&sb->start_s);
