@@ -84,39 +84,45 @@
  * may turn into a hash of every workflow): the cost follows the window.
  */
 #define AUDIT_KEYS                                                                                 \
-	"WITH k AS MATERIALIZED ("                                                                 \
-	"  SELECT tenant_id, status,"                                                              \
-	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL"                              \
-	"              WHEN method = 'POST' AND path = '/v1/workflows' THEN 'create'"              \
-	"              WHEN path ~ '^/v1/workflows/[^/]+/[a-z]+$' THEN 'workflow'"                 \
-	"              WHEN path ~ '^/v1/jobs/[^/]+/[a-z]+$' THEN 'job' END AS route,"             \
-	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL"                              \
-	"              WHEN method = 'POST' AND path = '/v1/workflows'"                            \
-	"              THEN substring(body FROM '^\\{\"id\":\"(" UUID_RE ")\"')"                   \
-	"              ELSE substring(path FROM"                                                   \
-	"                   '^/v1/(?:workflows|jobs)/(" UUID_RE ")(?:\\.s[0-9]+)?/[a-z]+$')"       \
-	"         END AS wf"                                                                       \
-	"    FROM idempotency_keys"                                                                \
-	"   WHERE created_at >= " AGO_2 " AND " TENANT_IS "), s AS ("                              \
-	"  SELECT tenant_id, count(*) AS keys,"                                                    \
-	"         count(*) FILTER (WHERE route IS NOT NULL) AS answers,"                           \
-	"         count(*) FILTER (WHERE status = 0"                                               \
-	"                            OR (route IS NOT NULL AND wf IS NULL)) AS nowhere,"           \
-	"         count(*) FILTER (WHERE wf IS NOT NULL AND NOT EXISTS ("                          \
-	"             SELECT 1 FROM workflows w"                                                   \
-	"              WHERE w.tenant_id = k.tenant_id AND w.id = k.wf::uuid)) AS missing"         \
-	"    FROM k GROUP BY tenant_id"                                                            \
-	"), d AS ("                                                                                \
-	"  SELECT tenant_id, count(*) AS several"                                                  \
-	"    FROM (SELECT tenant_id FROM k"                                                        \
-	"           WHERE route = 'create' AND status = 201 AND wf IS NOT NULL"                    \
-	"           GROUP BY tenant_id, lower(wf) HAVING count(*) > 1) x"                          \
-	"   GROUP BY tenant_id"                                                                    \
-	")"                                                                                        \
-	" SELECT t.name, s.keys, s.answers, s.nowhere, s.missing, coalesce(d.several, 0)"          \
-	"   FROM s JOIN tenants t ON t.id = s.tenant_id"                                           \
-	"   LEFT JOIN d ON d.tenant_id = s.tenant_id"                                              \
-	"  ORDER BY t.name"
+	"WITH k AS MATERIALIZED (\n"                                                               \
+	"  SELECT tenant_id, status,\n"                                                            \
+	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL\n"                            \
+	"              WHEN method = 'POST' AND path = '/v1/workflows' THEN 'create'\n"            \
+	"              WHEN path ~ '^/v1/workflows/[^/]+/[a-z]+$' THEN 'workflow'\n"               \
+	"              WHEN path ~ '^/v1/jobs/[^/]+/[a-z]+$' THEN 'job' END AS route,\n"           \
+	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL\n"                            \
+	"              WHEN method = 'POST' AND path = '/v1/workflows'\n"                          \
+	"              THEN substring(body FROM '^\\{\"id\":\"(" UUID_RE ")\"')\n"                 \
+	"              ELSE substring(path FROM\n"                                                 \
+	"                   '^/v1/(?:workflows|jobs)/(" UUID_RE ")(?:\\.s[0-9]+)?/[a-z]+$')\n"     \
+	"         END AS wf\n"                                                                     \
+	"    FROM idempotency_keys\n"                                                              \
+	"   WHERE created_at >= " AGO_2 " AND " TENANT_IS "\n"                                     \
+	"), s AS (\n"                                                                              \
+	"  SELECT tenant_id, count(*) AS keys,\n"                                                  \
+	"         count(*) FILTER (WHERE route IS NOT NULL) AS answers,\n"                         \
+	"         count(*) FILTER (WHERE status = 0\n"                                             \
+	"                            OR (route IS NOT NULL AND wf IS NULL)) AS nowhere,\n"         \
+	"         count(*) FILTER (WHERE wf IS NOT NULL AND NOT EXISTS (\n"                        \
+	"             SELECT 1\n"                                                                  \
+	"               FROM workflows w\n"                                                        \
+	"              WHERE w.tenant_id = k.tenant_id AND w.id = k.wf::uuid)) AS missing\n"       \
+	"    FROM k\n"                                                                             \
+	"   GROUP BY tenant_id\n"                                                                  \
+	"), d AS (\n"                                                                              \
+	"  SELECT tenant_id, count(*) AS several\n"                                                \
+	"    FROM (SELECT tenant_id\n"                                                             \
+	"            FROM k\n"                                                                     \
+	"           WHERE route = 'create' AND status = 201 AND wf IS NOT NULL\n"                  \
+	"           GROUP BY tenant_id, lower(wf)\n"                                               \
+	"          HAVING count(*) > 1) x\n"                                                       \
+	"   GROUP BY tenant_id\n"                                                                  \
+	")\n"                                                                                      \
+	"SELECT t.name, s.keys, s.answers, s.nowhere, s.missing, coalesce(d.several, 0)\n"         \
+	"  FROM s\n"                                                                               \
+	"  JOIN tenants t ON t.id = s.tenant_id\n"                                                 \
+	"  LEFT JOIN d ON d.tenant_id = s.tenant_id\n"                                             \
+	" ORDER BY t.name\n"
 
 /*
  * The workflows created since $2 ms back (the later of the window's start
@@ -126,17 +132,19 @@
  * seq), a subplan as above). The window is a range of workflows_created.
  */
 #define AUDIT_WORKFLOWS                                                                            \
-	"SELECT t.name, s.workflows, s.no_event"                                                   \
-	"  FROM (SELECT tenant_id, count(*) AS workflows,"                                         \
-	"               count(*) FILTER (WHERE NOT EXISTS ("                                       \
-	"                   SELECT 1 FROM outbox o"                                                \
-	"                    WHERE o.workflow_id = w.id AND o.seq = 1"                             \
-	"                      AND o.tenant_id = w.tenant_id"                                      \
-	"                      AND o.type = 'workflow.created')) AS no_event"                      \
-	"          FROM workflows w"                                                               \
-	"         WHERE created_at >= " AGO_2 " AND " TENANT_IS "         GROUP BY tenant_id) s"   \
-	"  JOIN tenants t ON t.id = s.tenant_id"                                                   \
-	" ORDER BY t.name"
+	"SELECT t.name, s.workflows, s.no_event\n"                                                 \
+	"  FROM (SELECT tenant_id, count(*) AS workflows,\n"                                       \
+	"               count(*) FILTER (WHERE NOT EXISTS (\n"                                     \
+	"                   SELECT 1\n"                                                            \
+	"                     FROM outbox o\n"                                                     \
+	"                    WHERE o.workflow_id = w.id AND o.seq = 1\n"                           \
+	"                      AND o.tenant_id = w.tenant_id\n"                                    \
+	"                      AND o.type = 'workflow.created')) AS no_event\n"                    \
+	"          FROM workflows w\n"                                                             \
+	"         WHERE created_at >= " AGO_2 " AND " TENANT_IS "\n"                               \
+	"         GROUP BY tenant_id) s\n"                                                         \
+	"  JOIN tenants t ON t.id = s.tenant_id\n"                                                 \
+	" ORDER BY t.name\n"
 
 /*
  * The backlog, one row: events pending longer than $2 ms (not held),
@@ -145,28 +153,35 @@
  * outbox_dead, timers_due, jobs_leases).
  */
 #define AUDIT_BACKLOG                                                                              \
-	"SELECT (SELECT count(*) FROM outbox"                                                      \
-	"         WHERE published_at IS NULL AND dead_at IS NULL"                                  \
-	"           AND next_attempt_at < 'infinity' AND created_at < " AGO_2                      \
-	"           AND " TENANT_IS "),"                                                           \
-	"       (SELECT count(*) FROM outbox"                                                      \
-	"         WHERE published_at IS NULL AND dead_at IS NULL"                                  \
-	"           AND next_attempt_at = 'infinity' AND " TENANT_IS "),"                          \
-	"       (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND " TENANT_IS "),"        \
-	"       (SELECT count(*) FROM timers"                                                      \
-	"         WHERE fired_at IS NULL AND due_at < " AGO_3 " AND " TENANT_IS "),"               \
-	"       (SELECT count(*) FROM jobs"                                                        \
-	"         WHERE state = 'active' AND due_at < " AGO_4 " AND " TENANT_IS ")"
+	"SELECT (SELECT count(*)\n"                                                                \
+	"          FROM outbox\n"                                                                  \
+	"         WHERE published_at IS NULL AND dead_at IS NULL\n"                                \
+	"           AND next_attempt_at < 'infinity' AND created_at < " AGO_2 "\n"                 \
+	"           AND " TENANT_IS "),\n"                                                         \
+	"       (SELECT count(*)\n"                                                                \
+	"          FROM outbox\n"                                                                  \
+	"         WHERE published_at IS NULL AND dead_at IS NULL\n"                                \
+	"           AND next_attempt_at = 'infinity' AND " TENANT_IS "),\n"                        \
+	"       (SELECT count(*)\n"                                                                \
+	"          FROM outbox\n"                                                                  \
+	"         WHERE dead_at IS NOT NULL AND " TENANT_IS "),\n"                                 \
+	"       (SELECT count(*)\n"                                                                \
+	"          FROM timers\n"                                                                  \
+	"         WHERE fired_at IS NULL AND due_at < " AGO_3 " AND " TENANT_IS "),\n"             \
+	"       (SELECT count(*)\n"                                                                \
+	"          FROM jobs\n"                                                                    \
+	"         WHERE state = 'active' AND due_at < " AGO_4 " AND " TENANT_IS ")\n"
 
 /* The moments the report names, in UTC: now, the window's start ($1 ms
  * back), the events' ($2 ms back). */
 #define TS_FORMAT "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'"
 #define AUDIT_TIMES                                                                                \
-	"SELECT to_char(now() AT TIME ZONE 'UTC', " TS_FORMAT "),"                                 \
-	"       to_char(" AGO_1 " AT TIME ZONE 'UTC', " TS_FORMAT "),"                             \
-	"       to_char(" AGO_2 " AT TIME ZONE 'UTC', " TS_FORMAT ")"
+	"SELECT to_char(now() AT TIME ZONE 'UTC', " TS_FORMAT "),\n"                               \
+	"       to_char(" AGO_1 " AT TIME ZONE 'UTC', " TS_FORMAT "),\n"                           \
+	"       to_char(" AGO_2 " AT TIME ZONE 'UTC', " TS_FORMAT ")\n"
 
-#define AUDIT_SETTINGS "SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true)"
+#define AUDIT_SETTINGS                                                                             \
+	"SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true)\n"
 
 /* What the options ask for. */
 struct audit_opts {
@@ -680,7 +695,11 @@ int cli_audit(PGconn *conn, struct conf *c, int argc, char **argv)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (o.tenant != NULL) {
 		const char *pt[1] = { o.tenant };
-		res = db_exec(conn, "SELECT id FROM tenants WHERE name = $1", 1, pt, &e);
+		res = db_exec(conn,
+		              "SELECT id\n"
+		              "  FROM tenants\n"
+		              " WHERE name = $1\n",
+		              1, pt, &e);
 		if (res == NULL) {
 			rc = cli_db_fail(&e);
 			goto out;

@@ -59,7 +59,7 @@ void cli_usage(FILE *out)
 	    "\n"
 	    "The database is --db, else $DATABASE_URL, else the config file's db, else\n"
 	    "libpq's PG* variables.\n\n");
-	conf_usage(out);
+	conf_usage(out, CONF_CLI);
 }
 
 int cli_usage_error(void)

@@ -17,12 +17,18 @@
 
 #define TS_SECONDS(col) "to_char((" col ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
 
+/* The columns of the check: the key's first and last sight, and the
+ * window's start, in UTC to the second. */
+#define CHECK_FIRST_SEEN TS_SECONDS("k.created_at")
+#define CHECK_LAST_SEEN  TS_SECONDS("s.last_seen")
+#define CHECK_SINCE      TS_SECONDS("now() - $2::float8 * interval '1 hour'")
+
 /* The keys of tenant $1 first seen in the last $2 hours, with their counts. */
 #define CHECK_FROM                                                                                 \
-	"  FROM idempotency_keys k"                                                                \
-	"  LEFT JOIN idempotency_key_stats s ON s.tenant_id = k.tenant_id AND s.key = k.key"       \
-	" WHERE k.tenant_id = $1::bigint AND k.created_at >= now() - $2::float8 * interval '1 "    \
-	"hour'"
+	"  FROM idempotency_keys k\n"                                                              \
+	"  LEFT JOIN idempotency_key_stats s ON s.tenant_id = k.tenant_id AND s.key = k.key\n"     \
+	" WHERE k.tenant_id = $1::bigint\n"                                                        \
+	"   AND k.created_at >= now() - $2::float8 * interval '1 hour'\n"
 
 /* rows: key, method, route, first_seen, replays, conflicts, in_flight,
  * last_seen. sum: keys, replays, conflicts, in_flight, since. Both
@@ -134,7 +140,11 @@ static int idempotency_check(PGconn *conn, int argc, char **argv)
 	}
 
 	const char *pt[1] = { tenant };
-	res = db_exec(conn, "SELECT id FROM tenants WHERE name = $1", 1, pt, &e);
+	res = db_exec(conn,
+	              "SELECT id\n"
+	              "  FROM tenants\n"
+	              " WHERE name = $1\n",
+	              1, pt, &e);
 	if (res == NULL) {
 		rc = cli_db_fail(&e);
 		goto out;
@@ -157,25 +167,26 @@ static int idempotency_check(PGconn *conn, int argc, char **argv)
 		rc = cli_db_fail(&e);
 		goto out;
 	}
-	rows =
-	    db_exec(conn,
-	            "SELECT k.key, k.method, k.path, " TS_SECONDS(
-	                "k.created_at") ","
-	                                "       coalesce(s.replays, 0) AS replays,"
-	                                "       coalesce(s.conflicts, 0) AS conflicts,"
-	                                "       coalesce(s.in_flight, 0) AS in_flight, " TS_SECONDS(
-	                                    "s.last_seen") CHECK_FROM
-	            " ORDER BY replays DESC, conflicts DESC, in_flight DESC,"
-	            "          k.created_at, k.key"
-	            " LIMIT $3::bigint",
-	            3, p, &e);
+	/* One clause a line: the formatter would pack the macros onto them. */
+	/* clang-format off */
+	rows = db_exec(conn,
+	               "SELECT k.key, k.method, k.path, " CHECK_FIRST_SEEN ",\n"
+	               "       coalesce(s.replays, 0) AS replays,\n"
+	               "       coalesce(s.conflicts, 0) AS conflicts,\n"
+	               "       coalesce(s.in_flight, 0) AS in_flight, " CHECK_LAST_SEEN "\n"
+	               CHECK_FROM
+	               " ORDER BY replays DESC, conflicts DESC, in_flight DESC,\n"
+	               "          k.created_at, k.key\n"
+	               " LIMIT $3::bigint\n",
+	               3, p, &e);
 	if (rows != NULL)
 		sum = db_exec(conn,
-		              "SELECT count(*), coalesce(sum(s.replays), 0),"
-		              "       coalesce(sum(s.conflicts), 0), coalesce(sum(s.in_flight), 0),"
-		              "       " TS_SECONDS("now() - $2::float8 * interval '1 hour'")
-		                  CHECK_FROM,
+		              "SELECT count(*), coalesce(sum(s.replays), 0),\n"
+		              "       coalesce(sum(s.conflicts), 0), coalesce(sum(s.in_flight), 0),\n"
+		              "       " CHECK_SINCE "\n"
+		              CHECK_FROM,
 		              2, p, &e);
+	/* clang-format on */
 	PQclear(PQexec(conn, "COMMIT"));
 	if (rows == NULL || sum == NULL) {
 		rc = cli_db_fail(&e);

@@ -15,31 +15,39 @@
 #define OUTBOX_WHERE "(CASE WHEN $1 ~ '^[0-9]+$' THEN id = $1::bigint ELSE event_id = $1 END)"
 
 #define OUTBOX_STATE                                                                               \
-	"CASE WHEN published_at IS NOT NULL THEN 'published'"                                      \
-	"     WHEN dead_at IS NOT NULL THEN 'dead'"                                                \
-	"     WHEN next_attempt_at = 'infinity' THEN 'held' ELSE 'pending' END"
+	"CASE WHEN published_at IS NOT NULL THEN 'published'\n"                                    \
+	"     WHEN dead_at IS NOT NULL THEN 'dead'\n"                                              \
+	"     WHEN next_attempt_at = 'infinity' THEN 'held'\n"                                     \
+	"     ELSE 'pending' END"
 
 /* The events parked behind a dead one that requeueing it makes due: the
  * later ones of its workflow that no other dead event holds back
  * (sql/012_held_events.sql). d is the requeued event's row. */
 #define OUTBOX_UNPARK                                                                              \
-	"UPDATE outbox h SET next_attempt_at = now()"                                              \
-	"  FROM outbox d"                                                                          \
-	" WHERE d.id IN (SELECT id FROM up) AND h.tenant_id = d.tenant_id"                         \
-	"   AND h.workflow_id = d.workflow_id AND h.seq > d.seq"                                   \
-	"   AND h.next_attempt_at = 'infinity' AND h.published_at IS NULL AND h.dead_at IS NULL"   \
-	"   AND NOT EXISTS (SELECT 1 FROM outbox x"                                                \
-	"                    WHERE x.tenant_id = h.tenant_id AND x.workflow_id = h.workflow_id"    \
-	"                      AND x.dead_at IS NOT NULL AND x.seq < h.seq"                        \
-	"                      AND x.id NOT IN (SELECT id FROM up))"
+	"UPDATE outbox h\n"                                                                        \
+	"   SET next_attempt_at = now()\n"                                                         \
+	"  FROM outbox d\n"                                                                        \
+	" WHERE d.id IN (SELECT id FROM up) AND h.tenant_id = d.tenant_id\n"                       \
+	"   AND h.workflow_id = d.workflow_id AND h.seq > d.seq\n"                                 \
+	"   AND h.next_attempt_at = 'infinity' AND h.published_at IS NULL AND h.dead_at IS NULL\n" \
+	"   AND NOT EXISTS (SELECT 1\n"                                                            \
+	"                     FROM outbox x\n"                                                     \
+	"                    WHERE x.tenant_id = h.tenant_id AND x.workflow_id = h.workflow_id\n"  \
+	"                      AND x.dead_at IS NOT NULL AND x.seq < h.seq\n"                      \
+	"                      AND x.id NOT IN (SELECT id FROM up))\n"
 
 /* outbox list: one statement per filter, whole at compile time. $1 limit. */
 #define OUTBOX_LIST(filter)                                                                        \
-	"SELECT id, event_id, type, " OUTBOX_STATE ","                                             \
-	"       attempts, to_char(next_attempt_at AT TIME ZONE 'UTC',"                             \
-	"                         'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"                              \
-	"       coalesce(left(last_error, 80), '')"                                                \
-	"  FROM outbox WHERE " filter " ORDER BY id LIMIT $1::bigint"
+	"SELECT id, event_id, type,\n"                                                             \
+	"       " OUTBOX_STATE ",\n"                                                               \
+	"       attempts,\n"                                                                       \
+	"       to_char(next_attempt_at AT TIME ZONE 'UTC',\n"                                     \
+	"               'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),\n"                                      \
+	"       coalesce(left(last_error, 80), '')\n"                                              \
+	"  FROM outbox\n"                                                                          \
+	" WHERE " filter "\n"                                                                      \
+	" ORDER BY id\n"                                                                           \
+	" LIMIT $1::bigint\n"
 
 static const struct {
 	const char *option; /* NULL: the default */
@@ -100,10 +108,12 @@ static int outbox_show(PGconn *conn, const char *id)
 	int rc = EX_OK;
 
 	res = db_exec(conn,
-	              "SELECT id, event_id, type, workflow_id, seq, tenant_id, " OUTBOX_STATE ","
-	              "       attempts, created_at, next_attempt_at, published_at, dead_at,"
-	              "       lease_owner, lease_until, last_error, payload"
-	              "  FROM outbox WHERE " OUTBOX_WHERE,
+	              "SELECT id, event_id, type, workflow_id, seq, tenant_id,\n"
+	              "       " OUTBOX_STATE ",\n"
+	              "       attempts, created_at, next_attempt_at, published_at, dead_at,\n"
+	              "       lease_owner, lease_until, last_error, payload\n"
+	              "  FROM outbox\n"
+	              " WHERE " OUTBOX_WHERE "\n",
 	              1, p, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
@@ -136,24 +146,29 @@ static int outbox_requeue(PGconn *conn, const char *id, int force)
 	struct err e;
 	int rc = EX_OK;
 
-	res =
-	    db_exec(conn,
-	            "WITH ev AS ("
-	            "  SELECT id, lease_owner, lease_until > now() AS held,"
-	            "         to_char(lease_until AT TIME ZONE 'UTC',"
-	            "                 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS until"
-	            "    FROM outbox WHERE " OUTBOX_WHERE " AND published_at IS NULL"
-	            "     FOR UPDATE),"
-	            " up AS ("
-	            "  UPDATE outbox o SET dead_at = NULL, attempts = 0,"
-	            "         next_attempt_at = now(), lease_owner = NULL, lease_until = NULL"
-	            "    FROM ev WHERE o.id = ev.id AND ($2::bool OR NOT coalesce(ev.held, false))"
-	            "  RETURNING o.id),"
-	            " unpark AS (" OUTBOX_UNPARK ")"
-	            " SELECT coalesce(ev.held, false), coalesce(ev.lease_owner, ''), ev.until,"
-	            "        up.id IS NOT NULL"
-	            "   FROM ev LEFT JOIN up ON up.id = ev.id",
-	            2, p, &e);
+	res = db_exec(conn,
+	              "WITH ev AS (\n"
+	              "  SELECT id, lease_owner, lease_until > now() AS held,\n"
+	              "         to_char(lease_until AT TIME ZONE 'UTC',\n"
+	              "                 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS until\n"
+	              "    FROM outbox\n"
+	              "   WHERE " OUTBOX_WHERE " AND published_at IS NULL\n"
+	              "     FOR UPDATE\n"
+	              "), up AS (\n"
+	              "  UPDATE outbox o\n"
+	              "     SET dead_at = NULL, attempts = 0,\n"
+	              "         next_attempt_at = now(), lease_owner = NULL, lease_until = NULL\n"
+	              "    FROM ev\n"
+	              "   WHERE o.id = ev.id AND ($2::bool OR NOT coalesce(ev.held, false))\n"
+	              "  RETURNING o.id\n"
+	              "), unpark AS (\n"
+	              "" OUTBOX_UNPARK "\n"
+	              ")\n"
+	              "SELECT coalesce(ev.held, false), coalesce(ev.lease_owner, ''), ev.until,\n"
+	              "       up.id IS NOT NULL\n"
+	              "  FROM ev\n"
+	              "  LEFT JOIN up ON up.id = ev.id\n",
+	              2, p, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
 	if (PQntuples(res) == 0) {
@@ -187,13 +202,18 @@ static int outbox_requeue_dead(PGconn *conn)
 	struct err e;
 
 	res = db_exec(conn,
-	              "WITH up AS ("
-	              "  UPDATE outbox SET dead_at = NULL, attempts = 0,"
-	              "         next_attempt_at = now(), lease_owner = NULL,"
-	              "         lease_until = NULL"
-	              "   WHERE dead_at IS NOT NULL RETURNING id),"
-	              " unpark AS (" OUTBOX_UNPARK ")"
-	              " SELECT count(*) FROM up",
+	              "WITH up AS (\n"
+	              "  UPDATE outbox\n"
+	              "     SET dead_at = NULL, attempts = 0,\n"
+	              "         next_attempt_at = now(), lease_owner = NULL,\n"
+	              "         lease_until = NULL\n"
+	              "   WHERE dead_at IS NOT NULL\n"
+	              "  RETURNING id\n"
+	              "), unpark AS (\n"
+	              "" OUTBOX_UNPARK "\n"
+	              ")\n"
+	              "SELECT count(*)\n"
+	              "  FROM up\n",
 	              0, NULL, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);

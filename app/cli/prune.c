@@ -32,18 +32,22 @@
  * (rows deleted, counts rows deleted).
  */
 #define PRUNE_KEYS                                                                                 \
-	"WITH d AS ("                                                                              \
-	"  DELETE FROM idempotency_keys"                                                           \
-	"   WHERE ctid = ANY(ARRAY("                                                               \
-	"           SELECT ctid FROM idempotency_keys WHERE expires_at <= $1::timestamptz"         \
-	"            ORDER BY expires_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                   \
-	"  RETURNING tenant_id, key"                                                               \
-	"), s AS ("                                                                                \
-	"  DELETE FROM idempotency_key_stats st USING d"                                           \
-	"   WHERE st.tenant_id = d.tenant_id AND st.key = d.key"                                   \
-	"  RETURNING 1"                                                                            \
-	")"                                                                                        \
-	" SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM s)"
+	"WITH d AS (\n"                                                                            \
+	"  DELETE FROM idempotency_keys\n"                                                         \
+	"   WHERE ctid = ANY(ARRAY(SELECT ctid\n"                                                  \
+	"                            FROM idempotency_keys\n"                                      \
+	"                           WHERE expires_at <= $1::timestamptz\n"                         \
+	"                           ORDER BY expires_at\n"                                         \
+	"                           LIMIT $2::int\n"                                               \
+	"                             FOR UPDATE SKIP LOCKED))\n"                                  \
+	"  RETURNING tenant_id, key\n"                                                             \
+	"), s AS (\n"                                                                              \
+	"  DELETE FROM idempotency_key_stats st\n"                                                 \
+	"   USING d\n"                                                                             \
+	"   WHERE st.tenant_id = d.tenant_id AND st.key = d.key\n"                                 \
+	"  RETURNING 1\n"                                                                          \
+	")\n"                                                                                      \
+	"SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM s)\n"
 
 /*
  * An event row is two things: the dispatcher's record of a delivery, and
@@ -61,52 +65,64 @@
  * published_at and id, NULL when none was read).
  */
 #define PRUNE_EVENTS                                                                               \
-	"WITH c AS ("                                                                              \
-	"  SELECT o.ctid AS tid, o.published_at, o.id,"                                            \
-	"         EXISTS (SELECT 1 FROM workflows w"                                               \
-	"                  WHERE w.tenant_id = o.tenant_id AND w.id = o.workflow_id"               \
-	"                    AND w.state IN ('completed', 'failed', 'cancelled')"                  \
-	"                    AND coalesce(w.ended_at, w.updated_at) < $3::timestamptz) AS done"    \
-	"    FROM outbox o"                                                                        \
-	"   WHERE o.published_at < $1::timestamptz AND o.published_at >= $4::timestamptz"          \
-	"     AND (o.published_at, o.id) > ($4::timestamptz, $5::bigint)"                          \
-	"   ORDER BY o.published_at, o.id LIMIT $2::int"                                           \
-	"     FOR UPDATE SKIP LOCKED"                                                              \
-	"), d AS ("                                                                                \
-	"  DELETE FROM outbox WHERE ctid = ANY(ARRAY(SELECT tid FROM c WHERE done))"               \
-	"  RETURNING 1"                                                                            \
-	"), l AS ("                                                                                \
-	"  SELECT published_at, id FROM c ORDER BY published_at DESC, id DESC LIMIT 1"             \
-	")"                                                                                        \
-	" SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM c),"                              \
-	"        (SELECT published_at FROM l), (SELECT id FROM l)"
+	"WITH c AS (\n"                                                                            \
+	"  SELECT o.ctid AS tid, o.published_at, o.id,\n"                                          \
+	"         EXISTS (SELECT 1\n"                                                              \
+	"                   FROM workflows w\n"                                                    \
+	"                  WHERE w.tenant_id = o.tenant_id AND w.id = o.workflow_id\n"             \
+	"                    AND w.state IN ('completed', 'failed', 'cancelled')\n"                \
+	"                    AND coalesce(w.ended_at, w.updated_at) < $3::timestamptz) AS done\n"  \
+	"    FROM outbox o\n"                                                                      \
+	"   WHERE o.published_at < $1::timestamptz AND o.published_at >= $4::timestamptz\n"        \
+	"     AND (o.published_at, o.id) > ($4::timestamptz, $5::bigint)\n"                        \
+	"   ORDER BY o.published_at, o.id\n"                                                       \
+	"   LIMIT $2::int\n"                                                                       \
+	"     FOR UPDATE SKIP LOCKED\n"                                                            \
+	"), d AS (\n"                                                                              \
+	"  DELETE FROM outbox\n"                                                                   \
+	"   WHERE ctid = ANY(ARRAY(SELECT tid FROM c WHERE done))\n"                               \
+	"  RETURNING 1\n"                                                                          \
+	"), l AS (\n"                                                                              \
+	"  SELECT published_at, id\n"                                                              \
+	"    FROM c\n"                                                                             \
+	"   ORDER BY published_at DESC, id DESC\n"                                                 \
+	"   LIMIT 1\n"                                                                             \
+	")\n"                                                                                      \
+	"SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM c),\n"                             \
+	"       (SELECT published_at FROM l), (SELECT id FROM l)\n"
 
 /* Messages published by business key (sql/010_timers.sql) that no
  * workflow took before they expired; a taken one belongs to its workflow. */
 #define PRUNE_MESSAGES                                                                             \
-	"WITH d AS ("                                                                              \
-	"  DELETE FROM messages"                                                                   \
-	"   WHERE ctid = ANY(ARRAY("                                                               \
-	"           SELECT ctid FROM messages"                                                     \
-	"            WHERE workflow_id IS NULL AND expires_at <= $1::timestamptz"                  \
-	"            ORDER BY expires_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                   \
-	"  RETURNING 1"                                                                            \
-	")"                                                                                        \
-	" SELECT count(*), 0 FROM d"
+	"WITH d AS (\n"                                                                            \
+	"  DELETE FROM messages\n"                                                                 \
+	"   WHERE ctid = ANY(ARRAY(SELECT ctid\n"                                                  \
+	"                            FROM messages\n"                                              \
+	"                           WHERE workflow_id IS NULL AND expires_at <= $1::timestamptz\n" \
+	"                           ORDER BY expires_at\n"                                         \
+	"                           LIMIT $2::int\n"                                               \
+	"                             FOR UPDATE SKIP LOCKED))\n"                                  \
+	"  RETURNING 1\n"                                                                          \
+	")\n"                                                                                      \
+	"SELECT count(*), 0\n"                                                                     \
+	"  FROM d\n"
 
 /* Timers that fired (their step went on) before the retention: history,
  * like a delivered event. One that could not fire (error) holds its
  * workflow's incident until a resume, and stays. */
 #define PRUNE_TIMERS                                                                               \
-	"WITH d AS ("                                                                              \
-	"  DELETE FROM timers"                                                                     \
-	"   WHERE ctid = ANY(ARRAY("                                                               \
-	"           SELECT ctid FROM timers"                                                       \
-	"            WHERE fired_at < $1::timestamptz AND error IS NULL"                           \
-	"            ORDER BY fired_at LIMIT $2::int FOR UPDATE SKIP LOCKED))"                     \
-	"  RETURNING 1"                                                                            \
-	")"                                                                                        \
-	" SELECT count(*), 0 FROM d"
+	"WITH d AS (\n"                                                                            \
+	"  DELETE FROM timers\n"                                                                   \
+	"   WHERE ctid = ANY(ARRAY(SELECT ctid\n"                                                  \
+	"                            FROM timers\n"                                                \
+	"                           WHERE fired_at < $1::timestamptz AND error IS NULL\n"          \
+	"                           ORDER BY fired_at\n"                                           \
+	"                           LIMIT $2::int\n"                                               \
+	"                             FOR UPDATE SKIP LOCKED))\n"                                  \
+	"  RETURNING 1\n"                                                                          \
+	")\n"                                                                                      \
+	"SELECT count(*), 0\n"                                                                     \
+	"  FROM d\n"
 
 /*
  * Run sql with its nparams params p until a batch comes back short: the
@@ -228,8 +244,8 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	snprintf(hms, sizeof(hms), "%ld", c->history_retention);
 	const char *p[2] = { ms, hms };
 	res = db_exec(conn,
-	              "SELECT now(), now() - $1::bigint * interval '1 millisecond',"
-	              "       now() - $2::bigint * interval '1 millisecond'",
+	              "SELECT now(), now() - $1::bigint * interval '1 millisecond',\n"
+	              "       now() - $2::bigint * interval '1 millisecond'\n",
 	              2, p, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
@@ -293,7 +309,10 @@ static int reap_timers(PGconn *conn, const char *batch, struct reap_counts *n, s
 	const char *p[1] = { batch };
 
 	for (;;) {
-		PGresult *res = db_exec(conn, "SELECT * FROM idemflow_fire_timers($1)", 1, p, e);
+		PGresult *res = db_exec(conn,
+		                        "SELECT *\n"
+		                        "  FROM idemflow_fire_timers($1)\n",
+		                        1, p, e);
 		long taken;
 
 		if (res == NULL)
@@ -315,7 +334,7 @@ static int reap_round(PGconn *conn, const struct conf *c, struct reap_counts *n,
 	const char *p[1] = { batch };
 
 	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
-	if (prune_batches(conn, "SELECT idemflow_reap($1)", 1, p, c->prune_batch, &n->jobs, NULL,
+	if (prune_batches(conn, "SELECT idemflow_reap($1)\n", 1, p, c->prune_batch, &n->jobs, NULL,
 	                  NULL, e) < 0)
 		return -1;
 	return reap_timers(conn, batch, n, e);

@@ -20,8 +20,10 @@ static int tenant_create(PGconn *conn, const char *name)
 	int rc = EX_OK;
 
 	res = db_exec(conn,
-	              "INSERT INTO tenants (name) VALUES ($1)"
-	              " ON CONFLICT (name) DO NOTHING RETURNING id",
+	              "INSERT INTO tenants (name)\n"
+	              "VALUES ($1)\n"
+	              "    ON CONFLICT (name) DO NOTHING\n"
+	              "RETURNING id\n",
 	              1, p, &e);
 	if (res == NULL) {
 		if (strcmp(e.sqlstate, "23514") == 0) {
@@ -51,8 +53,9 @@ static int tenant_list(PGconn *conn)
 	struct err e;
 
 	res = db_exec(conn,
-	              "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')"
-	              "  FROM tenants ORDER BY id",
+	              "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')\n"
+	              "  FROM tenants\n"
+	              " ORDER BY id\n",
 	              0, NULL, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
@@ -69,36 +72,32 @@ static int tenant_set_ttl(PGconn *conn, const struct conf *c, const char *name, 
 {
 	char ms[24];
 	const char *p[2] = { name, NULL }; /* NULL: the server's idempotency_ttl */
-	struct conf *tmp = NULL;
+	struct conf chk;
 	PGresult *res = NULL;
 	struct err e;
 	int rc = EX_OK;
 
 	if (strcmp(value, "default") != 0) {
-		tmp = conf_new();
-		if (tmp == NULL) {
-			fprintf(stderr, "idemflow: out of memory\n");
-			rc = EX_OSERR;
-			goto out;
-		}
-		if (conf_set(tmp, "idempotency_ttl", value, "tenant set-ttl", &e) < 0) {
+		chk = *c; /* the waits of the configuration the CLI reads */
+		if (conf_key_duration("idempotency_ttl", value, "tenant set-ttl",
+		                      &chk.idempotency_ttl, &e) < 0) {
 			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
 			rc = EX_USAGE;
 			goto out;
 		}
-		tmp->idempotency_wait = c->idempotency_wait;
-		tmp->statement_timeout = c->statement_timeout;
-		if (conf_check(tmp, &e) < 0) {
+		if (conf_check(&chk, &e) < 0) {
 			fprintf(stderr, "idemflow: %s\n", e.msg);
 			rc = EX_USAGE;
 			goto out;
 		}
-		snprintf(ms, sizeof(ms), "%ld", tmp->idempotency_ttl);
+		snprintf(ms, sizeof(ms), "%ld", chk.idempotency_ttl);
 		p[1] = ms;
 	}
 	res = db_exec(conn,
-	              "UPDATE tenants SET idempotency_ttl = $2::bigint * interval '1 millisecond'"
-	              " WHERE name = $1 RETURNING id",
+	              "UPDATE tenants\n"
+	              "   SET idempotency_ttl = $2::bigint * interval '1 millisecond'\n"
+	              " WHERE name = $1\n"
+	              "RETURNING id\n",
 	              2, p, &e);
 	if (res == NULL) {
 		rc = cli_db_fail(&e);
@@ -115,7 +114,6 @@ static int tenant_set_ttl(PGconn *conn, const struct conf *c, const char *name, 
 		printf("tenant %s: idempotency keys kept for %s (from new keys on)\n", name, value);
 out:
 	PQclear(res);
-	conf_free(tmp);
 	return rc;
 }
 

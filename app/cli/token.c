@@ -53,8 +53,11 @@ static int token_create(PGconn *conn, const char *tenant)
 	}
 	token_hash_hex(hex, token);
 	res = db_exec(conn,
-	              "INSERT INTO api_tokens (token_hash, tenant_id)"
-	              " SELECT $1, id FROM tenants WHERE name = $2 RETURNING id",
+	              "INSERT INTO api_tokens (token_hash, tenant_id)\n"
+	              "SELECT $1, id\n"
+	              "  FROM tenants\n"
+	              " WHERE name = $2\n"
+	              "RETURNING id\n",
 	              2, p, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
@@ -81,13 +84,17 @@ static int token_revoke(PGconn *conn, const struct conf *c, int argc, char **arg
 	int rc = EX_OK;
 
 	if (argc == 3 && strcmp(argv[1], "--id") == 0) {
-		sql = "UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())"
-		      " WHERE id = $1::bigint RETURNING id";
+		sql = "UPDATE api_tokens\n"
+		      "   SET revoked_at = coalesce(revoked_at, now())\n"
+		      " WHERE id = $1::bigint\n"
+		      "RETURNING id\n";
 		p[0] = argv[2];
 	} else if (argc == 2) {
 		token_hash_hex(hex, argv[1]);
-		sql = "UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())"
-		      " WHERE token_hash = $1 RETURNING id";
+		sql = "UPDATE api_tokens\n"
+		      "   SET revoked_at = coalesce(revoked_at, now())\n"
+		      " WHERE token_hash = $1\n"
+		      "RETURNING id\n";
 		p[0] = hex;
 	} else
 		return cli_usage_error();
@@ -122,10 +129,12 @@ static int token_list(PGconn *conn, const char *tenant)
 	struct err e;
 
 	res = db_exec(conn,
-	              "SELECT t.id, n.name, t.created_at,"
-	              "       CASE WHEN t.revoked_at IS NULL THEN 'active' ELSE 'revoked' END"
-	              "  FROM api_tokens t JOIN tenants n ON n.id = t.tenant_id"
-	              " WHERE $1::text IS NULL OR n.name = $1 ORDER BY t.id",
+	              "SELECT t.id, n.name, t.created_at,\n"
+	              "       CASE WHEN t.revoked_at IS NULL THEN 'active' ELSE 'revoked' END\n"
+	              "  FROM api_tokens t\n"
+	              "  JOIN tenants n ON n.id = t.tenant_id\n"
+	              " WHERE $1::text IS NULL OR n.name = $1\n"
+	              " ORDER BY t.id\n",
 	              1, p, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/utf8.h"
+
 /* The largest magnitudes json-c reads exactly, as digits: int64_t below
  * zero, uint64_t above. */
 static const char int_min_digits[] = "9223372036854775808";
@@ -22,73 +24,6 @@ static int int_out_of_range(const char *digits, size_t n, int negative)
 	return n > ln || (n == ln && memcmp(digits, lim, n) > 0);
 }
 
-/*
- * Length of the UTF-8 sequence at s (RFC 3629: shortest form only, no
- * UTF-16 surrogates, nothing above U+10FFFF), or 0 when it is not one.
- * json-c's own check lets overlong forms and encoded surrogates through,
- * and PostgreSQL then refused the row: a 500 for a client's mistake.
- */
-size_t canon_utf8_len(const unsigned char *s, size_t left)
-{
-	uint32_t cp, min;
-	size_t n;
-
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf)
-		n = 2, cp = s[0] & 0x1fu, min = 0x80;
-	else if ((s[0] & 0xf0) == 0xe0)
-		n = 3, cp = s[0] & 0x0fu, min = 0x800;
-	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-		n = 4, cp = s[0] & 0x07u, min = 0x10000;
-	else
-		return 0;
-	if (left < n)
-		return 0;
-	for (size_t i = 1; i < n; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (s[i] & 0x3fu);
-	}
-	if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return n;
-}
-
-size_t canon_utf8_copy(char *dst, size_t dstsz, const char *src)
-{
-	static const char replacement[] = "\xef\xbf\xbd"; /* U+FFFD */
-	const unsigned char *s = (const unsigned char *)src;
-	size_t left = strlen(src), o = 0;
-
-	while (left > 0) {
-		size_t n = canon_utf8_len(s, left);
-		const char *from = n ? (const char *)s : replacement;
-		size_t out = n ? n : sizeof(replacement) - 1;
-
-		if (o + out > dstsz - 1)
-			break;
-		memcpy(dst + o, from, out);
-		o += out;
-		n = n ? n : 1;
-		s += n;
-		left -= n;
-	}
-	dst[o] = '\0';
-	return o;
-}
-
-int canon_hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* The code unit of the \uXXXX escape at s (6 bytes available), or -1. */
 static long escape_unit(const char *s)
 {
@@ -97,7 +32,7 @@ static long escape_unit(const char *s)
 	if (s[0] != '\\' || s[1] != 'u')
 		return -1;
 	for (int k = 2; k < 6; k++) {
-		int d = canon_hex_digit(s[k]);
+		int d = utf8_hex_digit(s[k]);
 		if (d < 0)
 			return -1;
 		v = v * 16 + d;
@@ -144,7 +79,7 @@ static size_t escape_check(const char *s, size_t left, size_t at, struct err *e)
  * or -1 with e filled (ERR_INPUT, the byte offset of the first offence).
  *  - A single quote outside a string: json-c takes 'a' as a key even in
  *    strict mode.
- *  - Bytes that are not UTF-8 (canon_utf8_len).
+ *  - Bytes that are not UTF-8 (utf8_len).
  *  - A control character inside a string that is not escaped.
  *  - \u0000 and lone surrogates (escape_check).
  *  - NaN and Infinity, which json-c reads even in strict mode, and a
@@ -180,7 +115,7 @@ static int lex_check(const char *text, size_t len, struct buf *wide, struct err 
 			else if (c == '"')
 				in_string = 0;
 			else if ((unsigned char)c >= 0x80) {
-				n = canon_utf8_len((const unsigned char *)text + i, len - i);
+				n = utf8_len((const unsigned char *)text + i, len - i);
 				if (n == 0)
 					return err_set(
 					    e, ERR_INPUT,

@@ -61,24 +61,4 @@ int canon_recanon(struct buf *out, const char *text, size_t len, struct err *e) 
 /* Append s (n bytes, valid UTF-8) as a JSON string literal with quotes. */
 void canon_write_string(struct buf *out, const char *s, size_t n);
 
-/*
- * Length of the UTF-8 sequence at s, of which left bytes are readable:
- * 1 for ASCII, 2-4 for a well-formed sequence (RFC 3629: shortest form
- * only, no UTF-16 surrogates, nothing above U+10FFFF), 0 when it is not
- * one. The log's JSON form uses the same rule.
- */
-size_t canon_utf8_len(const unsigned char *s, size_t left);
-
-/*
- * Copy the NUL-terminated src into dst (dstsz > 0 bytes, NUL-terminated) as
- * valid UTF-8 for a text column: each byte that does not begin a sequence
- * canon_utf8_len accepts becomes U+FFFD, and the copy stops before a
- * sequence that would not fit whole, so a cut never splits a character.
- * Returns the bytes written, without the NUL.
- */
-size_t canon_utf8_copy(char *dst, size_t dstsz, const char *src);
-
-/* The value of the hexadecimal digit c, or -1. */
-int canon_hex_digit(char c);
-
 #endif

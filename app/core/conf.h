@@ -20,6 +20,14 @@
 
 enum idem_mode { IDEM_KEY_REQUIRED, IDEM_KEY_OPTIONAL };
 
+/* The programs that read the configuration. All three accept every key
+ * (they share one file); each one's --help lists only the keys it reads. */
+enum conf_program {
+	CONF_SERVER = 1,   /* idemflow-fcgi */
+	CONF_DISPATCH = 2, /* idemflow-dispatch */
+	CONF_CLI = 4       /* idemflow */
+};
+
 /* The names of the boolean keys: as flags they take no value (--once). */
 int conf_is_bool(const char *name);
 
@@ -123,10 +131,20 @@ struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e) MUS
 int conf_check(const struct conf *c, struct err *e) MUSTCHECK;
 
 /*
+ * value read as the duration key name reads it: its units, its limits and
+ * its error message, naming origin ("tenant set-ttl"). Returns 0 with *ms
+ * set, or -1 with e filled (ERR_INTERNAL when name is no duration key).
+ */
+int conf_key_duration(const char *name, const char *value, const char *origin, long *ms,
+                      struct err *e) MUSTCHECK;
+
+/*
  * A duration written as the configuration writes one: digits and a unit,
  * "500ms", "5s", "10m", "24h", "7d" (no unit: seconds). Returns 0 with *ms
  * its length in milliseconds, or -1 when s is not such a duration (or
- * overflows a long). For the commands whose options are durations.
+ * overflows a long). The one duration parser of the configuration, for
+ * the keys and for the values that are lists of durations (backoff) or
+ * the options of commands.
  */
 int conf_duration(const char *s, long *ms) MUSTCHECK;
 
@@ -139,7 +157,8 @@ int conf_duration(const char *s, long *ms) MUSTCHECK;
  */
 void conf_dump(const struct conf *c, FILE *out);
 
-/* Print every key with its default and description, for --help. */
-void conf_usage(FILE *out);
+/* Print the keys program reads, with their defaults and descriptions, for
+ * its --help (the table of conf.c says which program reads which key). */
+void conf_usage(FILE *out, enum conf_program program);
 
 #endif

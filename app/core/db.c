@@ -47,24 +47,24 @@
  * default_transaction_read_only is deliberately not pinned: a read-only
  * database is unavailable for writing, and answered as such (db_classify).
  */
-static const char DB_PIN_SQL[] = "SET bytea_output = 'hex';"
-                                 "SET default_transaction_isolation = 'read committed';"
-                                 "SET DateStyle = 'ISO, MDY';"
-                                 "SET IntervalStyle = 'postgres';"
-                                 "SET TimeZone = 'UTC';"
-                                 "SET extra_float_digits = 1;"
-                                 "SET search_path = public;"
-                                 "SET standard_conforming_strings = on;"
-                                 "SET client_encoding = 'UTF8';"
-                                 "SET transform_null_equals = off;"
-                                 "SET array_nulls = on;"
-                                 "SET client_min_messages = notice;"
-                                 "SET tcp_keepalives_idle = " DB_KEEPALIVES_IDLE ";"
-                                 "SET tcp_keepalives_interval = " DB_KEEPALIVES_INTERVAL ";"
-                                 "SET tcp_keepalives_count = " DB_KEEPALIVES_COUNT ";"
-                                 "SELECT set_config('synchronous_commit', 'on', false)"
-                                 " WHERE current_setting('synchronous_commit')"
-                                 "       NOT IN ('on', 'remote_apply')";
+static const char DB_PIN_SQL[] = "SET bytea_output = 'hex';\n"
+                                 "SET default_transaction_isolation = 'read committed';\n"
+                                 "SET DateStyle = 'ISO, MDY';\n"
+                                 "SET IntervalStyle = 'postgres';\n"
+                                 "SET TimeZone = 'UTC';\n"
+                                 "SET extra_float_digits = 1;\n"
+                                 "SET search_path = public;\n"
+                                 "SET standard_conforming_strings = on;\n"
+                                 "SET client_encoding = 'UTF8';\n"
+                                 "SET transform_null_equals = off;\n"
+                                 "SET array_nulls = on;\n"
+                                 "SET client_min_messages = notice;\n"
+                                 "SET tcp_keepalives_idle = " DB_KEEPALIVES_IDLE ";\n"
+                                 "SET tcp_keepalives_interval = " DB_KEEPALIVES_INTERVAL ";\n"
+                                 "SET tcp_keepalives_count = " DB_KEEPALIVES_COUNT ";\n"
+                                 "SELECT set_config('synchronous_commit', 'on', false)\n"
+                                 " WHERE current_setting('synchronous_commit')\n"
+                                 "       NOT IN ('on', 'remote_apply')\n";
 
 /*
  * A handle's sessions (workers, dispatchers) are never idle inside a
@@ -248,11 +248,11 @@ int db_session_setup(PGconn *conn, long lock_timeout_ms, long statement_timeout_
 
 	/* The timeouts first: the pin ends with its SELECT. */
 	if (lock_timeout_ms >= 0)
-		n += snprintf(sql + n, sizeof(sql) - (size_t)n, "SET lock_timeout = '%ldms';",
+		n += snprintf(sql + n, sizeof(sql) - (size_t)n, "SET lock_timeout = '%ldms';\n",
 		              lock_timeout_ms);
 	if (statement_timeout_ms >= 0)
-		n += snprintf(sql + n, sizeof(sql) - (size_t)n, "SET statement_timeout = '%ldms';",
-		              statement_timeout_ms);
+		n += snprintf(sql + n, sizeof(sql) - (size_t)n,
+		              "SET statement_timeout = '%ldms';\n", statement_timeout_ms);
 	snprintf(sql + n, sizeof(sql) - (size_t)n, "%s", DB_PIN_SQL);
 	res = PQexec(conn, sql);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK) {
@@ -458,9 +458,10 @@ static int db_setup(struct db *db, struct err *e)
 
 	PQsetNoticeReceiver(db->conn, log_notice, db);
 	snprintf(sql, sizeof(sql),
-	         "SET lock_timeout = '%ldms'; SET statement_timeout = '%ldms';"
-	         " SET idle_in_transaction_session_timeout = '%dms';"
-	         " SET client_connection_check_interval = '%dms'",
+	         "SET lock_timeout = '%ldms';\n"
+	         "SET statement_timeout = '%ldms';\n"
+	         "SET idle_in_transaction_session_timeout = '%dms';\n"
+	         "SET client_connection_check_interval = '%dms'\n",
 	         db->s.lock_timeout_ms, db->s.statement_timeout_ms, DB_IDLE_IN_TX_MS,
 	         DB_CLIENT_CHECK_MS);
 	res = PQexec(db->conn, sql);

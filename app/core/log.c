@@ -9,12 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/buf.h"
-#include "core/canon.h"
+#include "core/utf8.h"
 
 #define LOG_LINE_MAX 2048
 
@@ -27,6 +28,15 @@ static int log_orig_fd = -1; /* the inherited stderr, kept to go back to it */
 static volatile sig_atomic_t log_reopen_asked;
 
 static const char *const level_names[] = { "debug", "info", "warning", "error" };
+
+/* The syslog priority of each level, as journald reads it from a "<N>"
+ * before a line: debug 7, info 6, warning 4, err 3 (notice, 5, is no
+ * level of ours). */
+static const char level_priorities[] = { '7', '6', '4', '3' };
+
+/* 1 when stderr is the journal's stream, 0 when not, -1 until looked at
+ * (again after stderr was replaced). */
+static volatile sig_atomic_t log_journal = -1;
 static const char *const format_names[] = { "logfmt", "json" };
 
 int log_level_parse(const char *s, enum log_level *out)
@@ -241,9 +251,8 @@ static const char *jw_unescape(struct jw *w, const char *p, const char *end)
 	case 'r': jw_char(w, '\r'); return p + 1;
 	case 'u':
 		for (int i = 1; i <= 4 && v >= 0; i++)
-			v = p + i < end && canon_hex_digit(p[i]) >= 0
-			        ? v * 16 + canon_hex_digit(p[i])
-			        : -1;
+			v = p + i < end && utf8_hex_digit(p[i]) >= 0 ? v * 16 + utf8_hex_digit(p[i])
+			                                             : -1;
 		if (v >= 0 && v < 0x80) {
 			jw_char(w, (unsigned char)v);
 			return p + 5;
@@ -268,7 +277,7 @@ static void jw_text(struct jw *w, const char *p, const char *end, int quoted)
 		} else if (c < 0x80) {
 			jw_char(w, c);
 			p++;
-		} else if ((n = canon_utf8_len((const unsigned char *)p, (size_t)(end - p))) > 0) {
+		} else if ((n = utf8_len((const unsigned char *)p, (size_t)(end - p))) > 0) {
 			jw_put(w, p, n);
 			p += n;
 		} else {
@@ -405,6 +414,27 @@ size_t log_json_from_logfmt(const char *in, char *out, size_t cap)
 
 /* --- Log files ---------------------------------------------------------- */
 
+/*
+ * Whether stderr is the journal's stream: systemd puts the device and
+ * inode of the stream it connects to a service's stderr in JOURNAL_STREAM
+ * ("dev:ino", decimal), as sd_journal_stream_fd() and systemd's own log
+ * read it. A variable inherited by a process whose stderr went elsewhere
+ * (a log_file, a pipe of its own) does not match, and the lines stay bare.
+ */
+int log_stderr_is_journal(void)
+{
+	const char *env = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+	char tail;
+
+	if (env == NULL || sscanf(env, "%llu:%llu%c", &dev, &ino, &tail) != 2)
+		return 0;
+	if (fstat(STDERR_FILENO, &st) < 0)
+		return 0;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
 static int log_fd_to_stderr(int fd, const char *path, struct err *e)
 {
 	if (log_orig_fd < 0)
@@ -416,6 +446,7 @@ static int log_fd_to_stderr(int fd, const char *path, struct err *e)
 		               strerror(saved));
 	}
 	close(fd);
+	log_journal = -1;
 	return 0;
 }
 
@@ -426,8 +457,10 @@ int log_open(const char *path, struct err *e)
 
 	if (path == NULL || *path == '\0') {
 		/* Back to the stderr we were given, if a file had replaced it. */
-		if (log_path != NULL && log_orig_fd >= 0)
+		if (log_path != NULL && log_orig_fd >= 0) {
 			dup2(log_orig_fd, STDERR_FILENO);
+			log_journal = -1;
+		}
 		free(log_path);
 		log_path = NULL;
 		return 0;
@@ -545,48 +578,69 @@ static size_t line_head(char *line, size_t cap, enum log_level lvl)
 	return n;
 }
 
+/* The priority prefix "<N>" of lvl in the 3 bytes before at, when stderr
+ * is the journal; returns where the line to write starts. */
+static char *journal_prefix(char *at, enum log_level lvl)
+{
+	if (log_journal < 0)
+		log_journal = log_stderr_is_journal();
+	if (!log_journal)
+		return at;
+	at[-3] = '<';
+	at[-2] = level_priorities[lvl];
+	at[-1] = '>';
+	return at - 3;
+}
+
+#define PRIO_MAX 3 /* "<N>" */
+
 void log_write(enum log_level lvl, const char *msg, const char *fmt, ...)
 {
-	char line[LOG_LINE_MAX];
+	char whole[PRIO_MAX + LOG_LINE_MAX];
+	char *line = whole + PRIO_MAX, *start;
 	size_t n = 0;
 	va_list ap;
 
 	/* A SIGUSR1 that no loop picked up yet: this line goes to the new file. */
 	if (log_reopen_asked)
 		log_reopen_if_asked();
-	n = line_head(line, sizeof(line), lvl);
-	log_kv(line, sizeof(line), &n, "msg", msg);
+	n = line_head(line, LOG_LINE_MAX, lvl);
+	log_kv(line, LOG_LINE_MAX, &n, "msg", msg);
 	/* A line made by log_kv already ("%s", line) is copied as it is. */
-	if (fmt != NULL && strcmp(fmt, "%s") == 0 && n + 2 < sizeof(line)) {
+	if (fmt != NULL && strcmp(fmt, "%s") == 0 && n + 2 < LOG_LINE_MAX) {
 		line[n++] = ' ';
 		va_start(ap, fmt);
 		const char *pairs = va_arg(ap, const char *);
 		va_end(ap);
-		put(line, sizeof(line), &n, pairs, strlen(pairs));
-	} else if (fmt != NULL && n + 2 < sizeof(line)) {
+		put(line, LOG_LINE_MAX, &n, pairs, strlen(pairs));
+	} else if (fmt != NULL && n + 2 < LOG_LINE_MAX) {
 		line[n++] = ' ';
 		va_start(ap, fmt);
-		int w = vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+		int w = vsnprintf(line + n, LOG_LINE_MAX - n, fmt, ap);
 		va_end(ap);
 		if (w > 0)
 			n += (size_t)w;
-		if (n >= sizeof(line))
-			n = sizeof(line) - 1;
+		if (n >= LOG_LINE_MAX)
+			n = LOG_LINE_MAX - 1;
 	}
-	if (n > sizeof(line) - 2)
-		n = sizeof(line) - 2;
+	if (n > LOG_LINE_MAX - 2)
+		n = LOG_LINE_MAX - 2;
 	line[n] = '\0';
 	/* One write(2) per line so lines from concurrent workers never
-	 * interleave (the file is opened O_APPEND). */
+	 * interleave (the file is opened O_APPEND); the journal's priority
+	 * goes in the same write, in room kept before the line. */
 	if (log_line_format == LOG_FORMAT_JSON) {
-		char json[6 * LOG_LINE_MAX + 16];
-		size_t jn = log_json_from_logfmt(line, json, sizeof(json) - 1);
+		char jwhole[PRIO_MAX + 6 * LOG_LINE_MAX + 16];
+		char *json = jwhole + PRIO_MAX;
+		size_t jn = log_json_from_logfmt(line, json, sizeof(jwhole) - PRIO_MAX - 1);
 		json[jn++] = '\n';
-		ssize_t r = write(STDERR_FILENO, json, jn);
+		start = journal_prefix(json, lvl);
+		ssize_t r = write(STDERR_FILENO, start, jn + (size_t)(json - start));
 		(void)r;
 	} else {
 		line[n++] = '\n';
-		ssize_t r = write(STDERR_FILENO, line, n);
+		start = journal_prefix(line, lvl);
+		ssize_t r = write(STDERR_FILENO, start, n + (size_t)(line - start));
 		(void)r;
 	}
 }

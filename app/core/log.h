@@ -13,6 +13,12 @@
  * they need it with log_kv (for callers that build key=value pairs).
  * Never writes to stdout: in a FastCGI worker stdout is not ours, and for
  * the CLI it is reserved for results.
+ *
+ * When stderr is the journal's stream (systemd's JOURNAL_STREAM names its
+ * device and inode), each line starts with its syslog priority, "<3>"
+ * error, "<4>" warning, "<6>" info, "<7>" debug, which journald takes off
+ * and keeps as the entry's priority (journalctl -p warning). Anywhere else
+ * (a terminal, a log_file, a pipe) the lines are as above.
  */
 #ifndef IDF_LOG_H
 #define IDF_LOG_H
@@ -69,6 +75,13 @@ void log_reopen_if_asked(void);
  * fit. Returns its length. Used by log_write; exposed for the tests.
  */
 size_t log_json_from_logfmt(const char *in, char *out, size_t cap);
+
+/*
+ * 1 when stderr is the stream systemd's JOURNAL_STREAM names ("dev:ino"
+ * of stderr's fstat), 0 otherwise. log_write asks once, and again after
+ * log_open or log_reopen replaced stderr.
+ */
+int log_stderr_is_journal(void);
 
 /* Set the process-wide tag written as component=... (e.g. "supervisor"). */
 void log_set_component(const char *component);

@@ -43,15 +43,20 @@ static int apply_one(PGconn *conn, const struct migration *m, int *applied, stru
 
 	snprintf(version, sizeof(version), "%d", m->version);
 	if (run(conn,
-	        "BEGIN;"
-	        "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ");"
-	        "CREATE TABLE IF NOT EXISTS schema_migrations ("
-	        "  version integer PRIMARY KEY,"
-	        "  name text NOT NULL,"
-	        "  applied_at timestamptz NOT NULL DEFAULT now())",
+	        "BEGIN;\n"
+	        "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ");\n"
+	        "CREATE TABLE IF NOT EXISTS schema_migrations (\n"
+	        "  version integer PRIMARY KEY,\n"
+	        "  name text NOT NULL,\n"
+	        "  applied_at timestamptz NOT NULL DEFAULT now()\n"
+	        ")\n",
 	        e) < 0)
 		goto fail;
-	res = db_exec(conn, "SELECT 1 FROM schema_migrations WHERE version = $1", 1, p, e);
+	res = db_exec(conn,
+	              "SELECT 1\n"
+	              "  FROM schema_migrations\n"
+	              " WHERE version = $1\n",
+	              1, p, e);
 	if (res == NULL)
 		goto fail;
 	done = PQntuples(res) > 0;
@@ -61,7 +66,9 @@ static int apply_one(PGconn *conn, const struct migration *m, int *applied, stru
 			err_prefix(e, "migration %s failed", m->name);
 			goto fail;
 		}
-		res = db_exec(conn, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+		res = db_exec(conn,
+		              "INSERT INTO schema_migrations (version, name)\n"
+		              "VALUES ($1, $2)\n",
 		              2, p, e);
 		if (res == NULL)
 			goto fail;
@@ -86,15 +93,17 @@ int migrate_apply(PGconn *conn, int *applied, struct err *e)
 int migrate_current(PGconn *conn, struct err *e)
 {
 	PGresult *res =
-	    db_exec(conn, "SELECT to_regclass('schema_migrations') IS NOT NULL", 0, NULL, e);
+	    db_exec(conn, "SELECT to_regclass('schema_migrations') IS NOT NULL\n", 0, NULL, e);
 	int v = 0;
 
 	if (res == NULL)
 		return -1;
 	if (strcmp(PQgetvalue(res, 0, 0), "t") == 0) {
 		PQclear(res);
-		res = db_exec(conn, "SELECT coalesce(max(version), 0) FROM schema_migrations", 0,
-		              NULL, e);
+		res = db_exec(conn,
+		              "SELECT coalesce(max(version), 0)\n"
+		              "  FROM schema_migrations\n",
+		              0, NULL, e);
 		if (res == NULL)
 			return -1;
 		v = atoi(PQgetvalue(res, 0, 0));

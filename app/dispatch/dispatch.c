@@ -11,72 +11,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/canon.h"
 #include "core/buf.h"
 #include "core/db.h"
 #include "core/log.h"
+#include "core/utf8.h"
 #include "dispatch/dmetrics.h"
-
-enum { D_CLAIM, D_DONE, D_FAIL, D_RELEASE, D_STATS, D_LISTEN, D__COUNT };
-
-static const struct db_stmt dispatch_stmts[D__COUNT] = {
-	/* $1 batch, $2 owner, $3 lease (interval). The attempt is counted
-	 * when it starts, so a dispatcher that dies mid-delivery still
-	 * leaves the attempt on record. */
-	[D_CLAIM] = { "d_claim", 3,
-	              "WITH due AS ("
-	              "  SELECT o.id FROM outbox o"
-	              "   WHERE o.published_at IS NULL AND o.dead_at IS NULL"
-	              "     AND o.next_attempt_at <= now()"
-	              "     AND (o.lease_until IS NULL OR o.lease_until < now())"
-	              "     AND NOT EXISTS (SELECT 1 FROM outbox p"
-	              "                      WHERE p.workflow_id = o.workflow_id AND p.seq < o.seq"
-	              "                        AND p.published_at IS NULL)"
-	              "   ORDER BY o.next_attempt_at, o.id"
-	              "   LIMIT $1"
-	              "   FOR UPDATE SKIP LOCKED)"
-	              " UPDATE outbox o SET lease_owner = $2, lease_until = now() + $3::interval,"
-	              "        attempts = o.attempts + 1"
-	              "   FROM due WHERE o.id = due.id"
-	              " RETURNING o.id, o.event_id, o.type, o.workflow_id, o.attempts, o.payload,"
-	              "           o.traceparent, o.tracestate" },
-	/* $1 ids (bigint[]), $2 owner */
-	[D_DONE] = { "d_done", 2,
-	             "UPDATE outbox SET published_at = now(), lease_owner = NULL, lease_until = "
-	             "NULL"
-	             " WHERE id = ANY($1::bigint[]) AND lease_owner = $2" },
-	/* $1 ids, $2 owner, $3 errors (text[]), $4 delays in ms (bigint[]),
-	 * $5 dead (bool[]). The later events of a workflow whose event dies
-	 * wait for its requeue: parked at 'infinity', they leave every
-	 * claim's range (sql/012_held_events.sql). */
-	[D_FAIL] = { "d_fail", 5,
-	             "WITH failed AS ("
-	             "  UPDATE outbox o SET last_error = f.err,"
-	             "         next_attempt_at = now() + f.delay_ms * interval '1 millisecond',"
-	             "         dead_at = CASE WHEN f.dead THEN now() END,"
-	             "         lease_owner = NULL, lease_until = NULL"
-	             "    FROM unnest($1::bigint[], $3::text[], $4::bigint[], $5::bool[])"
-	             "         AS f(id, err, delay_ms, dead)"
-	             "   WHERE o.id = f.id AND o.lease_owner = $2"
-	             "  RETURNING o.tenant_id, o.workflow_id, o.seq, f.dead)"
-	             " UPDATE outbox h SET next_attempt_at = 'infinity'"
-	             "   FROM failed"
-	             "  WHERE failed.dead AND h.tenant_id = failed.tenant_id"
-	             "    AND h.workflow_id = failed.workflow_id AND h.seq > failed.seq"
-	             "    AND h.published_at IS NULL AND h.dead_at IS NULL" },
-	/* $1 ids, $2 owner: claimed but never attempted (the lease was about
-	 * to run out, or the run is stopping): hand them back untouched. */
-	[D_RELEASE] = { "d_release", 2,
-	                "UPDATE outbox SET lease_owner = NULL, lease_until = NULL,"
-	                "       attempts = attempts - 1"
-	                " WHERE id = ANY($1::bigint[]) AND lease_owner = $2" },
-	[D_STATS] = { "d_stats", 0,
-	              "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)"
-	              "  FROM outbox WHERE published_at IS NULL AND dead_at IS NULL" },
-	/* --loop: on every (re)connection, since a new session listens to
-	 * nothing. */
-	[D_LISTEN] = { "d_listen", 0, "LISTEN idemflow_outbox" },
-};
+#include "dispatch/queries.h"
 
 struct dispatcher {
 	const struct conf *c;
@@ -103,19 +43,15 @@ void dispatch_stop(void)
 int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *e)
 {
 	char *copy = strdup(spec), *save = NULL, *tok;
-	struct conf *scratch = conf_new();
 	int n = 0;
 
-	if (copy == NULL || scratch == NULL) {
-		free(copy);
-		conf_free(scratch);
+	if (copy == NULL)
 		return err_set(e, ERR_INTERNAL, "out of memory");
-	}
 	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		while (*tok == ' ')
 			tok++;
-		/* Reuse the one duration parser through a scratch config. */
-		if (n == max || conf_set(scratch, "timeout", tok, "backoff", e) < 0) {
+		/* The configuration's durations; a delay is at least 1 ms. */
+		if (n == max || conf_duration(tok, &delays[n]) < 0 || delays[n] < 1) {
 			err_set(e, ERR_CONFIG,
 			        "invalid value \"%s\" for \"backoff\": expected up to %d durations "
 			        "separated by commas, such as 5s,5m,30m,2h",
@@ -123,7 +59,7 @@ int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *
 			n = -1;
 			goto out;
 		}
-		delays[n++] = scratch->timeout;
+		n++;
 	}
 	if (n == 0) {
 		err_set(e, ERR_CONFIG, "invalid value \"%s\" for \"backoff\": no delays", spec);
@@ -131,7 +67,6 @@ int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *
 	}
 out:
 	free(copy);
-	conf_free(scratch);
 	return n;
 }
 
@@ -152,7 +87,7 @@ static int listen_again(struct dispatcher *d, struct err *e)
 
 	if (d->listening == db_reconnects(d->db) + 1)
 		return 0;
-	res = db_run(d->db, D_LISTEN, 0, NULL, e);
+	res = db_run(d->db, DQ_LISTEN, DQ_LISTEN__N, NULL, e);
 	if (res == NULL)
 		return -1;
 	PQclear(res);
@@ -202,8 +137,8 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 		                   .application_name = appname,
 		                   .lock_timeout_ms = 0,
 		                   .statement_timeout_ms = c->statement_timeout,
-		                   .stmts = dispatch_stmts,
-		                   .nstmts = D__COUNT };
+		                   .stmts = dispatch_queries,
+		                   .nstmts = DQ__COUNT };
 	d->db = db_open(&ds, e);
 	if (d->db == NULL || e->code != ERR_NONE)
 		goto fail;
@@ -275,7 +210,7 @@ struct batch {
 	struct sink_event *evs;
 	struct sink_outcome *outs;
 	int *attempted;
-	/* The outcome, as array literals for D_DONE, D_FAIL and D_RELEASE. */
+	/* The outcome, as array literals for DQ_DONE, DQ_FAIL and DQ_RELEASE. */
 	struct buf done, ids, errs, delays, deads, release;
 	int ndone, nfail, nrelease;
 };
@@ -400,7 +335,7 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 			/* last_error is for humans: keep it short. The text may quote
 			 * a receiver's bytes, and one byte that is not UTF-8 would
 			 * fail the recording of the whole batch, on every run. */
-			canon_utf8_copy(trunc, sizeof(trunc), o->error[0] ? o->error : "failed");
+			utf8_copy(trunc, sizeof(trunc), o->error[0] ? o->error : "failed");
 			array_elem(&b->errs, trunc);
 			buf_printf(&b->delays, "%s%ld", b->delays.len ? "," : "{",
 			           dead ? 0 : delay);
@@ -480,11 +415,19 @@ struct step {
 	int reading; /* the reader thread runs */
 };
 
-static int send_stmt(struct dispatcher *d, int stmt, int n, const char *const *p, struct err *e)
+/* Queue one statement of the table; a count that is not the table's is a
+ * bug, and nothing is sent (as db_run() does). */
+static int send_stmt(struct dispatcher *d, enum dispatch_query_id stmt, int n, const char *const *p,
+                     struct err *e)
 {
+	const struct db_stmt *st = &dispatch_queries[stmt];
 	PGconn *conn = db_conn(d->db);
 
-	if (!PQsendQueryPrepared(conn, dispatch_stmts[stmt].name, n, p, NULL, NULL, 0))
+	if (n != st->nparams)
+		return err_set(e, ERR_INTERNAL,
+		               "statement \"%s\" called with %d parameters, its table says %d",
+		               st->name, n, st->nparams);
+	if (!PQsendQueryPrepared(conn, st->name, n, p, NULL, NULL, 0))
 		return db_classify(conn, NULL, e);
 	return 0;
 }
@@ -501,21 +444,28 @@ static int step_send(struct dispatcher *d, struct batch *b, int claim, struct st
 	if (!PQenterPipelineMode(conn))
 		return db_classify(conn, NULL, e);
 	if (b != NULL && b->ndone) {
-		const char *p[2] = { b->done.data, b->owner };
-		if (send_stmt(d, D_DONE, 2, p, e) < 0)
+		const char *p[DQ_DONE__N] = {
+			[DQ_DONE_IDS] = b->done.data, [DQ_DONE_OWNER] = b->owner
+		};
+		if (send_stmt(d, DQ_DONE, DQ_DONE__N, p, e) < 0)
 			return -1;
 		s->nrecord++;
 	}
 	if (b != NULL && b->nfail) {
-		const char *p[5] = { b->ids.data, b->owner, b->errs.data, b->delays.data,
-			             b->deads.data };
-		if (send_stmt(d, D_FAIL, 5, p, e) < 0)
+		const char *p[DQ_FAIL__N] = { [DQ_FAIL_IDS] = b->ids.data,
+			                      [DQ_FAIL_OWNER] = b->owner,
+			                      [DQ_FAIL_ERRORS] = b->errs.data,
+			                      [DQ_FAIL_DELAYS_MS] = b->delays.data,
+			                      [DQ_FAIL_DEAD] = b->deads.data };
+		if (send_stmt(d, DQ_FAIL, DQ_FAIL__N, p, e) < 0)
 			return -1;
 		s->nrecord++;
 	}
 	if (b != NULL && b->nrelease) {
-		const char *p[2] = { b->release.data, b->owner };
-		if (send_stmt(d, D_RELEASE, 2, p, e) < 0)
+		const char *p[DQ_RELEASE__N] = {
+			[DQ_RELEASE_IDS] = b->release.data, [DQ_RELEASE_OWNER] = b->owner
+		};
+		if (send_stmt(d, DQ_RELEASE, DQ_RELEASE__N, p, e) < 0)
 			return -1;
 		s->nrecord++;
 	}
@@ -524,9 +474,11 @@ static int step_send(struct dispatcher *d, struct batch *b, int claim, struct st
 	if (claim) {
 		snprintf(batch, sizeof(batch), "%d", d->c->batch);
 		snprintf(s->owner, sizeof(s->owner), "%s:%lu", d->owner, ++d->claims);
-		const char *p[3] = { batch, s->owner, d->lease };
+		const char *p[DQ_CLAIM__N] = { [DQ_CLAIM_BATCH] = batch,
+			                       [DQ_CLAIM_OWNER] = s->owner,
+			                       [DQ_CLAIM_LEASE] = d->lease };
 		s->claim_at = now_s();
-		if (send_stmt(d, D_CLAIM, 3, p, e) < 0)
+		if (send_stmt(d, DQ_CLAIM, DQ_CLAIM__N, p, e) < 0)
 			return -1;
 		s->has_claim = 1;
 		if (!PQpipelineSync(conn))
@@ -858,7 +810,7 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 	}
 	st->duration_s = elapsed_s(&d->started);
 	if (rc == 0) {
-		res = db_run(d->db, D_STATS, 0, NULL, e);
+		res = db_run(d->db, DQ_STATS, DQ_STATS__N, NULL, e);
 		if (res == NULL)
 			return -1;
 		st->pending = atol(PQgetvalue(res, 0, 0));

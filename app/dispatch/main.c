@@ -28,6 +28,7 @@
 #include "dispatch/dispatch.h"
 #include "dispatch/dmetrics.h"
 #include "dispatch/sink.h"
+#include "dispatch/queries.h"
 
 static void usage(FILE *out)
 {
@@ -53,7 +54,7 @@ static void usage(FILE *out)
 	        "  --nats-url U --nats-subject-prefix P --nats-stream S  nats sink (JetStream)\n"
 	        "  --exec CMD                                 exec sink\n"
 	        "\n");
-	conf_usage(out);
+	conf_usage(out, CONF_DISPATCH);
 }
 
 static void on_stop(int sig)
@@ -140,6 +141,11 @@ int main(int argc, char **argv)
 	}
 
 	dmetrics_start(c->sink, c->textfile, c->loop);
+	/* A statement whose parameters drifted from its SQL is a bug: refuse
+	 * to start (EX_SOFTWARE, the statement named in the log), rather than
+	 * fail each claim later or bind values to the wrong $n. */
+	if (dispatch_queries_check(&e) < 0)
+		goto fail;
 	s = sink_open(c, &e);
 	if (s == NULL)
 		goto fail;

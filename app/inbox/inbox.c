@@ -126,7 +126,7 @@ int idemflow_inbox_claim(PGconn *conn, const char *consumer, const char *event_i
 		return -1;
 	default: inbox_fail(err, "", "could not claim the event", PQerrorMessage(conn)); return -1;
 	}
-	res = inbox_exec(conn, "could not claim the event", "SELECT idemflow_inbox_claim($1, $2)",
+	res = inbox_exec(conn, "could not claim the event", "SELECT idemflow_inbox_claim($1, $2)\n",
 	                 2, p, err);
 	if (res == NULL)
 		return -1;
@@ -148,8 +148,9 @@ long long idemflow_inbox_duplicates(PGconn *conn, const char *consumer,
 		return -1;
 	}
 	res = inbox_exec(conn, "could not read the duplicates",
-	                 "SELECT d.duplicates FROM idemflow_inbox_duplicates() d"
-	                 " WHERE d.consumer = $1",
+	                 "SELECT d.duplicates\n"
+	                 "  FROM idemflow_inbox_duplicates() d\n"
+	                 " WHERE d.consumer = $1\n",
 	                 1, p, err);
 	if (res == NULL)
 		return -1;
@@ -166,7 +167,7 @@ char *idemflow_inbox_metrics(PGconn *conn, struct idemflow_inbox_err *err)
 
 	inbox_clear(err);
 	res = inbox_exec(conn, "could not read the inbox's metrics",
-	                 "SELECT idemflow_inbox_metrics()", 0, NULL, err);
+	                 "SELECT idemflow_inbox_metrics()\n", 0, NULL, err);
 	if (res == NULL)
 		return NULL;
 	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {

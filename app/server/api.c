@@ -5,8 +5,8 @@
  * bearer token (401), then the handler's own validation. A request that
  * fails any check writes nothing. A create checks its token in its own
  * statement (auth.h), answering as if the token had been checked first.
- * The route is matched once (route.h) and kept on the request's context
- * for the counters and the log line.
+ * The route comes matched (route.h), once per request, and is kept on the
+ * request's context for the counters and the log line.
  */
 #include "server/api.h"
 
@@ -48,9 +48,8 @@ enum access {
 	OPEN,      /* anyone: no token, no database before the handler */
 	TOKEN,     /* a tenant's bearer token */
 	TOKEN_KEY, /* a tenant's bearer token, and the Idempotency-Key's row */
-	/* TOKEN_KEY, begun before the handler and settled by its statement
-	 * (a plain keyed create checks the token in its one round trip) or,
-	 * when it answers without one, after it (auth.h) */
+	/* TOKEN_KEY, begun before the handler, which ends it (auth.h): a
+	 * plain keyed create checks the token in its one round trip */
 	TOKEN_KEY_LATE,
 };
 
@@ -91,40 +90,34 @@ static const struct {
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 
-void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
+void api_handle(struct handler_ctx *ctx, struct http_req *req, const struct route_hit *hit,
+                struct http_resp *resp)
 {
-	const char *arg = NULL;
-	size_t arglen = 0, row = NTABLE, n = 0;
+	size_t row = NTABLE, n = 0;
 	char id[64], allow[48];
 
-	ctx->tenant_id = 0;
-	handler_set_token(ctx, 0);
-	ctx->auth_pending = 0;
-	PQclear(ctx->key_row);
-	ctx->key_row = NULL;
+	auth_reset(ctx);
 	ctx->bytes_fp[0] = '\0';
 	ctx->idem = IDEM_NONE;
-	ctx->cached = 0;
 	ctx->created = 0;
 	ctx->refused = -1;
 	err_clear(&ctx->err);
 	buf_reset(&ctx->body);
 
-	/* The one place a path is matched: the counters and the request's
-	 * log line take the route from ctx. */
-	ctx->route = route_match(req->path, &arg, &arglen);
+	/* The counters and the request's log line take the route from ctx. */
+	ctx->route = hit->route;
 	if (ctx->route == ROUTE_OTHER) {
 		handler_problem(resp, req, P_NOT_FOUND, "no such resource");
 		return;
 	}
 	/* An id longer than any id is no resource either, whatever the method. */
-	if (arg != NULL) {
-		if (arglen >= sizeof(id)) {
+	if (hit->arg != NULL) {
+		if (hit->arglen >= sizeof(id)) {
 			handler_problem(resp, req, P_NOT_FOUND, "no such resource");
 			return;
 		}
-		memcpy(id, arg, arglen);
-		id[arglen] = '\0';
+		memcpy(id, hit->arg, hit->arglen);
+		id[hit->arglen] = '\0';
 	}
 	allow[0] = '\0';
 	for (size_t i = 0; i < NTABLE; i++) {
@@ -146,11 +139,11 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	case OPEN: break;
 	case TOKEN:
 	case TOKEN_KEY:
-		if (!auth_check(ctx, req, resp, table[row].access == TOKEN_KEY))
+		if (auth_check(ctx, req, resp, table[row].access == TOKEN_KEY) < 0)
 			return;
 		break;
 	case TOKEN_KEY_LATE:
-		if (!auth_begin(ctx, req, resp, 1))
+		if (auth_begin(ctx, req, resp, 1) < 0)
 			return;
 		break;
 	}
@@ -158,7 +151,4 @@ void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		table[row].by_id(ctx, req, id, resp);
 	else
 		table[row].plain(ctx, req, resp);
-	/* Answered without the database (a request the handler refused):
-	 * a bad token's 401 comes first. */
-	auth_settle(ctx, req, resp);
 }

@@ -10,8 +10,11 @@
 #define IDF_API_H
 
 #include "server/handler.h"
+#include "server/route.h"
 
-/* Answer req into resp. Never fails: errors become problem responses. */
-void api_handle(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);
+/* Answer req, whose path matched hit (route_match(), done once by the
+ * caller), into resp. Never fails: errors become problem responses. */
+void api_handle(struct handler_ctx *ctx, struct http_req *req, const struct route_hit *hit,
+                struct http_resp *resp);
 
 #endif

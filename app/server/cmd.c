@@ -9,7 +9,6 @@
 
 #include "core/canon.h"
 #include "core/fp.h"
-#include "server/auth.h"
 #include "server/queries.h"
 #include "server/scoreboard.h"
 
@@ -142,7 +141,7 @@ static void answer_row(struct handler_ctx *ctx, struct http_resp *resp, const st
 }
 
 /*
- * The key row fetched with the token (ctx->key_row) is live and was stored
+ * The key row found before the handler (ctx->key_row) is live and was stored
  * from exactly these bytes: answer the stored response without parsing the
  * body, and return 1. 0 otherwise (no row, expired, other bytes, a row
  * from before the column): the canonical comparison follows.
@@ -285,11 +284,11 @@ static void fail(struct handler_ctx *ctx, struct http_resp *resp, const struct h
 /* Q_TRACE_SET's parameters, in p: the jobs, events, messages and
  * workflows a command inserts take the request's trace context and actor
  * as their default. */
-static const char *const *trace_params(const struct handler_ctx *ctx, const char *p[TS__N])
+static const char *const *trace_params(const struct handler_ctx *ctx, const char *p[TRACE_SET__N])
 {
-	p[TS_TRACEPARENT] = handler_traceparent(ctx);
-	p[TS_TRACESTATE] = handler_tracestate(ctx);
-	p[TS_ACTOR] = handler_actor(ctx);
+	p[TRACE_SET_TRACEPARENT] = handler_traceparent(ctx);
+	p[TRACE_SET_TRACESTATE] = handler_tracestate(ctx);
+	p[TRACE_SET_ACTOR] = handler_actor(ctx);
 	return p;
 }
 
@@ -302,8 +301,8 @@ static const char *const *trace_params(const struct handler_ctx *ctx, const char
 static PGresult *run_traced(struct handler_ctx *ctx, int stmt, int nparams,
                             const char *const *params, struct err *e)
 {
-	const char *tp[TS__N];
-	const struct db_call calls[2] = { { Q_TRACE_SET, TS__N, trace_params(ctx, tp) },
+	const char *tp[TRACE_SET__N];
+	const struct db_call calls[2] = { { Q_TRACE_SET, TRACE_SET__N, trace_params(ctx, tp) },
 		                          { stmt, nparams, params } };
 	PGresult *r[2], *res = NULL;
 	int failed;
@@ -347,12 +346,15 @@ static int store_and_commit(struct handler_ctx *ctx, const struct http_req *req,
                             const struct http_resp *resp, const char *tenant, struct err *e)
 {
 	char status[8];
-	const char *sp[KS__N] = { [KS_TENANT] = tenant,
-		                  [KS_KEY] = req->idem_key,
-		                  [KS_STATUS] = status,
-		                  [KS_HEADERS] = resp->headers.data ? resp->headers.data : "",
-		                  [KS_BODY] = resp->body.data ? resp->body.data : "" };
-	const struct db_call calls[2] = { { Q_KEY_STORE, KS__N, sp }, { Q_COMMIT, 0, NULL } };
+	const char *sp[KEY_STORE__N] = { [KEY_STORE_TENANT] = tenant,
+		                         [KEY_STORE_KEY] = req->idem_key,
+		                         [KEY_STORE_STATUS] = status,
+		                         [KEY_STORE_HEADERS] =
+		                             resp->headers.data ? resp->headers.data : "",
+		                         [KEY_STORE_BODY] =
+		                             resp->body.data ? resp->body.data : "" };
+	const struct db_call calls[2] = { { Q_KEY_STORE, KEY_STORE__N, sp },
+		                          { Q_COMMIT, 0, NULL } };
 	PGresult *r[2];
 	int failed;
 
@@ -394,24 +396,24 @@ static void refresh_key(struct handler_ctx *ctx, const char *key, const char *tt
                         const struct timespec *t0)
 {
 	char tenant[24];
-	const char *p[KR__N];
+	const char *p[KEY_REFRESH__N];
 	struct err ignored;
 
 	if (ms_since(t0) < KEY_REFRESH_AFTER_MS)
 		return;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	p[KR_TENANT] = tenant;
-	p[KR_KEY] = key;
-	p[KR_TTL] = ttl;
-	PQclear(db_run(ctx->db, Q_KEY_REFRESH, KR__N, p, &ignored));
+	p[KEY_REFRESH_TENANT] = tenant;
+	p[KEY_REFRESH_KEY] = key;
+	p[KEY_REFRESH_TTL] = ttl;
+	PQclear(db_run(ctx->db, Q_KEY_REFRESH, KEY_REFRESH__N, p, &ignored));
 }
 
 /* One keyed request: its key as statement parameters. */
 struct keyed {
 	char tenant[24];
 	char ttl[40];
-	const char *kc[KC__N]; /* Q_KEY_CLAIM */
-	const char *kg[KG__N]; /* Q_KEY_GET, Q_KEY_DELETE_EXPIRED */
+	const char *kc[KEY_CLAIM__N]; /* Q_KEY_CLAIM */
+	const char *kg[KEY_GET__N];   /* Q_KEY_GET, Q_KEY_DELETE_EXPIRED */
 };
 
 /* What one claim-and-work transaction came to. */
@@ -432,10 +434,10 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
                                      const struct keyed *k, PGresult **row, int *in_flight,
                                      struct err *e)
 {
-	const char *tp[TS__N];
+	const char *tp[TRACE_SET__N];
 	const struct db_call calls[4] = { { Q_BEGIN, 0, NULL },
-		                          { Q_KEY_CLAIM, KC__N, k->kc },
-		                          { Q_TRACE_SET, TS__N, trace_params(ctx, tp) },
+		                          { Q_KEY_CLAIM, KEY_CLAIM__N, k->kc },
+		                          { Q_TRACE_SET, TRACE_SET__N, trace_params(ctx, tp) },
 		                          { c->stmt, c->nparams, c->params } };
 	PGresult *r[4];
 	struct timespec t0;
@@ -472,10 +474,10 @@ static enum attempt attempt_pipeline(struct handler_ctx *ctx, const struct http_
 	return ATTEMPT_DONE;
 }
 
-/* CMD_TX_SINGLE: the statement checks the token, claims, works and stores
- * in one round trip, the request's trace context among its parameters. It
- * stores only its success: every refusal of a create is a validation
- * error, answered before the key is claimed. */
+/* CMD_TX_SINGLE: the statement claims, works and stores in one round
+ * trip, the request's trace context among its parameters; its row goes to
+ * c->checked first. It stores only its success: every refusal of a create
+ * is a validation error, answered before the key is claimed. */
 static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_req *req,
                                    struct http_resp *resp, const struct cmd *c, PGresult **row,
                                    int *in_flight, struct err *e)
@@ -489,11 +491,6 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
 
 	if (res == NULL) {
 		*in_flight = e->code == ERR_LOCK_TIMEOUT;
-		/* A failure is answered as one whatever the token (a bad one
-		 * writes nothing, so it cannot have caused it); a wait on the
-		 * key was a good token's, whose tenant the answer reads. */
-		if (!*in_flight)
-			ctx->auth_pending = 0;
 		return ATTEMPT_FAILED;
 	}
 	if (PQntuples(res) != 1 || PQnfields(res) != CREATE_COL_OUTCOME + 1) {
@@ -502,13 +499,11 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
 		PQclear(res);
 		return ATTEMPT_FAILED;
 	}
-	outcome = PQgetvalue(res, 0, CREATE_COL_OUTCOME);
-	if (strcmp(outcome, "unauthorized") == 0) {
+	if (c->checked != NULL && c->checked(ctx, req, resp, res) < 0) {
 		PQclear(res);
-		auth_refused(ctx, req, resp);
 		return ATTEMPT_DONE;
 	}
-	auth_passed(ctx, req, res);
+	outcome = PQgetvalue(res, 0, CREATE_COL_OUTCOME);
 	if (strcmp(outcome, "taken") == 0) {
 		/* A concurrent owner committed while we waited on the unique
 		 * index: its row is visible to a new statement. */
@@ -520,7 +515,7 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
 		*row = res; /* 'existing' */
 		return ATTEMPT_TAKEN;
 	}
-	refresh_key(ctx, req->idem_key, c->params[CK_TTL], &t0);
+	refresh_key(ctx, req->idem_key, c->params[CREATE_KEYED_TTL], &t0);
 	ctx->idem = IDEM_CREATED;
 	ctx->created = 1;
 	if (c->render(ctx, req, resp, res, c, e) < 0) {
@@ -542,17 +537,17 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 	struct err e;
 	int in_flight;
 
-	/* 0 until a create's statement has checked its token. */
+	/* 0 until the single statement's row is read (cmd_run). */
 	snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
 	snprintf(k.ttl, sizeof(k.ttl), "%ld milliseconds", ctx->conf->idempotency_ttl);
-	k.kc[KC_TENANT] = k.kg[KG_TENANT] = k.tenant;
-	k.kc[KC_KEY] = k.kg[KG_KEY] = req->idem_key;
-	k.kc[KC_METHOD] = req->method;
-	k.kc[KC_PATH] = req->path;
-	k.kc[KC_FP] = c->fp_text;
-	k.kc[KC_TTL] = k.ttl;
-	k.kc[KC_BYTES_FP] = ctx->bytes_fp;
-	k.kc[KC_ACTOR] = handler_actor(ctx);
+	k.kc[KEY_CLAIM_TENANT] = k.kg[KEY_GET_TENANT] = k.tenant;
+	k.kc[KEY_CLAIM_KEY] = k.kg[KEY_GET_KEY] = req->idem_key;
+	k.kc[KEY_CLAIM_METHOD] = req->method;
+	k.kc[KEY_CLAIM_PATH] = req->path;
+	k.kc[KEY_CLAIM_FP] = c->fp_text;
+	k.kc[KEY_CLAIM_TTL] = k.ttl;
+	k.kc[KEY_CLAIM_BYTES_FP] = ctx->bytes_fp;
+	k.kc[KEY_CLAIM_ACTOR] = handler_actor(ctx);
 
 	for (int round = 0; round < 3; round++) {
 		PGresult *row = NULL;
@@ -572,14 +567,14 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 			return;
 		if (a == ATTEMPT_FAILED)
 			goto failed;
-		/* The tenant is known now, from the token or the statement. */
+		/* The tenant is known now, whichever way the key was claimed. */
 		snprintf(k.tenant, sizeof(k.tenant), "%ld", ctx->tenant_id);
 		/* Taken by an owner that committed while the single statement
 		 * waited on it: committed just now, so live whatever its
 		 * expires_at says (a lifetime counts from the commit). */
 		fresh = row == NULL && c->tx == CMD_TX_SINGLE;
 		if (row == NULL) {
-			row = db_run(ctx->db, Q_KEY_GET, KG__N, k.kg, &e);
+			row = db_run(ctx->db, Q_KEY_GET, KEY_GET__N, k.kg, &e);
 			if (row == NULL)
 				goto failed_waiting;
 			if (PQntuples(row) == 0) {
@@ -595,7 +590,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 		PQclear(row);
 		/* Past its TTL a key is forgotten: remove the old row (only if
 		 * it is still expired) and claim the key afresh. */
-		row = db_run(ctx->db, Q_KEY_DELETE_EXPIRED, KG__N, k.kg, &e);
+		row = db_run(ctx->db, Q_KEY_DELETE_EXPIRED, KEY_GET__N, k.kg, &e);
 		if (row == NULL)
 			goto failed_waiting;
 		PQclear(row);
@@ -607,8 +602,6 @@ failed_waiting:
 	/* Reading or deleting the key row waits only on its owner. */
 	in_flight = e.code == ERR_LOCK_TIMEOUT;
 failed:
-	if (in_flight && !auth_settle(ctx, req, resp))
-		return;
 	if (in_flight)
 		key_problem(ctx, resp, req, P_KEY_IN_FLIGHT);
 	else
@@ -618,10 +611,7 @@ failed:
 void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
              const struct cmd *c)
 {
-	/* Only the keyed single statement checks the token itself. */
-	if ((c->tx != CMD_TX_SINGLE || req->idem_key == NULL) && !auth_settle(ctx, req, resp))
-		return;
-	/* The key's row came with the authentication: a replay or a
+	/* The key's row came before the handler (ctx->key_row): a replay or a
 	 * conflict is answered now, without another statement. Expired:
 	 * the claim finds it again and takes it over. */
 	if (ctx->key_row != NULL && !key_expired(ctx->key_row)) {

@@ -4,7 +4,7 @@
  * every command shares.
  *
  * The runner owns the one loop every keyed request goes through: a live
- * key row found with the token is replayed byte for byte, or refused as a
+ * key row found before the runner is replayed byte for byte, or refused as a
  * conflict when it was made by another request (409); otherwise the key
  * is claimed and the work done in one transaction. When the claim finds
  * the key taken, the stored answer is replayed (or refused); an expired
@@ -15,14 +15,18 @@
  *
  *   CMD_TX_PIPELINE  BEGIN; claim the key; the command   -- one round trip
  *                    store the rendered answer on the key; COMMIT
- *   CMD_TX_SINGLE    one statement checks the token, claims, works and
- *                    stores (a plain create, Q_CREATE_KEYED) -- one round trip
+ *   CMD_TX_SINGLE    one statement claims, works and stores (a plain
+ *                    create, Q_CREATE_KEYED)                 -- one round trip
  *
  * so the key, the work's effects and its stored answer commit together or
  * not at all. A command is one statement (a database function,
  * sql/005_runs.sql) that answers with rows whose first two columns are
  * (problem slug or NULL, detail). Without a key the work runs alone, in
  * its own transaction.
+ *
+ * Return codes: a function here that can answer the request itself
+ * returns 0 to go on, or -1 when resp holds the answer (as auth.h's do);
+ * one that fails otherwise returns 0, or -1 with an err filled.
  */
 #ifndef IDF_CMD_H
 #define IDF_CMD_H
@@ -51,12 +55,21 @@ typedef int (*cmd_render_fn)(struct handler_ctx *ctx, const struct http_req *req
 typedef int (*cmd_prepare_fn)(struct handler_ctx *ctx, const struct http_req *req,
                               struct http_resp *resp, const struct cmd *c);
 
+/*
+ * CMD_TX_SINGLE: what the handler reads first in the statement's row,
+ * before the runner reads its outcome: the statement may have checked
+ * what the handler could not check before it (a create's token:
+ * auth_checked()). Returns 0 to go on, or -1 when resp holds the answer
+ * (the statement then wrote nothing).
+ */
+typedef int (*cmd_checked_fn)(struct handler_ctx *ctx, const struct http_req *req,
+                              struct http_resp *resp, const PGresult *row);
+
 /* How a keyed request's claim and work share one transaction. */
 enum cmd_tx {
 	CMD_TX_PIPELINE, /* BEGIN; Q_KEY_CLAIM; stmt, then Q_KEY_STORE; COMMIT */
-	CMD_TX_SINGLE,   /* stmt checks the token, claims, works and stores, the
-	                  * trace context among its parameters: a row as
-	                  * Q_CREATE_KEYED's */
+	CMD_TX_SINGLE,   /* stmt claims, works and stores, the trace context
+	                  * among its parameters: a row as Q_CREATE_KEYED's */
 };
 
 struct cmd {
@@ -71,6 +84,7 @@ struct cmd {
 	const char *const *unkeyed_params; /* borrowed */
 	const char *fp_text;               /* the request's fingerprint (idem_fp_text) */
 	cmd_prepare_fn prepare;            /* or NULL */
+	cmd_checked_fn checked;            /* CMD_TX_SINGLE's, or NULL */
 	cmd_render_fn render;
 	void *arg; /* for prepare and render */
 };
@@ -91,8 +105,9 @@ int cmd_stores(int kind);
  * The keyed-command runner: run c for req, at most once per
  * Idempotency-Key, and answer it in resp. Sets ctx->idem and ctx->created
  * for the log and the metrics. Never fails: errors become problem answers.
- * A token check still pending (auth.h) is settled first, unless the keyed
- * single statement settles it.
+ * The caller has authenticated the request, or left to the keyed single
+ * statement what it could not check (c->checked): ctx->tenant_id is then 0
+ * until that statement's row is read.
  */
 void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
              const struct cmd *c);

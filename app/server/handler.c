@@ -57,15 +57,6 @@ const char *handler_tracestate(const struct handler_ctx *ctx)
 	           : NULL;
 }
 
-void handler_set_token(struct handler_ctx *ctx, long id)
-{
-	ctx->token_id = id;
-	if (id > 0)
-		snprintf(ctx->actor, sizeof(ctx->actor), "token:%ld", id);
-	else
-		ctx->actor[0] = '\0';
-}
-
 const char *handler_actor(const struct handler_ctx *ctx)
 {
 	return ctx->actor[0] != '\0' ? ctx->actor : NULL;

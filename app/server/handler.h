@@ -29,12 +29,13 @@ struct handler_ctx {
 	struct buf body;         /* the request body */
 	struct buf scratch;      /* canonical forms, payloads */
 	/* Per request, for the access log: */
-	enum route route; /* matched once, by the router, before anything
+	enum route route; /* matched once, by the worker, before anything
 	                   * else; the counters and the log line read it */
-	long tenant_id;   /* 0 until authenticated */
-	long token_id;    /* the bearer token's api_tokens.id, 0 until authenticated */
-	char actor[32];   /* "token:<token_id>", "" until authenticated: what the
-	                   * rows the request writes record (sql/014_actor.sql) */
+	/* Who asks: written by auth.c alone (auth.h). */
+	long tenant_id; /* 0 until authenticated */
+	long token_id;  /* the bearer token's api_tokens.id, 0 until authenticated */
+	char actor[32]; /* "token:<token_id>", "" until authenticated: what the
+	                 * rows the request writes record (sql/014_actor.sql) */
 	/* The bearer token's check (auth.h): */
 	uint8_t token_fp[FP_LEN];           /* the token's digest */
 	char token_hex[2 + 2 * FP_LEN + 1]; /* the same as a bytea parameter */
@@ -68,10 +69,6 @@ void handler_trace_begin(struct handler_ctx *ctx, const struct http_req *req);
  * (SQL NULL) for what the request has not. */
 const char *handler_traceparent(const struct handler_ctx *ctx);
 const char *handler_tracestate(const struct handler_ctx *ctx);
-
-/* The request is authenticated as token id (api_tokens.id): sets
- * ctx->token_id and ctx->actor. */
-void handler_set_token(struct handler_ctx *ctx, long id);
 
 /* ctx->actor as a statement parameter: NULL (SQL NULL) until authenticated. */
 const char *handler_actor(const struct handler_ctx *ctx);

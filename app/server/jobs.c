@@ -193,12 +193,13 @@ void jobs_activate(struct handler_ctx *ctx, struct http_req *req, struct http_re
 	snprintf(nmax, sizeof(nmax), "%ld", max_jobs);
 	snprintf(interval, sizeof(interval), "%ld seconds", lease);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[JA__N] = {
-		[JA_TENANT] = tenant, [JA_JOB_TYPE] = type,  [JA_WORKER] = worker,
-		[JA_MAX_JOBS] = nmax, [JA_LEASE] = interval, [JA_BUDGET] = budget
+	const char *p[JOBS_ACTIVATE__N] = {
+		[JOBS_ACTIVATE_TENANT] = tenant,  [JOBS_ACTIVATE_JOB_TYPE] = type,
+		[JOBS_ACTIVATE_WORKER] = worker,  [JOBS_ACTIVATE_MAX_JOBS] = nmax,
+		[JOBS_ACTIVATE_LEASE] = interval, [JOBS_ACTIVATE_BUDGET] = budget
 	};
 	const struct cmd cmd = { .stmt = Q_JOBS_ACTIVATE,
-		                 .nparams = JA__N,
+		                 .nparams = JOBS_ACTIVATE__N,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_activate };
@@ -247,25 +248,27 @@ void jobs_finish(struct handler_ctx *ctx, struct http_req *req, const char *key,
 	if (complete) {
 		if (cmd_json_param(ctx, req, resp, output, &off) < 0)
 			goto out;
-		const char *p[JC__N] = { [JC_TENANT] = tenant,
-			                 [JC_WORKFLOW] = wf,
-			                 [JC_STEP] = step,
-			                 [JC_WORKER] = worker,
-			                 [JC_OUTPUT] = ctx->scratch.data + off };
+		const char *p[JOB_COMPLETE__N] = { [JOB_COMPLETE_TENANT] = tenant,
+			                           [JOB_COMPLETE_WORKFLOW] = wf,
+			                           [JOB_COMPLETE_STEP] = step,
+			                           [JOB_COMPLETE_WORKER] = worker,
+			                           [JOB_COMPLETE_OUTPUT] =
+			                               ctx->scratch.data + off };
 		const struct cmd cmd = { .stmt = Q_JOB_COMPLETE,
-			                 .nparams = JC__N,
+			                 .nparams = JOB_COMPLETE__N,
 			                 .params = p,
 			                 .fp_text = fp_text,
 			                 .render = render_job };
 		cmd_run(ctx, req, resp, &cmd);
 	} else {
 		snprintf(interval, sizeof(interval), "%ld seconds", retry_after);
-		const char *p[JF__N] = {
-			[JF_TENANT] = tenant, [JF_WORKFLOW] = wf, [JF_STEP] = step,
-			[JF_WORKER] = worker, [JF_ERROR] = error, [JF_RETRY_AFTER] = interval
+		const char *p[JOB_FAIL__N] = {
+			[JOB_FAIL_TENANT] = tenant, [JOB_FAIL_WORKFLOW] = wf,
+			[JOB_FAIL_STEP] = step,     [JOB_FAIL_WORKER] = worker,
+			[JOB_FAIL_ERROR] = error,   [JOB_FAIL_RETRY_AFTER] = interval
 		};
 		const struct cmd cmd = { .stmt = Q_JOB_FAIL,
-			                 .nparams = JF__N,
+			                 .nparams = JOB_FAIL__N,
 			                 .params = p,
 			                 .fp_text = fp_text,
 			                 .render = render_job };
@@ -323,16 +326,15 @@ void jobs_heartbeat(struct handler_ctx *ctx, struct http_req *req, const char *k
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(step, sizeof(step), "%d", n);
 	snprintf(interval, sizeof(interval), "%ld seconds", lease);
-	const char *p[JH__N] = {
-		[JH_TENANT] = tenant,
-		[JH_WORKFLOW] = wf,
-		[JH_STEP] = step,
-		[JH_WORKER] = worker,
-		[JH_LEASE] = interval,
-		[JH_PROGRESS] = progress != NULL ? ctx->scratch.data + off : NULL
-	};
+	const char *p[JOB_HEARTBEAT__N] = { [JOB_HEARTBEAT_TENANT] = tenant,
+		                            [JOB_HEARTBEAT_WORKFLOW] = wf,
+		                            [JOB_HEARTBEAT_STEP] = step,
+		                            [JOB_HEARTBEAT_WORKER] = worker,
+		                            [JOB_HEARTBEAT_LEASE] = interval,
+		                            [JOB_HEARTBEAT_PROGRESS] =
+		                                progress != NULL ? ctx->scratch.data + off : NULL };
 	const struct cmd cmd = { .stmt = Q_JOB_HEARTBEAT,
-		                 .nparams = JH__N,
+		                 .nparams = JOB_HEARTBEAT__N,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_job };

@@ -167,12 +167,12 @@ int keystats_flush(struct keystats *ks, struct db *db, struct err *e)
 			goto out;
 		}
 	}
-	const char *p[KF__N] = { [KF_TENANTS] = a[0].data,
-		                 [KF_KEYS] = a[1].data,
-		                 [KF_REPLAYS] = a[2].data,
-		                 [KF_CONFLICTS] = a[3].data,
-		                 [KF_IN_FLIGHT] = a[4].data };
-	res = db_run(db, Q_KEYSTATS_FLUSH, KF__N, p, e);
+	const char *p[KEYSTATS_FLUSH__N] = { [KEYSTATS_FLUSH_TENANTS] = a[0].data,
+		                             [KEYSTATS_FLUSH_KEYS] = a[1].data,
+		                             [KEYSTATS_FLUSH_REPLAYS] = a[2].data,
+		                             [KEYSTATS_FLUSH_CONFLICTS] = a[3].data,
+		                             [KEYSTATS_FLUSH_IN_FLIGHT] = a[4].data };
+	res = db_run(db, Q_KEYSTATS_FLUSH, KEYSTATS_FLUSH__N, p, e);
 	if (res == NULL)
 		goto out; /* keep the counts: the next attempt carries them */
 	PQclear(res);

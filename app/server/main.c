@@ -23,7 +23,7 @@ static void usage(FILE *out)
 	             "  -q  with -t: print nothing on success, nor when no database is named\n"
 	             "Signals: TERM/INT finish in-flight requests and exit; HUP reloads the\n"
 	             "configuration and replaces the workers one by one.\n\n");
-	conf_usage(out);
+	conf_usage(out, CONF_SERVER);
 }
 
 /* What only the server reads, checked as it is on start and reload. */

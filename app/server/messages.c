@@ -119,13 +119,13 @@ void wf_message(struct handler_ctx *ctx, struct http_req *req, const char *id,
 	if (cmd_json_param(ctx, req, resp, payload, &off) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[MS__N] = { [MS_TENANT] = tenant,
-		                 [MS_ID] = id,
-		                 [MS_MESSAGE_ID] = message_id,
-		                 [MS_NAME] = name,
-		                 [MS_PAYLOAD] = ctx->scratch.data + off };
+	const char *p[WF_MESSAGE__N] = { [WF_MESSAGE_TENANT] = tenant,
+		                         [WF_MESSAGE_ID] = id,
+		                         [WF_MESSAGE_MESSAGE_ID] = message_id,
+		                         [WF_MESSAGE_NAME] = name,
+		                         [WF_MESSAGE_PAYLOAD] = ctx->scratch.data + off };
 	const struct cmd cmd = { .stmt = Q_WF_MESSAGE,
-		                 .nparams = MS__N,
+		                 .nparams = WF_MESSAGE__N,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_workflow,
@@ -167,15 +167,16 @@ void wf_publish(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(ttl_max, sizeof(ttl_max), "%ld", ctx->conf->message_ttl_max);
-	const char *p[MP__N] = { [MP_TENANT] = tenant,
-		                 [MP_MESSAGE_ID] = message_id,
-		                 [MP_NAME] = name,
-		                 [MP_BUSINESS_KEY] = key,
-		                 [MP_TTL] = ttl != NULL ? ttl : MESSAGES_TTL,
-		                 [MP_PAYLOAD] = ctx->scratch.data + off,
-		                 [MP_TTL_MAX] = ttl_max };
+	const char *p[MESSAGE_PUBLISH__N] = { [MESSAGE_PUBLISH_TENANT] = tenant,
+		                              [MESSAGE_PUBLISH_MESSAGE_ID] = message_id,
+		                              [MESSAGE_PUBLISH_NAME] = name,
+		                              [MESSAGE_PUBLISH_BUSINESS_KEY] = key,
+		                              [MESSAGE_PUBLISH_TTL] =
+		                                  ttl != NULL ? ttl : MESSAGES_TTL,
+		                              [MESSAGE_PUBLISH_PAYLOAD] = ctx->scratch.data + off,
+		                              [MESSAGE_PUBLISH_TTL_MAX] = ttl_max };
 	const struct cmd cmd = { .stmt = Q_MESSAGE_PUBLISH,
-		                 .nparams = MP__N,
+		                 .nparams = MESSAGE_PUBLISH__N,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_published,

@@ -1,5 +1,6 @@
 /* queries.c - the server's SQL, one table (see queries.h): each entry's name,
- * parameter count (the statement's parameter enum) and SQL. */
+ * parameter count (the statement's parameter enum) and SQL, one clause per
+ * line. */
 #include "server/queries.h"
 
 #define TS_UTC(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
@@ -10,121 +11,130 @@
  * comes in two parts around the tenant id, which only the token tells; the
  * actor of the key, the workflow and the event is the token the statement
  * found (sql/014_actor.sql). */
-#define CREATE_KEYED(fail_clause)                                                                  \
-	"WITH t AS ("                                                                              \
-	"  SELECT tenant_id, id, 'token:' || id AS actor FROM api_tokens"                          \
-	"   WHERE token_hash = $1 AND revoked_at IS NULL"                                          \
-	"), k AS ("                                                                                \
-	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,"       \
-	"                                headers, body, created_at, expires_at, request_bytes_fp," \
-	"                                actor)"                                                   \
-	"  SELECT tenant_id, $2, $3, $4, $5, 201, $6, $7, now(), now() + coalesce("                \
-	"    (SELECT idempotency_ttl FROM tenants WHERE id = t.tenant_id), $9::interval), $15,"    \
-	"    actor"                                                                                \
-	"    FROM t"                                                                               \
-	"  ON CONFLICT (tenant_id, key) DO NOTHING"                                                \
-	"  RETURNING tenant_id, actor"                                                             \
-	"), w AS ("                                                                                \
-	"  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at,"      \
-	"                         traceparent, tracestate, actor)"                                 \
-	"  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8, $17, $18, actor FROM k"             \
-	"  RETURNING tenant_id, id, actor"                                                         \
-	"), o AS ("                                                                                \
-	"  INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"              \
-	"                      created_at, next_attempt_at, traceparent, tracestate, actor)"       \
-	"  SELECT $13, tenant_id, id, 1, 'workflow.created', $14::text || tenant_id || $16::text," \
-	"         $8, now(), $17, $18, actor FROM w"                                               \
-	"  RETURNING 1"                                                                            \
-	")"                                                                                        \
-	" SELECT t.tenant_id, x.fingerprint, x.status, x.headers, x.body, x.expires_at <= now(),"  \
-	"        x.request_bytes_fp,"                                                              \
-	"        floor(extract(epoch FROM x.expires_at - now()) * 1000)::bigint, t.id,"            \
-	"        CASE WHEN t.tenant_id IS NULL THEN 'unauthorized'"                                \
-	"             WHEN EXISTS (SELECT 1 FROM o) THEN 'created'"                                \
-	"             WHEN x.key IS NULL THEN 'taken' ELSE 'existing' END"                         \
-	"   FROM (VALUES (1)) AS one (n)"                                                          \
-	"   LEFT JOIN t ON true"                                                                   \
-	"   LEFT JOIN idempotency_keys x ON x.tenant_id = t.tenant_id AND x.key = $2"              \
-	"                               AND NOT EXISTS (SELECT 1 FROM k)" fail_clause
+#define CREATE_KEYED_SQL(fail_clause)                                                              \
+	"WITH t AS (\n"                                                                            \
+	"  SELECT tenant_id, id, 'token:' || id AS actor\n"                                        \
+	"    FROM api_tokens\n"                                                                    \
+	"   WHERE token_hash = $1 AND revoked_at IS NULL\n"                                        \
+	"), k AS (\n"                                                                              \
+	"  INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,\n"     \
+	"                                headers, body, created_at, expires_at,\n"                 \
+	"                                request_bytes_fp, actor)\n"                               \
+	"  SELECT tenant_id, $2, $3, $4, $5, 201, $6, $7, now(),\n"                                \
+	"         now() + coalesce((SELECT idempotency_ttl\n"                                      \
+	"                             FROM tenants\n"                                              \
+	"                            WHERE id = t.tenant_id), $9::interval),\n"                    \
+	"         $15, actor\n"                                                                    \
+	"    FROM t\n"                                                                             \
+	"      ON CONFLICT (tenant_id, key) DO NOTHING\n"                                          \
+	"  RETURNING tenant_id, actor\n"                                                           \
+	"), w AS (\n"                                                                              \
+	"  INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at,\n"    \
+	"                         traceparent, tracestate, actor)\n"                               \
+	"  SELECT tenant_id, $10, $11, 'pending', $12, $8, $8, $17, $18, actor\n"                  \
+	"    FROM k\n"                                                                             \
+	"  RETURNING tenant_id, id, actor\n"                                                       \
+	"), o AS (\n"                                                                              \
+	"  INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,\n"            \
+	"                      created_at, next_attempt_at, traceparent, tracestate, actor)\n"     \
+	"  SELECT $13, tenant_id, id, 1, 'workflow.created',\n"                                    \
+	"         $14::text || tenant_id || $16::text, $8, now(), $17, $18, actor\n"               \
+	"    FROM w\n"                                                                             \
+	"  RETURNING 1\n"                                                                          \
+	")\n"                                                                                      \
+	"SELECT t.tenant_id, x.fingerprint, x.status, x.headers, x.body,\n"                        \
+	"       x.expires_at <= now(), x.request_bytes_fp,\n"                                      \
+	"       floor(extract(epoch FROM x.expires_at - now()) * 1000)::bigint, t.id,\n"           \
+	"       CASE WHEN t.tenant_id IS NULL THEN 'unauthorized'\n"                               \
+	"            WHEN EXISTS (SELECT 1 FROM o) THEN 'created'\n"                               \
+	"            WHEN x.key IS NULL THEN 'taken'\n"                                            \
+	"            ELSE 'existing' END\n"                                                        \
+	"  FROM (VALUES (1)) AS one (n)\n"                                                         \
+	"  LEFT JOIN t ON true\n"                                                                  \
+	"  LEFT JOIN idempotency_keys x\n"                                                         \
+	"         ON x.tenant_id = t.tenant_id AND x.key = $2\n"                                   \
+	"        AND NOT EXISTS (SELECT 1 FROM k)\n" fail_clause
 
 /* A workflow as the server renders it (wf.c, wf_write_row). */
 #define WF_COLUMNS                                                                                 \
 	"id, type, state, input::text, " TS_UTC("created_at") ", business_key, steps::text, step"
 
 const struct db_stmt queries[Q__COUNT] = {
-	[Q_AUTH] = { "auth", AU__N,
-	             "SELECT tenant_id, id FROM api_tokens WHERE token_hash = $1 AND revoked_at "
-	             "IS NULL" },
+	[Q_AUTH] = { "auth", AUTH__N,
+	             "SELECT tenant_id, id\n"
+	             "  FROM api_tokens\n"
+	             " WHERE token_hash = $1 AND revoked_at IS NULL\n" },
 
-	[Q_AUTH_KEY] = { "auth_key", AK__N,
-	                 "SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,"
-	                 "       k.expires_at <= now(), k.request_bytes_fp,"
-	                 "       floor(extract(epoch FROM k.expires_at - now()) * 1000)::bigint,"
-	                 "       t.id"
-	                 "  FROM api_tokens t"
-	                 "  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = "
-	                 "$2"
-	                 " WHERE t.token_hash = $1 AND t.revoked_at IS NULL" },
+	[Q_AUTH_KEY] = { "auth_key", AUTH_KEY__N,
+	                 "SELECT t.tenant_id, k.fingerprint, k.status, k.headers, k.body,\n"
+	                 "       k.expires_at <= now(), k.request_bytes_fp,\n"
+	                 "       floor(extract(epoch FROM k.expires_at - now()) * 1000)::bigint,\n"
+	                 "       t.id\n"
+	                 "  FROM api_tokens t\n"
+	                 "  LEFT JOIN idempotency_keys k ON k.tenant_id = t.tenant_id AND k.key = $2\n"
+	                 " WHERE t.token_hash = $1 AND t.revoked_at IS NULL\n" },
 
-	[Q_CREATE_KEYED] = { "create_keyed", CK__N, CREATE_KEYED("") },
+	[Q_CREATE_KEYED] = { "create_keyed", CREATE_KEYED__N, CREATE_KEYED_SQL("") },
 
-	[Q_CREATE_UNKEYED] = { "create_unkeyed", CU__N,
-	                       "WITH w AS ("
-	                       "  INSERT INTO workflows (tenant_id, id, type, state, input, "
-	                       "created_at, updated_at)"
-	                       "  VALUES ($1, $3, $4, 'pending', $5, $2, $2)"
-	                       "  RETURNING tenant_id, id"
-	                       ")"
-	                       " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, "
-	                       "payload, created_at,"
-	                       "                     next_attempt_at)"
-	                       " SELECT $6, tenant_id, id, 1, 'workflow.created', $7, $2, now() "
-	                       "FROM w" },
+	/* The event's payload as the keyed create's: around the tenant id. */
+	[Q_CREATE_UNKEYED] = { "create_unkeyed", CREATE_UNKEYED__N,
+	                       "WITH w AS (\n"
+	                       "  INSERT INTO workflows (tenant_id, id, type, state, input,\n"
+	                       "                         created_at, updated_at)\n"
+	                       "  VALUES ($1, $3, $4, 'pending', $5, $2, $2)\n"
+	                       "  RETURNING tenant_id, id\n"
+	                       ")\n"
+	                       "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type,\n"
+	                       "                    payload, created_at, next_attempt_at)\n"
+	                       "SELECT $6, tenant_id, id, 1, 'workflow.created',\n"
+	                       "       $7::text || tenant_id || $8::text, $2, now()\n"
+	                       "  FROM w\n" },
 
-	[Q_KEY_GET] = { "key_get", KG__N,
-	                "SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()"
-	                "  FROM idempotency_keys WHERE tenant_id = $1 AND key = $2" },
+	[Q_KEY_GET] = { "key_get", KEY_GET__N,
+	                "SELECT 'existing', fingerprint, status, headers, body, expires_at <= now()\n"
+	                "  FROM idempotency_keys\n"
+	                " WHERE tenant_id = $1 AND key = $2\n" },
 
 	/* The counts of the old key go with it: the key is new again. */
-	[Q_KEY_DELETE_EXPIRED] = { "key_delete_expired", KG__N,
-	                           "WITH d AS ("
-	                           "  DELETE FROM idempotency_keys"
-	                           "   WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()"
-	                           "  RETURNING tenant_id, key"
-	                           ")"
-	                           " DELETE FROM idempotency_key_stats s USING d"
-	                           "  WHERE s.tenant_id = d.tenant_id AND s.key = d.key" },
+	[Q_KEY_DELETE_EXPIRED] = { "key_delete_expired", KEY_GET__N,
+	                           "WITH d AS (\n"
+	                           "  DELETE FROM idempotency_keys\n"
+	                           "   WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()\n"
+	                           "  RETURNING tenant_id, key\n"
+	                           ")\n"
+	                           "DELETE FROM idempotency_key_stats s\n"
+	                           " USING d\n"
+	                           " WHERE s.tenant_id = d.tenant_id AND s.key = d.key\n" },
 
-	[Q_KEY_REFRESH] = { "key_refresh", KR__N,
-	                    "UPDATE idempotency_keys"
-	                    "   SET expires_at = greatest(expires_at, now() + coalesce("
-	                    "       (SELECT idempotency_ttl FROM tenants WHERE id = $1),"
-	                    "       $3::interval))"
-	                    " WHERE tenant_id = $1 AND key = $2" },
+	[Q_KEY_REFRESH] = { "key_refresh", KEY_REFRESH__N,
+	                    "UPDATE idempotency_keys\n"
+	                    "   SET expires_at = greatest(expires_at, now() + coalesce(\n"
+	                    "       (SELECT idempotency_ttl FROM tenants WHERE id = $1),\n"
+	                    "       $3::interval))\n"
+	                    " WHERE tenant_id = $1 AND key = $2\n" },
 
-	[Q_CREATE_KEYED_FAIL] = { "create_keyed_fail", CK__N,
-	                          CREATE_KEYED(" WHERE 1 / (1 - (SELECT count(*) FROM o)) = 1") },
+	[Q_CREATE_KEYED_FAIL] = { "create_keyed_fail", CREATE_KEYED__N,
+	                          CREATE_KEYED_SQL(
+	                              " WHERE 1 / (1 - (SELECT count(*) FROM o)) = 1\n") },
 
 	/* Rows in (tenant_id, key) order, so two workers flushing the same
 	 * keys lock them in the same order and cannot deadlock. */
-	[Q_KEYSTATS_FLUSH] = { "keystats_flush", KF__N,
-	                       "INSERT INTO idempotency_key_stats AS s"
-	                       "       (tenant_id, key, replays, conflicts, in_flight, last_seen)"
-	                       " SELECT u.tenant_id, u.key, u.replays, u.conflicts, u.in_flight, "
-	                       "now()"
-	                       "   FROM unnest($1::bigint[], $2::text[], $3::int[], $4::int[], "
-	                       "$5::int[])"
-	                       "        AS u(tenant_id, key, replays, conflicts, in_flight)"
-	                       " ON CONFLICT (tenant_id, key) DO UPDATE"
-	                       "    SET replays = s.replays + excluded.replays,"
-	                       "        conflicts = s.conflicts + excluded.conflicts,"
-	                       "        in_flight = s.in_flight + excluded.in_flight,"
-	                       "        last_seen = excluded.last_seen" },
+	[Q_KEYSTATS_FLUSH] = { "keystats_flush", KEYSTATS_FLUSH__N,
+	                       "INSERT INTO idempotency_key_stats AS s\n"
+	                       "       (tenant_id, key, replays, conflicts, in_flight, last_seen)\n"
+	                       "SELECT u.tenant_id, u.key, u.replays, u.conflicts, u.in_flight, now()\n"
+	                       "  FROM unnest($1::bigint[], $2::text[], $3::int[], $4::int[], $5::int[])\n"
+	                       "       AS u(tenant_id, key, replays, conflicts, in_flight)\n"
+	                       "    ON CONFLICT (tenant_id, key) DO UPDATE\n"
+	                       "   SET replays = s.replays + excluded.replays,\n"
+	                       "       conflicts = s.conflicts + excluded.conflicts,\n"
+	                       "       in_flight = s.in_flight + excluded.in_flight,\n"
+	                       "       last_seen = excluded.last_seen\n" },
 
 	[Q_SCHEMA_VERSION] = { "schema_version", 0,
-	                       "SELECT coalesce(max(version), 0), pg_is_in_recovery(),"
-	                       "       current_setting('transaction_read_only')"
-	                       "  FROM schema_migrations" },
+	                       "SELECT coalesce(max(version), 0), pg_is_in_recovery(),\n"
+	                       "       current_setting('transaction_read_only')\n"
+	                       "  FROM schema_migrations\n" },
 
 	/* Pending events are what the partial index outbox_due covers;
 	 * dead ones are few (a dead event is an incident). Three aggregates
@@ -132,70 +142,80 @@ const struct db_stmt queries[Q__COUNT] = {
 	 * the jobs_due index), never the finished ones; the workflows in
 	 * incident are few too (the partial index workflows_incident). */
 	[Q_METRICS_OUTBOX] = { "metrics_outbox", 0,
-	                       "SELECT o.pending, o.oldest, o.dead,"
-	                       "       j.activatable, j.leased, j.expired, i.incidents"
-	                       "  FROM (SELECT count(*) AS pending,"
-	                       "               coalesce(extract(epoch FROM now() - "
-	                       "min(created_at)), 0) AS oldest,"
-	                       "               (SELECT count(*) FROM outbox"
-	                       "                 WHERE dead_at IS NOT NULL) AS dead"
-	                       "          FROM outbox"
-	                       "         WHERE published_at IS NULL AND dead_at IS NULL) o,"
-	                       "       (SELECT count(*) FILTER (WHERE state = 'activatable')"
-	                       "                   AS activatable,"
-	                       "               count(*) FILTER (WHERE state = 'active'"
-	                       "                   AND due_at > now()) AS leased,"
-	                       "               count(*) FILTER (WHERE state = 'active'"
-	                       "                   AND due_at <= now()) AS expired"
-	                       "          FROM jobs"
-	                       "         WHERE state IN ('activatable', 'active')) j,"
-	                       "       (SELECT count(*) AS incidents FROM workflows"
-	                       "         WHERE state = 'incident') i" },
+	                       "SELECT o.pending, o.oldest, o.dead,\n"
+	                       "       j.activatable, j.leased, j.expired, i.incidents\n"
+	                       "  FROM (SELECT count(*) AS pending,\n"
+	                       "               coalesce(extract(epoch FROM now() - min(created_at)), 0)\n"
+	                       "                   AS oldest,\n"
+	                       "               (SELECT count(*) FROM outbox\n"
+	                       "                 WHERE dead_at IS NOT NULL) AS dead\n"
+	                       "          FROM outbox\n"
+	                       "         WHERE published_at IS NULL AND dead_at IS NULL) o,\n"
+	                       "       (SELECT count(*) FILTER (WHERE state = 'activatable')\n"
+	                       "                   AS activatable,\n"
+	                       "               count(*) FILTER (WHERE state = 'active'\n"
+	                       "                   AND due_at > now()) AS leased,\n"
+	                       "               count(*) FILTER (WHERE state = 'active'\n"
+	                       "                   AND due_at <= now()) AS expired\n"
+	                       "          FROM jobs\n"
+	                       "         WHERE state IN ('activatable', 'active')) j,\n"
+	                       "       (SELECT count(*) AS incidents FROM workflows\n"
+	                       "         WHERE state = 'incident') i\n" },
 
-	[Q_WF_GET] = { "wf_get", WG__N,
-	               "SELECT " WF_COLUMNS ","
-	               "       (SELECT j.progress FROM jobs j WHERE j.tenant_id = $1"
-	               "           AND j.workflow_id = w.id AND j.step = w.step)"
-	               "  FROM workflows w WHERE tenant_id = $1 AND id = $2" },
-	[Q_NOTIFY] = { "notify", 0, "SELECT pg_notify('idemflow_outbox', '')" },
+	[Q_WF_GET] = { "wf_get", WF_GET__N,
+	               "SELECT " WF_COLUMNS ",\n"
+	               "       (SELECT j.progress FROM jobs j\n"
+	               "         WHERE j.tenant_id = $1 AND j.workflow_id = w.id AND j.step = w.step)\n"
+	               "  FROM workflows w\n"
+	               " WHERE tenant_id = $1 AND id = $2\n" },
+	[Q_NOTIFY] = { "notify", 0, "SELECT pg_notify('idemflow_outbox', '')\n" },
 
 	[Q_BEGIN] = { "begin", 0, "BEGIN" },
 	[Q_COMMIT] = { "commit", 0, "COMMIT" },
 	[Q_ROLLBACK] = { "rollback", 0, "ROLLBACK" },
-	[Q_KEY_CLAIM] = { "key_claim", KC__N,
-	                  "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,"
-	                  "                              status, headers, body, created_at, "
-	                  "expires_at,"
-	                  "                              request_bytes_fp, actor)"
-	                  " VALUES ($1, $2, $3, $4, $5, 0, '', '', now(), now() + coalesce("
-	                  "   (SELECT idempotency_ttl FROM tenants WHERE id = $1), $6::interval), "
-	                  "$7, $8)"
-	                  " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING 1" },
-	[Q_KEY_STORE] = { "key_store", KS__N,
-	                  "UPDATE idempotency_keys SET status = $3, headers = $4, body = $5"
-	                  " WHERE tenant_id = $1 AND key = $2" },
-	[Q_WF_CREATE_RUN] = { "wf_create_run", CR__N,
-	                      "SELECT * FROM idemflow_wf_create($1, $2, $3, $4, $5, $6, $7, $8)" },
-	[Q_WF_TRANSITION] = { "wf_transition", TR__N,
-	                      "SELECT * FROM idemflow_wf_transition($1, $2, $3, $4)" },
-	[Q_WF_MESSAGE] = { "wf_message", MS__N,
-	                   "SELECT * FROM idemflow_wf_message($1, $2, $3, $4, $5)" },
+	[Q_KEY_CLAIM] = { "key_claim", KEY_CLAIM__N,
+	                  "INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint,\n"
+	                  "                              status, headers, body, created_at, expires_at,\n"
+	                  "                              request_bytes_fp, actor)\n"
+	                  "VALUES ($1, $2, $3, $4, $5, 0, '', '', now(),\n"
+	                  "        now() + coalesce((SELECT idempotency_ttl FROM tenants WHERE id = $1),\n"
+	                  "                         $6::interval),\n"
+	                  "        $7, $8)\n"
+	                  "    ON CONFLICT (tenant_id, key) DO NOTHING\n"
+	                  "RETURNING 1\n" },
+	[Q_KEY_STORE] = { "key_store", KEY_STORE__N,
+	                  "UPDATE idempotency_keys\n"
+	                  "   SET status = $3, headers = $4, body = $5\n"
+	                  " WHERE tenant_id = $1 AND key = $2\n" },
+	/* The event's payload as the keyed create's: around the tenant id. */
+	[Q_WF_CREATE_RUN] = { "wf_create_run", WF_CREATE_RUN__N,
+	                      "SELECT *\n"
+	                      "  FROM idemflow_wf_create($1::bigint, $2, $3, $4, $5, $6, $7,\n"
+	                      "                          $8::text || $1::bigint || $9::text)\n" },
+	[Q_WF_TRANSITION] = { "wf_transition", WF_TRANSITION__N,
+	                      "SELECT *\n"
+	                      "  FROM idemflow_wf_transition($1, $2, $3, $4)\n" },
+	[Q_WF_MESSAGE] = { "wf_message", WF_MESSAGE__N,
+	                   "SELECT *\n"
+	                   "  FROM idemflow_wf_message($1, $2, $3, $4, $5)\n" },
 	/* The jobs' trace context is read beside the function, not by it:
 	 * the row before the activation has it as well (it never changes). */
-	[Q_JOBS_ACTIVATE] = { "jobs_activate", JA__N,
-	                      "SELECT a.*,"
-	                      "       (SELECT j.traceparent FROM jobs j WHERE j.tenant_id = $1"
-	                      "           AND j.workflow_id = a.workflow_id AND j.step = a.step) "
-	                      "AS traceparent,"
-	                      "       (SELECT j.tracestate FROM jobs j WHERE j.tenant_id = $1"
-	                      "           AND j.workflow_id = a.workflow_id AND j.step = a.step) "
-	                      "AS tracestate"
-	                      "  FROM idemflow_jobs_activate($1, $2, $3, $4, $5::interval, "
-	                      "$6::bigint) a" },
-	[Q_JOB_COMPLETE] = { "job_complete", JC__N,
-	                     "SELECT * FROM idemflow_job_complete($1, $2, $3, $4, $5)" },
-	[Q_JOB_FAIL] = { "job_fail", JF__N,
-	                 "SELECT * FROM idemflow_job_fail($1, $2, $3, $4, $5, $6::interval)" },
+	[Q_JOBS_ACTIVATE] = { "jobs_activate", JOBS_ACTIVATE__N,
+	                      "SELECT a.*,\n"
+	                      "       (SELECT j.traceparent FROM jobs j\n"
+	                      "         WHERE j.tenant_id = $1 AND j.workflow_id = a.workflow_id\n"
+	                      "           AND j.step = a.step) AS traceparent,\n"
+	                      "       (SELECT j.tracestate FROM jobs j\n"
+	                      "         WHERE j.tenant_id = $1 AND j.workflow_id = a.workflow_id\n"
+	                      "           AND j.step = a.step) AS tracestate\n"
+	                      "  FROM idemflow_jobs_activate($1, $2, $3, $4, $5::interval,\n"
+	                      "                              $6::bigint) a\n" },
+	[Q_JOB_COMPLETE] = { "job_complete", JOB_COMPLETE__N,
+	                     "SELECT *\n"
+	                     "  FROM idemflow_job_complete($1, $2, $3, $4, $5)\n" },
+	[Q_JOB_FAIL] = { "job_fail", JOB_FAIL__N,
+	                 "SELECT *\n"
+	                 "  FROM idemflow_job_fail($1, $2, $3, $4, $5, $6::interval)\n" },
 	/* Pages: at most $limit rows (the caller asks for one more than it
 	 * shows), each with "within": it starts within the byte budget (the
 	 * last parameter). Rows stop after the first one past the budget, so a
@@ -203,59 +223,75 @@ const struct db_stmt queries[Q__COUNT] = {
 	 * the ones shown says there is a next page (wf.c). The list walks the
 	 * index one row at a time so that PostgreSQL sizes only those rows;
 	 * an event's text is sized without reading it. */
-	[Q_WF_EVENTS] = { "wf_events", WE__N,
-	                  "SELECT e.seq, e.payload, e.within, e.actor FROM workflows w"
-	                  "  LEFT JOIN LATERAL (SELECT seq, payload, start < $5::bigint AS within, "
-	                  "actor FROM ("
-	                  "    SELECT seq, payload, actor, start, lag(start, 1, 0::bigint) OVER "
-	                  "(ORDER BY seq) AS prev"
-	                  "      FROM (SELECT seq, payload, actor, "
-	                  "sum(octet_length(payload)::bigint)"
-	                  "                   OVER (ORDER BY seq) - octet_length(payload) AS start"
-	                  "              FROM (SELECT seq, payload, actor FROM outbox o"
-	                  "                     WHERE o.tenant_id = w.tenant_id AND o.workflow_id "
-	                  "= w.id"
-	                  "                       AND o.seq > $3 ORDER BY seq LIMIT $4) l) s) t"
-	                  "    WHERE prev < $5::bigint) e ON true"
-	                  " WHERE w.tenant_id = $1 AND w.id = $2 ORDER BY e.seq" },
-	[Q_WF_LIST] = { "wf_list", WL__N,
-	                "WITH RECURSIVE page AS ("
-	                "  (SELECT w.*, 1 AS n, 0::bigint AS start,"
-	                "          octet_length(w.input::text)::bigint + "
-	                "octet_length(w.steps::text) AS run"
-	                "     FROM workflows w"
-	                "    WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
-	                "      AND ($3::text IS NULL OR w.type = $3) AND ($4::uuid IS NULL OR w.id "
-	                "> $4)"
-	                "    ORDER BY w.id LIMIT 1)"
-	                "  UNION ALL"
-	                "  SELECT w.*, p.n + 1, p.run,"
-	                "         p.run + octet_length(w.input::text) + octet_length(w.steps::text)"
-	                "    FROM page p CROSS JOIN LATERAL ("
-	                "         SELECT * FROM workflows w"
-	                "          WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)"
-	                "            AND ($3::text IS NULL OR w.type = $3) AND w.id > p.id"
-	                "          ORDER BY w.id LIMIT 1) w"
-	                "   WHERE p.n < $5 AND p.start < $6::bigint)"
-	                "SELECT " WF_COLUMNS ", start < $6::bigint FROM page ORDER BY id" },
+	[Q_WF_EVENTS] = { "wf_events", WF_EVENTS__N,
+	                  "SELECT e.seq, e.payload, e.within, e.actor\n"
+	                  "  FROM workflows w\n"
+	                  "  LEFT JOIN LATERAL (\n"
+	                  "       SELECT seq, payload, start < $5::bigint AS within, actor\n"
+	                  "         FROM (SELECT seq, payload, actor, start,\n"
+	                  "                      lag(start, 1, 0::bigint) OVER (ORDER BY seq) AS prev\n"
+	                  "                 FROM (SELECT seq, payload, actor,\n"
+	                  "                              sum(octet_length(payload)::bigint)\n"
+	                  "                                  OVER (ORDER BY seq)\n"
+	                  "                              - octet_length(payload) AS start\n"
+	                  "                         FROM (SELECT seq, payload, actor\n"
+	                  "                                 FROM outbox o\n"
+	                  "                                WHERE o.tenant_id = w.tenant_id\n"
+	                  "                                  AND o.workflow_id = w.id\n"
+	                  "                                  AND o.seq > $3\n"
+	                  "                                ORDER BY seq\n"
+	                  "                                LIMIT $4) l) s) t\n"
+	                  "        WHERE prev < $5::bigint) e ON true\n"
+	                  " WHERE w.tenant_id = $1 AND w.id = $2\n"
+	                  " ORDER BY e.seq\n" },
+	[Q_WF_LIST] = { "wf_list", WF_LIST__N,
+	                "WITH RECURSIVE page AS (\n"
+	                "  (SELECT w.*, 1 AS n, 0::bigint AS start,\n"
+	                "          octet_length(w.input::text)::bigint + octet_length(w.steps::text)\n"
+	                "              AS run\n"
+	                "     FROM workflows w\n"
+	                "    WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)\n"
+	                "      AND ($3::text IS NULL OR w.type = $3)\n"
+	                "      AND ($4::uuid IS NULL OR w.id > $4)\n"
+	                "    ORDER BY w.id\n"
+	                "    LIMIT 1)\n"
+	                "  UNION ALL\n"
+	                "  SELECT w.*, p.n + 1, p.run,\n"
+	                "         p.run + octet_length(w.input::text) + octet_length(w.steps::text)\n"
+	                "    FROM page p\n"
+	                "   CROSS JOIN LATERAL (\n"
+	                "         SELECT *\n"
+	                "           FROM workflows w\n"
+	                "          WHERE w.tenant_id = $1 AND ($2::text IS NULL OR w.state = $2)\n"
+	                "            AND ($3::text IS NULL OR w.type = $3) AND w.id > p.id\n"
+	                "          ORDER BY w.id\n"
+	                "          LIMIT 1) w\n"
+	                "   WHERE p.n < $5 AND p.start < $6::bigint\n"
+	                ")\n"
+	                "SELECT " WF_COLUMNS ", start < $6::bigint\n"
+	                "  FROM page\n"
+	                " ORDER BY id\n" },
 	/* Heartbeats and incidents (sql/009_incidents.sql). */
-	[Q_JOB_HEARTBEAT] = { "job_heartbeat", JH__N,
-	                      "SELECT * FROM idemflow_job_heartbeat($1, $2, $3, $4, $5::interval, "
-	                      "$6)" },
-	[Q_WF_RESUME] = { "wf_resume", RS__N,
-	                  "SELECT * FROM idemflow_wf_resume($1, $2, $3::integer)" },
+	[Q_JOB_HEARTBEAT] = { "job_heartbeat", JOB_HEARTBEAT__N,
+	                      "SELECT *\n"
+	                      "  FROM idemflow_job_heartbeat($1, $2, $3, $4, $5::interval, $6)\n" },
+	[Q_WF_RESUME] = { "wf_resume", WF_RESUME__N,
+	                  "SELECT *\n"
+	                  "  FROM idemflow_wf_resume($1, $2, $3::integer)\n" },
 	/* The request's trace context and actor for the rest of its
 	 * transaction: the traceparent, tracestate and actor columns' default
 	 * (sql/008_trace.sql, sql/014_actor.sql). */
-	[Q_TRACE_SET] = { "trace_set", TS__N,
-	                  "SELECT set_config('idemflow.traceparent', coalesce($1, ''), true),"
-	                  "       set_config('idemflow.tracestate', coalesce($2, ''), true),"
-	                  "       set_config('idemflow.actor', coalesce($3, ''), true)" },
+	[Q_TRACE_SET] = { "trace_set", TRACE_SET__N,
+	                  "SELECT set_config('idemflow.traceparent', coalesce($1, ''), true),\n"
+	                  "       set_config('idemflow.tracestate', coalesce($2, ''), true),\n"
+	                  "       set_config('idemflow.actor', coalesce($3, ''), true)\n" },
 
 	/* POST /v1/messages: by business key (sql/010_timers.sql). */
-	[Q_MESSAGE_PUBLISH] = { "message_publish", MP__N,
-	                        "SELECT * FROM idemflow_message_publish($1, $2, $3, $4, "
-	                        "$5::interval, $6, $7::bigint * interval '1 millisecond')" },
+	[Q_MESSAGE_PUBLISH] = { "message_publish", MESSAGE_PUBLISH__N,
+	                        "SELECT *\n"
+	                        "  FROM idemflow_message_publish(\n"
+	                        "       $1, $2, $3, $4, $5::interval, $6,\n"
+	                        "       $7::bigint * interval '1 millisecond')\n" },
 };
 
 int queries_check(struct err *e)

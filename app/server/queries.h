@@ -119,173 +119,222 @@ enum query_id {
 
 /*
  * The parameters of each statement, in $n order ($1 is the first name):
- * a caller fills its array by name, const char *p[CK__N] = {[CK_TENANT] =
- * ...}, and passes the count, which db_run() checks against the table.
+ * a caller fills its array by name, const char *p[KEY_GET__N] =
+ * {[KEY_GET_TENANT] = ...}, and passes the count, which db_run() checks against the table.
  * The table's count is each enum's __N, which db_stmt_check() checks
  * against the SQL when the statements are prepared. Text format; "bytea
  * hex" is '\x' and hex digits, "interval" any text PostgreSQL reads as one.
  */
 
 /* Q_AUTH */
-enum auth_param { AU_TOKEN_HASH /* bytea hex */, AU__N };
+enum auth_param { AUTH_TOKEN_HASH /* bytea hex */, AUTH__N };
 
 /* Q_AUTH_KEY */
-enum auth_key_param { AK_TOKEN_HASH /* bytea hex */, AK_KEY, AK__N };
+enum auth_key_param { AUTH_KEY_TOKEN_HASH /* bytea hex */, AUTH_KEY_KEY, AUTH_KEY__N };
+
+/*
+ * The workflow.created event's payload, in the three create statements
+ * (Q_CREATE_KEYED, Q_CREATE_UNKEYED, Q_WF_CREATE_RUN) alike: two parts
+ * around the tenant id, which the statement puts between them (the keyed
+ * create learns the tenant from the token, in the statement itself).
+ */
 
 /* Q_CREATE_KEYED, Q_CREATE_KEYED_FAIL */
 enum create_keyed_param {
-	CK_TOKEN_HASH, /* bytea hex, as Q_AUTH_KEY's */
-	CK_KEY,
-	CK_METHOD,
-	CK_PATH,
-	CK_FP,         /* the request's fingerprint, bytea hex */
-	CK_HEADERS,    /* stored with the answer */
-	CK_BODY,       /* stored with the answer */
-	CK_CREATED_AT, /* the workflow's, as the answer shows it */
-	CK_TTL,        /* the key's (interval); the tenant's idempotency_ttl wins */
-	CK_ID,         /* the workflow's */
-	CK_TYPE,
-	CK_INPUT, /* canonical JSON */
-	CK_EVENT_ID,
-	CK_PAYLOAD_HEAD, /* the workflow.created event's, up to its tenant id */
-	CK_BYTES_FP,     /* the fingerprint of the request's bytes, bytea hex */
-	CK_PAYLOAD_TAIL, /* the event's payload after its tenant id */
-	CK_TRACEPARENT,  /* of the workflow and its event, or NULL */
-	CK_TRACESTATE,   /* or NULL */
-	CK__N
+	CREATE_KEYED_TOKEN_HASH, /* bytea hex, as Q_AUTH_KEY's */
+	CREATE_KEYED_KEY,
+	CREATE_KEYED_METHOD,
+	CREATE_KEYED_PATH,
+	CREATE_KEYED_FP,         /* the request's fingerprint, bytea hex */
+	CREATE_KEYED_HEADERS,    /* stored with the answer */
+	CREATE_KEYED_BODY,       /* stored with the answer */
+	CREATE_KEYED_CREATED_AT, /* the workflow's, as the answer shows it */
+	CREATE_KEYED_TTL,        /* the key's (interval); the tenant's idempotency_ttl wins */
+	CREATE_KEYED_ID,         /* the workflow's */
+	CREATE_KEYED_TYPE,
+	CREATE_KEYED_INPUT, /* canonical JSON */
+	CREATE_KEYED_EVENT_ID,
+	CREATE_KEYED_PAYLOAD_HEAD, /* the event's payload up to its tenant id */
+	CREATE_KEYED_BYTES_FP,     /* the fingerprint of the request's bytes, bytea hex */
+	CREATE_KEYED_PAYLOAD_TAIL, /* the event's payload after its tenant id */
+	CREATE_KEYED_TRACEPARENT,  /* of the workflow and its event, or NULL */
+	CREATE_KEYED_TRACESTATE,   /* or NULL */
+	CREATE_KEYED__N
 };
 
 /* Q_CREATE_UNKEYED */
 enum create_unkeyed_param {
-	CU_TENANT,
-	CU_CREATED_AT,
-	CU_ID,
-	CU_TYPE,
-	CU_INPUT,
-	CU_EVENT_ID,
-	CU_PAYLOAD,
-	CU__N
+	CREATE_UNKEYED_TENANT,
+	CREATE_UNKEYED_CREATED_AT,
+	CREATE_UNKEYED_ID,
+	CREATE_UNKEYED_TYPE,
+	CREATE_UNKEYED_INPUT,
+	CREATE_UNKEYED_EVENT_ID,
+	CREATE_UNKEYED_PAYLOAD_HEAD, /* as Q_CREATE_KEYED's */
+	CREATE_UNKEYED_PAYLOAD_TAIL,
+	CREATE_UNKEYED__N
 };
 
 /* Q_KEY_GET, Q_KEY_DELETE_EXPIRED */
-enum key_param { KG_TENANT, KG_KEY, KG__N };
+enum key_get_param { KEY_GET_TENANT, KEY_GET_KEY, KEY_GET__N };
 
 /* Q_KEY_REFRESH: the server's TTL (an interval) unless the tenant has one */
-enum key_refresh_param { KR_TENANT, KR_KEY, KR_TTL, KR__N };
+enum key_refresh_param { KEY_REFRESH_TENANT, KEY_REFRESH_KEY, KEY_REFRESH_TTL, KEY_REFRESH__N };
 
 /* Q_WF_GET */
-enum wf_get_param { WG_TENANT, WG_ID, WG__N };
+enum wf_get_param { WF_GET_TENANT, WF_GET_ID, WF_GET__N };
 
 /* Q_KEYSTATS_FLUSH */
-enum keystats_param {
-	KF_TENANTS,   /* bigint[] */
-	KF_KEYS,      /* text[] */
-	KF_REPLAYS,   /* int[] */
-	KF_CONFLICTS, /* int[] */
-	KF_IN_FLIGHT, /* int[], in-flight refusals */
-	KF__N
+enum keystats_flush_param {
+	KEYSTATS_FLUSH_TENANTS,   /* bigint[] */
+	KEYSTATS_FLUSH_KEYS,      /* text[] */
+	KEYSTATS_FLUSH_REPLAYS,   /* int[] */
+	KEYSTATS_FLUSH_CONFLICTS, /* int[] */
+	KEYSTATS_FLUSH_IN_FLIGHT, /* int[], in-flight refusals */
+	KEYSTATS_FLUSH__N
 };
 
 /* Q_KEY_CLAIM */
 enum key_claim_param {
-	KC_TENANT,
-	KC_KEY,
-	KC_METHOD,
-	KC_PATH,
-	KC_FP,       /* the request's fingerprint, bytea hex */
-	KC_TTL,      /* interval; the tenant's idempotency_ttl wins */
-	KC_BYTES_FP, /* the fingerprint of the request's bytes, bytea hex */
-	KC_ACTOR,    /* "token:<id>" (sql/014_actor.sql) */
-	KC__N
+	KEY_CLAIM_TENANT,
+	KEY_CLAIM_KEY,
+	KEY_CLAIM_METHOD,
+	KEY_CLAIM_PATH,
+	KEY_CLAIM_FP,       /* the request's fingerprint, bytea hex */
+	KEY_CLAIM_TTL,      /* interval; the tenant's idempotency_ttl wins */
+	KEY_CLAIM_BYTES_FP, /* the fingerprint of the request's bytes, bytea hex */
+	KEY_CLAIM_ACTOR,    /* "token:<id>" (sql/014_actor.sql) */
+	KEY_CLAIM__N
 };
 
 /* Q_KEY_STORE */
-enum key_store_param { KS_TENANT, KS_KEY, KS_STATUS, KS_HEADERS, KS_BODY, KS__N };
+enum key_store_param {
+	KEY_STORE_TENANT,
+	KEY_STORE_KEY,
+	KEY_STORE_STATUS,
+	KEY_STORE_HEADERS,
+	KEY_STORE_BODY,
+	KEY_STORE__N
+};
 
 /* Q_WF_CREATE_RUN */
 enum wf_create_run_param {
-	CR_TENANT,
-	CR_ID,
-	CR_TYPE,
-	CR_INPUT,
-	CR_CREATED_AT,
-	CR_STEPS,        /* canonical JSON array, "[]" for none */
-	CR_BUSINESS_KEY, /* or NULL */
-	CR_PAYLOAD,      /* the workflow.created event's */
-	CR__N
+	WF_CREATE_RUN_TENANT,
+	WF_CREATE_RUN_ID,
+	WF_CREATE_RUN_TYPE,
+	WF_CREATE_RUN_INPUT,
+	WF_CREATE_RUN_CREATED_AT,
+	WF_CREATE_RUN_STEPS,        /* canonical JSON array, "[]" for none */
+	WF_CREATE_RUN_BUSINESS_KEY, /* or NULL */
+	WF_CREATE_RUN_PAYLOAD_HEAD, /* as Q_CREATE_KEYED's */
+	WF_CREATE_RUN_PAYLOAD_TAIL,
+	WF_CREATE_RUN__N
 };
 
 /* Q_WF_TRANSITION */
-enum wf_transition_param { TR_TENANT, TR_ID, TR_TO, TR_FROM /* or NULL */, TR__N };
+enum wf_transition_param {
+	WF_TRANSITION_TENANT,
+	WF_TRANSITION_ID,
+	WF_TRANSITION_TO,
+	WF_TRANSITION_FROM, /* or NULL */
+	WF_TRANSITION__N
+};
 
 /* Q_WF_MESSAGE */
-enum wf_message_param { MS_TENANT, MS_ID, MS_MESSAGE_ID, MS_NAME, MS_PAYLOAD, MS__N };
+enum wf_message_param {
+	WF_MESSAGE_TENANT,
+	WF_MESSAGE_ID,
+	WF_MESSAGE_MESSAGE_ID,
+	WF_MESSAGE_NAME,
+	WF_MESSAGE_PAYLOAD,
+	WF_MESSAGE__N
+};
 
 /* Q_MESSAGE_PUBLISH */
 enum message_publish_param {
-	MP_TENANT,
-	MP_MESSAGE_ID,
-	MP_NAME,
-	MP_BUSINESS_KEY,
-	MP_TTL, /* an ISO 8601 duration, checked (messages.c) */
-	MP_PAYLOAD,
-	MP_TTL_MAX, /* ms: message_ttl_max */
-	MP__N
+	MESSAGE_PUBLISH_TENANT,
+	MESSAGE_PUBLISH_MESSAGE_ID,
+	MESSAGE_PUBLISH_NAME,
+	MESSAGE_PUBLISH_BUSINESS_KEY,
+	MESSAGE_PUBLISH_TTL, /* an ISO 8601 duration, checked (messages.c) */
+	MESSAGE_PUBLISH_PAYLOAD,
+	MESSAGE_PUBLISH_TTL_MAX, /* ms: message_ttl_max */
+	MESSAGE_PUBLISH__N
 };
 
 /* Q_JOBS_ACTIVATE */
 enum jobs_activate_param {
-	JA_TENANT,
-	JA_JOB_TYPE,
-	JA_WORKER,
-	JA_MAX_JOBS,
-	JA_LEASE,  /* interval */
-	JA_BUDGET, /* bytes: max_answer */
-	JA__N
+	JOBS_ACTIVATE_TENANT,
+	JOBS_ACTIVATE_JOB_TYPE,
+	JOBS_ACTIVATE_WORKER,
+	JOBS_ACTIVATE_MAX_JOBS,
+	JOBS_ACTIVATE_LEASE,  /* interval */
+	JOBS_ACTIVATE_BUDGET, /* bytes: max_answer */
+	JOBS_ACTIVATE__N
 };
 
 /* Q_JOB_COMPLETE */
-enum job_complete_param { JC_TENANT, JC_WORKFLOW, JC_STEP, JC_WORKER, JC_OUTPUT, JC__N };
+enum job_complete_param {
+	JOB_COMPLETE_TENANT,
+	JOB_COMPLETE_WORKFLOW,
+	JOB_COMPLETE_STEP,
+	JOB_COMPLETE_WORKER,
+	JOB_COMPLETE_OUTPUT,
+	JOB_COMPLETE__N
+};
 
 /* Q_JOB_FAIL */
 enum job_fail_param {
-	JF_TENANT,
-	JF_WORKFLOW,
-	JF_STEP,
-	JF_WORKER,
-	JF_ERROR,       /* or NULL */
-	JF_RETRY_AFTER, /* interval */
-	JF__N
+	JOB_FAIL_TENANT,
+	JOB_FAIL_WORKFLOW,
+	JOB_FAIL_STEP,
+	JOB_FAIL_WORKER,
+	JOB_FAIL_ERROR,       /* or NULL */
+	JOB_FAIL_RETRY_AFTER, /* interval */
+	JOB_FAIL__N
 };
 
-/* Q_WF_EVENTS: events after seq WE_AFTER, at most WE_LIMIT, stopping
- * after the first one past WE_BUDGET bytes (page.c, page_answer). */
-enum wf_events_param { WE_TENANT, WE_ID, WE_AFTER, WE_LIMIT, WE_BUDGET, WE__N };
+/* Q_WF_EVENTS: events after seq WF_EVENTS_AFTER, at most WF_EVENTS_LIMIT,
+ * stopping after the first one past WF_EVENTS_BUDGET bytes (page.c,
+ * page_answer). */
+enum wf_events_param {
+	WF_EVENTS_TENANT,
+	WF_EVENTS_ID,
+	WF_EVENTS_AFTER,
+	WF_EVENTS_LIMIT,
+	WF_EVENTS_BUDGET,
+	WF_EVENTS__N
+};
 
 /* Q_WF_LIST: filters are NULL when not asked for; pages as Q_WF_EVENTS. */
 enum wf_list_param {
-	WL_TENANT,
-	WL_STATE, /* or NULL */
-	WL_TYPE,  /* or NULL */
-	WL_AFTER, /* the last id of the previous page, or NULL */
-	WL_LIMIT,
-	WL_BUDGET,
-	WL__N
+	WF_LIST_TENANT,
+	WF_LIST_STATE, /* or NULL */
+	WF_LIST_TYPE,  /* or NULL */
+	WF_LIST_AFTER, /* the last id of the previous page, or NULL */
+	WF_LIST_LIMIT,
+	WF_LIST_BUDGET,
+	WF_LIST__N
 };
 
 /* Q_JOB_HEARTBEAT */
 enum job_heartbeat_param {
-	JH_TENANT,
-	JH_WORKFLOW,
-	JH_STEP,
-	JH_WORKER,
-	JH_LEASE,    /* interval */
-	JH_PROGRESS, /* canonical JSON, or NULL to keep the last one */
-	JH__N
+	JOB_HEARTBEAT_TENANT,
+	JOB_HEARTBEAT_WORKFLOW,
+	JOB_HEARTBEAT_STEP,
+	JOB_HEARTBEAT_WORKER,
+	JOB_HEARTBEAT_LEASE,    /* interval */
+	JOB_HEARTBEAT_PROGRESS, /* canonical JSON, or NULL to keep the last one */
+	JOB_HEARTBEAT__N
 };
 
 /* Q_WF_RESUME */
-enum wf_resume_param { RS_TENANT, RS_ID, RS_RETRIES /* or NULL: the step's own */, RS__N };
+enum wf_resume_param {
+	WF_RESUME_TENANT,
+	WF_RESUME_ID,
+	WF_RESUME_RETRIES, /* or NULL: the step's own */
+	WF_RESUME__N
+};
 
 /*
  * The key row: what Q_AUTH_KEY, Q_CREATE_KEYED and Q_KEY_GET return for a
@@ -322,10 +371,10 @@ enum { AUTH_COL_TOKEN = 1 };
 
 /* Q_TRACE_SET */
 enum trace_set_param {
-	TS_TRACEPARENT,
-	TS_TRACESTATE, /* or NULL */
-	TS_ACTOR,      /* "token:<id>", or NULL */
-	TS__N
+	TRACE_SET_TRACEPARENT,
+	TRACE_SET_TRACESTATE, /* or NULL */
+	TRACE_SET_ACTOR,      /* "token:<id>", or NULL */
+	TRACE_SET__N
 };
 
 #endif

@@ -2,8 +2,9 @@
  * route.h - the routes of the v1 API as names: one id per path template,
  * and the template that is its label in the metrics and the access log.
  *
- * Knows paths, not HTTP: the router (api.c) matches a request's path once
- * with route_match() and keeps the route on the request's context; the
+ * Knows paths, not HTTP: the worker matches a request's path once with
+ * route_match(), shows the route on the scoreboard and hands the match to
+ * the router (api.c), which keeps the route on the request's context; the
  * counters (metrics.c) and the log line read it from there.
  */
 #ifndef IDF_ROUTE_H
@@ -40,6 +41,15 @@ enum route {
  * arg is not NULL, and left alone when the template has none.
  */
 enum route route_match(const char *path, const char **arg, size_t *arglen);
+
+/* A request's path as route_match() found it: the route, and the text of
+ * its template's first "{...}" (pointing into the path; NULL when the
+ * template has none). */
+struct route_hit {
+	enum route route;
+	const char *arg;
+	size_t arglen;
+};
 
 /* The template of r ("/v1/workflows/{id}"), "other" for ROUTE_OTHER and
  * anything out of range: a bounded label, never a raw path. Static. */

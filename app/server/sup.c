@@ -13,6 +13,7 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sysexits.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -644,16 +645,16 @@ int sup_run(struct conf *c, int argc, char **argv)
 	log_line_format = c->log_format;
 	if (log_open(c->log_file, &e) < 0) {
 		log_failure("could not open the log file", &e);
-		return 73; /* EX_CANTCREAT */
+		return EX_CANTCREAT;
 	}
 	if (metrics_allow_match(c->metrics_allow, NULL, &e) < 0) {
 		log_failure("bad configuration", &e);
-		return 78; /* EX_CONFIG */
+		return EX_CONFIG;
 	}
 	/* Before the first fork: every worker inherits the mappings. */
 	if (metrics_init(&e) < 0 || scoreboard_init(&e) < 0) {
 		log_failure("could not start", &e);
-		return 71; /* EX_OSERR */
+		return EX_OSERR;
 	}
 	/* A socket from systemd outlives this process: it stays open, and
 	 * keeps its queue, while the server restarts. */
@@ -662,10 +663,10 @@ int sup_run(struct conf *c, int argc, char **argv)
 	if (s.listen_fd == -2)
 		s.listen_fd = open_listener(c);
 	if (s.listen_fd < 0)
-		return 71; /* EX_OSERR */
+		return EX_OSERR;
 	scoreboard_set_listener(s.listen_fd);
 	if (write_pid_file(c->pid_file) < 0)
-		return 73; /* EX_CANTCREAT */
+		return EX_CANTCREAT;
 	pid_file = strdup(c->pid_file);
 	if (s.socket_activated)
 		log_info("listening on the socket from systemd", "fd=%d workers=%d", s.listen_fd,
@@ -734,5 +735,5 @@ int sup_run(struct conf *c, int argc, char **argv)
 	free(pid_file);
 	log_info("stopped", NULL);
 	conf_free(s.conf);
-	return 0;
+	return EX_OK;
 }

@@ -34,7 +34,10 @@
 
 /* Run the server until stopped. c is owned by the supervisor from now on
  * (replaced on reload); argc/argv are kept to re-read the configuration.
- * Returns the process exit code. */
+ * Returns the process exit code, from sysexits.h: EX_OK after a stop,
+ * EX_CONFIG for a bad configuration, EX_CANTCREAT when the log or pid file
+ * cannot be written, EX_OSERR when the shared maps or the socket cannot be
+ * made. */
 int sup_run(struct conf *c, int argc, char **argv);
 
 #endif

@@ -22,6 +22,7 @@
 #include "core/canon.h"
 #include "core/fp.h"
 #include "core/ids.h"
+#include "server/auth.h"
 #include "server/cmd.h"
 #include "server/page.h"
 #include "server/queries.h"
@@ -131,11 +132,11 @@ struct create {
 	const char *fp_text;
 	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
 	char location[64], event_id[IDS_UUID_LEN + 8], stored_headers[96];
-	struct buf out;             /* the response body, also stored */
-	struct buf payload;         /* the workflow.created event */
-	const char *keyed[CK__N];   /* Q_CREATE_KEYED */
-	const char *unkeyed[CU__N]; /* Q_CREATE_UNKEYED */
-	const char *run[CR__N];     /* Q_WF_CREATE_RUN */
+	struct buf out;                         /* the response body, also stored */
+	struct buf payload;                     /* the workflow.created event */
+	const char *keyed[CREATE_KEYED__N];     /* Q_CREATE_KEYED */
+	const char *unkeyed[CREATE_UNKEYED__N]; /* Q_CREATE_UNKEYED */
+	const char *run[WF_CREATE_RUN__N];      /* Q_WF_CREATE_RUN */
 };
 
 /* The workflow.created event's payload: EVENT_HEAD, the tenant id,
@@ -176,12 +177,11 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 		             .steps_len = cr->steps_len,
 		             .step = 1 };
 	wf_write(&cr->out, &w);
-	/* The event's payload around its tenant id, each part a parameter
-	 * (the keyed statement knows the tenant from the token), and whole
-	 * when the tenant is known: runs and unkeyed creates have their
-	 * token checked before they are prepared (cmd_run). */
+	/* The event's payload around its tenant id, which every create
+	 * statement puts between the two parts (queries.h): the keyed one
+	 * learns the tenant from the token only in the statement. */
 	struct buf *pl = &cr->payload;
-	size_t tail, whole = 0;
+	size_t tail;
 	buf_printf(pl, EVENT_HEAD, cr->event_id, cr->id);
 	buf_putc(pl, '\0');
 	tail = pl->len;
@@ -189,54 +189,49 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 	buf_append(pl, cr->out.data, cr->out.len);
 	buf_puts(pl, "}");
 	buf_putc(pl, '\0');
-	if (!ctx->auth_pending) {
-		whole = pl->len;
-		buf_printf(pl, EVENT_HEAD "%ld" EVENT_TAIL, cr->event_id, cr->id, ctx->tenant_id,
-		           cr->now);
-		buf_append(pl, cr->out.data, cr->out.len);
-		buf_puts(pl, "}");
-	}
 	if (cr->out.oom || pl->oom) {
 		err_set(&e, ERR_INTERNAL, "out of memory");
 		handler_db_error(ctx, resp, req, &e);
 		return -1;
 	}
 
-	cr->keyed[CK_TOKEN_HASH] = ctx->token_hex;
-	cr->keyed[CK_KEY] = req->idem_key;
-	cr->keyed[CK_METHOD] = req->method;
-	cr->keyed[CK_PATH] = req->path;
-	cr->keyed[CK_FP] = cr->fp_text;
-	cr->keyed[CK_HEADERS] = cr->stored_headers;
-	cr->keyed[CK_BODY] = cr->out.data;
-	cr->keyed[CK_CREATED_AT] = cr->now;
-	cr->keyed[CK_TTL] = cr->ttl;
-	cr->keyed[CK_ID] = cr->id;
-	cr->keyed[CK_TYPE] = type;
-	cr->keyed[CK_INPUT] = cr->input;
-	cr->keyed[CK_EVENT_ID] = cr->event_id;
-	cr->keyed[CK_PAYLOAD_HEAD] = pl->data;
-	cr->keyed[CK_BYTES_FP] = ctx->bytes_fp;
-	cr->keyed[CK_PAYLOAD_TAIL] = pl->data + tail;
-	cr->keyed[CK_TRACEPARENT] = handler_traceparent(ctx);
-	cr->keyed[CK_TRACESTATE] = handler_tracestate(ctx);
+	cr->keyed[CREATE_KEYED_TOKEN_HASH] = ctx->token_hex;
+	cr->keyed[CREATE_KEYED_KEY] = req->idem_key;
+	cr->keyed[CREATE_KEYED_METHOD] = req->method;
+	cr->keyed[CREATE_KEYED_PATH] = req->path;
+	cr->keyed[CREATE_KEYED_FP] = cr->fp_text;
+	cr->keyed[CREATE_KEYED_HEADERS] = cr->stored_headers;
+	cr->keyed[CREATE_KEYED_BODY] = cr->out.data;
+	cr->keyed[CREATE_KEYED_CREATED_AT] = cr->now;
+	cr->keyed[CREATE_KEYED_TTL] = cr->ttl;
+	cr->keyed[CREATE_KEYED_ID] = cr->id;
+	cr->keyed[CREATE_KEYED_TYPE] = type;
+	cr->keyed[CREATE_KEYED_INPUT] = cr->input;
+	cr->keyed[CREATE_KEYED_EVENT_ID] = cr->event_id;
+	cr->keyed[CREATE_KEYED_PAYLOAD_HEAD] = pl->data;
+	cr->keyed[CREATE_KEYED_BYTES_FP] = ctx->bytes_fp;
+	cr->keyed[CREATE_KEYED_PAYLOAD_TAIL] = pl->data + tail;
+	cr->keyed[CREATE_KEYED_TRACEPARENT] = handler_traceparent(ctx);
+	cr->keyed[CREATE_KEYED_TRACESTATE] = handler_tracestate(ctx);
 
-	cr->unkeyed[CU_TENANT] = cr->tenant;
-	cr->unkeyed[CU_CREATED_AT] = cr->now;
-	cr->unkeyed[CU_ID] = cr->id;
-	cr->unkeyed[CU_TYPE] = type;
-	cr->unkeyed[CU_INPUT] = cr->input;
-	cr->unkeyed[CU_EVENT_ID] = cr->event_id;
-	cr->unkeyed[CU_PAYLOAD] = pl->data + whole;
+	cr->unkeyed[CREATE_UNKEYED_TENANT] = cr->tenant;
+	cr->unkeyed[CREATE_UNKEYED_CREATED_AT] = cr->now;
+	cr->unkeyed[CREATE_UNKEYED_ID] = cr->id;
+	cr->unkeyed[CREATE_UNKEYED_TYPE] = type;
+	cr->unkeyed[CREATE_UNKEYED_INPUT] = cr->input;
+	cr->unkeyed[CREATE_UNKEYED_EVENT_ID] = cr->event_id;
+	cr->unkeyed[CREATE_UNKEYED_PAYLOAD_HEAD] = pl->data;
+	cr->unkeyed[CREATE_UNKEYED_PAYLOAD_TAIL] = pl->data + tail;
 
-	cr->run[CR_TENANT] = cr->tenant;
-	cr->run[CR_ID] = cr->id;
-	cr->run[CR_TYPE] = type;
-	cr->run[CR_INPUT] = cr->input;
-	cr->run[CR_CREATED_AT] = cr->now;
-	cr->run[CR_STEPS] = cr->steps != NULL ? cr->steps : "[]";
-	cr->run[CR_BUSINESS_KEY] = b->business_key;
-	cr->run[CR_PAYLOAD] = pl->data + whole;
+	cr->run[WF_CREATE_RUN_TENANT] = cr->tenant;
+	cr->run[WF_CREATE_RUN_ID] = cr->id;
+	cr->run[WF_CREATE_RUN_TYPE] = type;
+	cr->run[WF_CREATE_RUN_INPUT] = cr->input;
+	cr->run[WF_CREATE_RUN_CREATED_AT] = cr->now;
+	cr->run[WF_CREATE_RUN_STEPS] = cr->steps != NULL ? cr->steps : "[]";
+	cr->run[WF_CREATE_RUN_BUSINESS_KEY] = b->business_key;
+	cr->run[WF_CREATE_RUN_PAYLOAD_HEAD] = pl->data;
+	cr->run[WF_CREATE_RUN_PAYLOAD_TAIL] = pl->data + tail;
 	return 0;
 }
 
@@ -302,6 +297,12 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
  * function run as a command (CMD_TX_PIPELINE). Either way through the
  * keyed-command runner (cmd.h), which answers a replay before anything
  * is rendered.
+ *
+ * The router only begins the token's check (auth_begin); this handler
+ * ends it. A plain keyed create's statement checks the token itself
+ * (auth_checked reads its row); every other create settles it before the
+ * runner. A create answered without either (refused before, or in flight
+ * on its key) settles it at the end: a bad token's 401 comes first.
  */
 void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
@@ -356,9 +357,11 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	cr.steps = b.steps != NULL ? sc->data + steps_off : NULL;
 
 	if (b.steps != NULL || b.business_key != NULL) {
+		if (auth_settle(ctx, req, resp) < 0)
+			goto out;
 		const struct cmd cmd = { .tx = CMD_TX_PIPELINE,
 			                 .stmt = Q_WF_CREATE_RUN,
-			                 .nparams = CR__N,
+			                 .nparams = WF_CREATE_RUN__N,
 			                 .params = cr.run,
 			                 .fp_text = fp_text,
 			                 .prepare = create_prepare,
@@ -366,20 +369,27 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 			                 .arg = &cr };
 		cmd_run(ctx, req, resp, &cmd);
 	} else {
+		if (req->idem_key == NULL && auth_settle(ctx, req, resp) < 0)
+			goto out;
 		const struct cmd cmd = { .tx = CMD_TX_SINGLE,
 			                 .stmt = create_stmt(ctx),
-			                 .nparams = CK__N,
+			                 .nparams = CREATE_KEYED__N,
 			                 .params = cr.keyed,
 			                 .unkeyed_stmt = Q_CREATE_UNKEYED,
-			                 .unkeyed_nparams = CU__N,
+			                 .unkeyed_nparams = CREATE_UNKEYED__N,
 			                 .unkeyed_params = cr.unkeyed,
 			                 .fp_text = fp_text,
 			                 .prepare = create_prepare,
+			                 .checked = auth_checked,
 			                 .render = render_created,
 			                 .arg = &cr };
 		cmd_run(ctx, req, resp, &cmd);
 	}
 out:
+	/* A 5xx stands whatever the token: a bad one writes nothing, so it
+	 * cannot have caused the failure. */
+	if (resp->status < 500)
+		auth_settle(ctx, req, resp);
 	json_object_put(root);
 	buf_free(&cr.out);
 	buf_free(&cr.payload);
@@ -422,8 +432,8 @@ void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struc
 		return;
 	}
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[WG__N] = { [WG_TENANT] = tenant, [WG_ID] = id };
-	res = db_run(ctx->db, Q_WF_GET, WG__N, p, &e);
+	const char *p[WF_GET__N] = { [WF_GET_TENANT] = tenant, [WF_GET_ID] = id };
+	res = db_run(ctx->db, Q_WF_GET, WF_GET__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
 		return;
@@ -515,13 +525,13 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[WL__N] = { [WL_TENANT] = tenant,
-		                 [WL_STATE] = state[0] ? state : NULL,
-		                 [WL_TYPE] = type[0] ? type : NULL,
-		                 [WL_AFTER] = after[0] ? after : NULL,
-		                 [WL_LIMIT] = lim,
-		                 [WL_BUDGET] = budget };
-	res = db_run(ctx->db, Q_WF_LIST, WL__N, p, &e);
+	const char *p[WF_LIST__N] = { [WF_LIST_TENANT] = tenant,
+		                      [WF_LIST_STATE] = state[0] ? state : NULL,
+		                      [WF_LIST_TYPE] = type[0] ? type : NULL,
+		                      [WF_LIST_AFTER] = after[0] ? after : NULL,
+		                      [WF_LIST_LIMIT] = lim,
+		                      [WF_LIST_BUDGET] = budget };
+	res = db_run(ctx->db, Q_WF_LIST, WF_LIST__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
 		return;
@@ -559,12 +569,12 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id,
 	snprintf(after, sizeof(after), "%ld", after_seq);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[WE__N] = { [WE_TENANT] = tenant,
-		                 [WE_ID] = id,
-		                 [WE_AFTER] = after,
-		                 [WE_LIMIT] = lim,
-		                 [WE_BUDGET] = budget };
-	res = db_run(ctx->db, Q_WF_EVENTS, WE__N, p, &e);
+	const char *p[WF_EVENTS__N] = { [WF_EVENTS_TENANT] = tenant,
+		                        [WF_EVENTS_ID] = id,
+		                        [WF_EVENTS_AFTER] = after,
+		                        [WF_EVENTS_LIMIT] = lim,
+		                        [WF_EVENTS_BUDGET] = budget };
+	res = db_run(ctx->db, Q_WF_EVENTS, WF_EVENTS__N, p, &e);
 	if (res == NULL) {
 		handler_db_error(ctx, resp, req, &e);
 		return;
@@ -625,11 +635,12 @@ void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id
 	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
 		goto out;
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	const char *p[TR__N] = {
-		[TR_TENANT] = tenant, [TR_ID] = id, [TR_TO] = to, [TR_FROM] = from
-	};
+	const char *p[WF_TRANSITION__N] = { [WF_TRANSITION_TENANT] = tenant,
+		                            [WF_TRANSITION_ID] = id,
+		                            [WF_TRANSITION_TO] = to,
+		                            [WF_TRANSITION_FROM] = from };
 	const struct cmd cmd = { .stmt = Q_WF_TRANSITION,
-		                 .nparams = TR__N,
+		                 .nparams = WF_TRANSITION__N,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_transition };
@@ -663,11 +674,11 @@ void wf_resume(struct handler_ctx *ctx, struct http_req *req, const char *id,
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
 	snprintf(nretries, sizeof(nretries), "%ld", retries);
 	/* Without "retries", the failed step's own count from its definition. */
-	const char *p[RS__N] = {
-		[RS_TENANT] = tenant, [RS_ID] = id, [RS_RETRIES] = retries >= 0 ? nretries : NULL
-	};
+	const char *p[WF_RESUME__N] = { [WF_RESUME_TENANT] = tenant,
+		                        [WF_RESUME_ID] = id,
+		                        [WF_RESUME_RETRIES] = retries >= 0 ? nretries : NULL };
 	const struct cmd cmd = { .stmt = Q_WF_RESUME,
-		                 .nparams = RS__N,
+		                 .nparams = WF_RESUME__N,
 		                 .params = p,
 		                 .fp_text = fp_text,
 		                 .render = render_transition };

@@ -273,27 +273,35 @@ static void flush_keystats(struct keystats *ks, struct db *db, int now)
 		log_warning("could not store idempotency key counts", "error=%s", LOG_Q(e.msg));
 }
 
-int worker_run(const struct conf *c, int listen_fd)
+/* What a worker holds from its start to its exit. */
+struct worker {
+	const struct conf *conf;
+	char appname[128]; /* the connection's application_name: db.h borrows
+	                    * it for every reconnect */
+	struct handler_ctx ctx;
+	struct http_resp resp;
+	FCGX_Request freq;
+	int freq_ready; /* freq was initialised: FCGX_Free() it */
+	struct keystats ks;
+	int ks_ready; /* ks was initialised: keystats_free() it */
+	struct rcache rcache;
+	struct notifier nt;
+	struct readiness rd;
+	int ep;            /* the epoll set with the listening socket, or -1 */
+	sigset_t waitmask; /* the mask while waiting: the stop signals open */
+};
+
+/*
+ * The worker's signals: SIGTERM and SIGINT stop it, SIGUSR1 reopens the
+ * log (the supervisor forwards it), the rest are ignored or the default.
+ * The three are blocked from here on, except in waitmask, the mask while
+ * waiting for a connection.
+ */
+static void worker_signals(sigset_t *waitmask)
 {
 	struct sigaction sa;
-	sigset_t stopset, waitmask;
-	char appname[128];
-	struct db_settings ds;
-	struct handler_ctx ctx;
-	struct http_resp resp = { 0 };
-	FCGX_Request freq;
-	struct keystats ks;
-	struct rcache rc_cache = { 0 };
-	struct notifier nt = { 0 };
-	struct readiness rd = { 0 };
-	struct err e;
-	struct epoll_event ev = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd };
-	long served = 0;
-	int rc = 0, ep = -1;
+	sigset_t stopset;
 
-	log_set_component("worker");
-	problem_configure(c->idempotency_mismatch_status, c->problem_base_uri);
-	mallopt(M_MMAP_THRESHOLD, MMAP_FLOOR); /* also fixes it: no dynamic raise */
 	/* No SA_RESTART: a stop must interrupt epoll_pwait(). */
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_stop;
@@ -313,131 +321,198 @@ int worker_run(const struct conf *c, int listen_fd)
 	sigaddset(&stopset, SIGTERM);
 	sigaddset(&stopset, SIGINT);
 	sigaddset(&stopset, SIGUSR1);
-	sigprocmask(SIG_SETMASK, &stopset, &waitmask);
-	sigdelset(&waitmask, SIGTERM);
-	sigdelset(&waitmask, SIGINT);
-	sigdelset(&waitmask, SIGUSR1);
+	sigprocmask(SIG_SETMASK, &stopset, waitmask);
+	sigdelset(waitmask, SIGTERM);
+	sigdelset(waitmask, SIGINT);
+	sigdelset(waitmask, SIGUSR1);
+}
 
-	snprintf(appname, sizeof(appname), "%s-worker-%ld", c->application_name, (long)getpid());
+/*
+ * Open what the worker serves with: its database connection (a database
+ * that is down is no failure: the worker answers 503 until it is back),
+ * its key counts, libfcgi and the epoll set. Returns 0, or -1 after
+ * logging why; w's resources are freed by worker_close() either way.
+ */
+static int worker_open(struct worker *w, int listen_fd)
+{
+	const struct conf *c = w->conf;
+	struct db_settings ds;
+	struct err e;
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = listen_fd };
+
+	snprintf(w->appname, sizeof(w->appname), "%s-worker-%ld", c->application_name,
+	         (long)getpid());
 	ds = (struct db_settings){ .conninfo = c->db,
-		                   .application_name = appname,
+		                   .application_name = w->appname,
 		                   .lock_timeout_ms = c->idempotency_wait,
 		                   .statement_timeout_ms = c->statement_timeout,
 		                   .stmts = queries,
 		                   .nstmts = Q__COUNT };
-	memset(&ctx, 0, sizeof(ctx));
-	ctx.conf = c;
-	ctx.rcache = &rc_cache;
-	ctx.db = db_open(&ds, &e);
-	if (ctx.db == NULL || keystats_init(&ks) < 0) {
+	w->ctx.conf = c;
+	w->ctx.rcache = &w->rcache;
+	w->ctx.db = db_open(&ds, &e);
+	if (w->ctx.db == NULL || keystats_init(&w->ks) < 0) {
 		log_error("could not start worker", "error=\"out of memory\"");
-		db_close(ctx.db);
-		return 1;
+		return -1;
 	}
+	w->ks_ready = 1;
 	if (e.code != ERR_NONE)
 		log_warning("database unavailable at start; answering 503 until it is back",
 		            "error=%s", LOG_Q(e.msg));
 
-	if (FCGX_Init() != 0 || FCGX_InitRequest(&freq, listen_fd, FCGI_FAIL_ACCEPT_ON_INTR) != 0) {
+	if (FCGX_Init() != 0 ||
+	    FCGX_InitRequest(&w->freq, listen_fd, FCGI_FAIL_ACCEPT_ON_INTR) != 0) {
 		log_error("could not initialise libfcgi", NULL);
-		rc = 1;
-		goto out;
+		return -1;
 	}
+	w->freq_ready = 1;
 	/* One epoll set per worker, the listening socket in it with
 	 * EPOLLEXCLUSIVE: a new connection wakes one idle worker (or a few),
 	 * not the whole pool, which would all race for one accept(). */
-	ep = epoll_create1(EPOLL_CLOEXEC);
-	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev) < 0) {
+	w->ep = epoll_create1(EPOLL_CLOEXEC);
+	if (w->ep < 0 || epoll_ctl(w->ep, EPOLL_CTL_ADD, listen_fd, &ev) < 0) {
 		log_error("could not watch the listening socket", "error=%s",
 		          LOG_Q(strerror(errno)));
-		rc = 1;
-		goto out;
+		return -1;
 	}
 	log_info("worker started", NULL);
-	rd.pending = notify_worker_listened();
-	if (rd.pending && e.code == ERR_NONE) /* e is still db_open()'s */
-		ready_report(&rd);
+	w->rd.pending = notify_worker_listened();
+	if (w->rd.pending && e.code == ERR_NONE) /* e is still db_open()'s */
+		ready_report(&w->rd);
+	return 0;
+}
+
+/* Free what worker_open() opened, any part of it. */
+static void worker_close(struct worker *w)
+{
+	if (w->freq_ready)
+		FCGX_Free(&w->freq, 0);
+	if (w->ep >= 0)
+		close(w->ep);
+	if (w->ks_ready)
+		keystats_free(&w->ks);
+	rcache_free(&w->rcache);
+	http_resp_free(&w->resp);
+	PQclear(w->ctx.key_row);
+	buf_free(&w->ctx.body);
+	buf_free(&w->ctx.scratch);
+	db_close(w->ctx.db);
+}
+
+/* Serve the request just accepted into w->freq, from its route to its
+ * answer, its log line and the buffers given back. */
+static void worker_serve(struct worker *w)
+{
+	struct handler_ctx *ctx = &w->ctx;
+	struct http_resp *resp = &w->resp;
+	struct timespec t0;
+	struct http_req req;
+	struct route_hit hit = { .arg = NULL, .arglen = 0 };
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	http_req_init(&req, &w->freq);
+	/* The one match of the request's path: the scoreboard shows the
+	 * route while the request runs, and the router takes it from here. */
+	hit.route = route_match(req.path, &hit.arg, &hit.arglen);
+	scoreboard_begin(req.method, hit.route, req.request_id);
+	handler_trace_begin(ctx, &req);
+	http_resp_reset(resp);
+	db_check(ctx->db);
+	api_handle(ctx, &req, &hit, resp);
+	metrics_request(ctx->route, resp->status, ctx->idem, elapsed_ms(&t0) / 1e3,
+	                db_reconnects(ctx->db));
+	if (ctx->cached)
+		metrics_replay_cache_hit();
+	count_completion(ctx, resp);
+	keystats_note(&w->ks, ctx->tenant_id, req.idem_key, ctx->idem);
+	scoreboard_stage(SB_WRITING);
+	if (http_send(&w->freq, resp) < 0)
+		log_warning("client went away before the answer was sent", "request_id=%s",
+		            req.request_id);
+	/* Log before finish_request: it frees the strings req points to. */
+	log_request(ctx, &req, resp, elapsed_ms(&t0));
+	finish_request(&w->freq);
+	scoreboard_end();
+	http_resp_shrink(resp, BUF_KEEP);
+	buf_shrink(&ctx->body, BUF_KEEP);
+	buf_shrink(&ctx->scratch, BUF_KEEP);
+}
+
+/* Wait for a connection with the stop signals unblocked, atomically,
+ * waking for what is due when idle (a key-stats flush, a notify, a
+ * readiness probe). epoll_pwait()'s result: 1 when a connection may be
+ * accepted. */
+static int worker_wait(struct worker *w)
+{
+	long wait = keystats_wait_ms(&w->ks), nt_wait = notify_wait_ms(&w->nt);
+	long rd_wait = ready_wait_ms(&w->rd);
+	struct epoll_event ready;
+
+	if (nt_wait >= 0 && (wait < 0 || nt_wait < wait))
+		wait = nt_wait;
+	if (rd_wait >= 0 && (wait < 0 || rd_wait < wait))
+		wait = rd_wait;
+	return epoll_pwait(w->ep, &ready, 1, wait < 0 ? -1 : (int)wait, &w->waitmask);
+}
+
+int worker_run(const struct conf *c, int listen_fd)
+{
+	struct worker w;
+	long served = 0;
+	int rc = 1;
+
+	log_set_component("worker");
+	problem_configure(c->idempotency_mismatch_status, c->problem_base_uri);
+	mallopt(M_MMAP_THRESHOLD, MMAP_FLOOR); /* also fixes it: no dynamic raise */
+	worker_signals(&w.waitmask);
+
+	memset(&w.ctx, 0, sizeof(w.ctx));
+	memset(&w.resp, 0, sizeof(w.resp));
+	memset(&w.rcache, 0, sizeof(w.rcache));
+	memset(&w.nt, 0, sizeof(w.nt));
+	memset(&w.rd, 0, sizeof(w.rd));
+	w.conf = c;
+	w.freq_ready = 0;
+	w.ks_ready = 0;
+	w.ep = -1;
+	if (worker_open(&w, listen_fd) < 0)
+		goto out;
 
 	while (!worker_stop) {
-		struct timespec t0;
-		struct http_req req;
-
-		/* Wait for a connection with the stop signals unblocked,
-		 * atomically; wake for a due key-stats flush when idle. */
-		long ks_wait = keystats_wait_ms(&ks), nt_wait = notify_wait_ms(&nt);
-		long rd_wait = ready_wait_ms(&rd);
-		if (nt_wait >= 0 && (ks_wait < 0 || nt_wait < ks_wait))
-			ks_wait = nt_wait;
-		if (rd_wait >= 0 && (ks_wait < 0 || rd_wait < ks_wait))
-			ks_wait = rd_wait;
-		struct epoll_event ready;
-		int r = epoll_pwait(ep, &ready, 1, ks_wait < 0 ? -1 : (int)ks_wait, &waitmask);
+		int r = worker_wait(&w);
 		if (worker_stop)
 			break;
 		log_reopen_if_asked();
 		if (r == 0) {
-			flush_keystats(&ks, ctx.db, 0);
-			notify_if_due(&nt, ctx.db);
-			ready_probe_if_due(&rd, ctx.db);
+			flush_keystats(&w.ks, w.ctx.db, 0);
+			notify_if_due(&w.nt, w.ctx.db);
+			ready_probe_if_due(&w.rd, w.ctx.db);
 		}
 		if (r <= 0)
 			continue;
 		/* The socket is non-blocking: when another worker won the
 		 * connection, accept fails with EAGAIN and we wait again. */
-		if (FCGX_Accept_r(&freq) < 0)
+		if (FCGX_Accept_r(&w.freq) < 0)
 			continue;
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		http_req_init(&req, &freq);
-		/* The route again here (the router matches it for itself):
-		 * the scoreboard must show it while the request runs. */
-		scoreboard_begin(req.method, route_match(req.path, NULL, NULL), req.request_id);
-		handler_trace_begin(&ctx, &req);
-		http_resp_reset(&resp);
-		db_check(ctx.db);
-		api_handle(&ctx, &req, &resp);
-		metrics_request(ctx.route, resp.status, ctx.idem, elapsed_ms(&t0) / 1e3,
-		                db_reconnects(ctx.db));
-		if (ctx.cached)
-			metrics_replay_cache_hit();
-		count_completion(&ctx, &resp);
-		keystats_note(&ks, ctx.tenant_id, req.idem_key, ctx.idem);
-		scoreboard_stage(SB_WRITING);
-		if (http_send(&freq, &resp) < 0)
-			log_warning("client went away before the answer was sent", "request_id=%s",
-			            req.request_id);
-		/* Log before finish_request: it frees the strings req points to. */
-		log_request(&ctx, &req, &resp, elapsed_ms(&t0));
-		finish_request(&freq);
-		scoreboard_end();
-		http_resp_shrink(&resp, BUF_KEEP);
-		buf_shrink(&ctx.body, BUF_KEEP);
-		buf_shrink(&ctx.scratch, BUF_KEEP);
+		worker_serve(&w);
 		/* After the answer went out: the flush never delays a response. */
-		flush_keystats(&ks, ctx.db, 0);
-		nt.pending |= ctx.created;
-		notify_if_due(&nt, ctx.db);
-		ready_probe_if_due(&rd, ctx.db);
+		flush_keystats(&w.ks, w.ctx.db, 0);
+		w.nt.pending |= w.ctx.created;
+		notify_if_due(&w.nt, w.ctx.db);
+		ready_probe_if_due(&w.rd, w.ctx.db);
 		if (c->max_requests > 0 && ++served >= c->max_requests) {
 			log_info("worker retiring after max_requests", "served=%ld", served);
 			break;
 		}
 	}
-	flush_keystats(&ks, ctx.db, 1);
-	if (nt.pending) {
-		nt.last.tv_sec = 0; /* due now */
-		notify_if_due(&nt, ctx.db);
+	flush_keystats(&w.ks, w.ctx.db, 1);
+	if (w.nt.pending) {
+		w.nt.last.tv_sec = 0; /* due now */
+		notify_if_due(&w.nt, w.ctx.db);
 	}
 	log_info("worker stopped", NULL);
-	FCGX_Free(&freq, 0);
+	rc = 0;
 out:
-	if (ep >= 0)
-		close(ep);
-	keystats_free(&ks);
-	rcache_free(&rc_cache);
-	http_resp_free(&resp);
-	PQclear(ctx.key_row);
-	buf_free(&ctx.body);
-	buf_free(&ctx.scratch);
-	db_close(ctx.db);
+	worker_close(&w);
 	return rc;
 }

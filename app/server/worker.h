@@ -4,7 +4,7 @@
  *
  * Signals: SIGTERM or SIGINT finish the request in hand and exit 0;
  * SIGUSR1 (forwarded by the supervisor) reopens the log file. They are
- * blocked except while the worker waits for a connection (ppoll), so a
+ * blocked except while the worker waits for a connection (epoll_pwait), so a
  * stop request can never be lost in the gap before accept(), and a reopen
  * never interrupts a request.
  */

@@ -29,6 +29,7 @@
 #include "core/conf.h"
 #include "dispatch/sink.h"
 #include "tapi.h"
+#include "tdispatch.h"
 #include "tsql.h"
 #include "tstack.h"
 #include "twait.h"
@@ -852,33 +853,24 @@ Test(amqp_sink, wrong_password_is_a_403_retry_naming_the_user_and_vhost)
  */
 Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_it)
 {
-	struct tstack_tenant t;
+	struct tdispatch td;
 	struct amqpc c;
-	char exchange[64], cmd[2048];
+	char exchange[64];
 	int rc;
 
-	tstack_tenant_create(&t, "amqp-dispatch");
+	tdispatch_open(&td, "test_amqp", "amqp-dispatch");
 	snprintf(exchange, sizeof(exchange), "dispatch-%ld", (long)getpid());
 	consumer_open(&c, exchange, "wf.#");
-	tstack_exec(tstack_db(),
-	            "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
-	            " updated_at) SELECT $1::bigint, gen_random_uuid(), 't', '{}', now(), now()"
-	            " FROM generate_series(1, 30) RETURNING tenant_id, id)"
-	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-	            " SELECT id::text || '.1', tenant_id, id, 1, 'workflow.created',"
-	            " json_build_object('id', id::text || '.1')::text FROM w",
-	            t.id_text);
-	snprintf(cmd, sizeof(cmd),
-	         "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
-	         " --routing-key 'wf.{type}' --log-level warning",
-	         tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
-	         tstack_env("IDEMFLOW_AMQP_URL"), exchange);
-	rc = system(cmd);
-	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
-	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-	                          " AND published_at IS NOT NULL AND attempts = 1",
-	                          t.id_text),
-	             30, "every event marked published on attempt 1");
+	tdispatch_seed(&td, 30, 1, "workflow.created");
+	const char *common[] = {
+		"--once",     "--sink", "amqp", "--amqp-url", tstack_env("IDEMFLOW_AMQP_URL"),
+		"--exchange", exchange, NULL
+	};
+	const char *routed[] = { "--routing-key", "wf.{type}", "--log-level", "warning", NULL };
+	rc = tdispatch_run(&td, common, routed);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d (log: %s)", rc, td.log);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL AND attempts = 1"), 30,
+	             "every event marked published on attempt 1");
 
 	for (int i = 0; i < 30; i++) {
 		struct amqpc_msg m;
@@ -886,8 +878,9 @@ Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_i
 		cr_assert_eq(m.delivery_mode, 2, "persistent");
 		cr_assert_str_eq(m.routing_key, "wf.workflow.created");
 		cr_assert_str_eq(m.type, "workflow.created");
-		cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE event_id = $1"
-		                          " AND payload = $2",
+		cr_assert_eq(tstack_count("SELECT count(*)\n"
+		                          "  FROM outbox\n"
+		                          " WHERE event_id = $1 AND payload = $2\n",
 		                          m.message_id, m.body),
 		             1, "message_id %s is an event id, body byte for byte", m.message_id);
 		amqpc_msg_free(&m);
@@ -897,39 +890,31 @@ Test(amqp_dispatch, the_dispatcher_publishes_every_event_with_its_id_and_marks_i
 	/* An event whose routing key no binding matches: attempt 1 is a
 	 * failure with the broker's reason, the last attempt makes it dead,
 	 * and it is never marked published. */
-	tstack_exec(tstack_db(),
-	            "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
-	            " updated_at) VALUES ($1::bigint, gen_random_uuid(), 't', '{}', now(), now())"
-	            " RETURNING tenant_id, id)"
-	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-	            " SELECT id::text || '.1', tenant_id, id, 1, 'nobody.listens', '{}' FROM w",
-	            t.id_text);
-	snprintf(cmd, sizeof(cmd),
-	         "'%s' --db '%s' --once --sink amqp --amqp-url '%s' --exchange '%s'"
-	         " --routing-key 'none.{type}' --max-attempts 2 --log-level error",
-	         tstack_env("IDEMFLOW_DISPATCH"), tstack_env("DATABASE_URL"),
-	         tstack_env("IDEMFLOW_AMQP_URL"), exchange);
-	rc = system(cmd);
-	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
-	cr_assert_eq(
-	    tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-	                 " AND type = 'nobody.listens' AND attempts = 1"
-	                 " AND published_at IS NULL AND dead_at IS NULL"
-	                 " AND next_attempt_at > now()"
-	                 " AND last_error LIKE 'RabbitMQ returned the message: 312 NO_ROUTE%'",
-	                 t.id_text),
-	    1, "an unroutable event is a failed attempt, to be retried");
-	tstack_exec(tstack_db(),
-	            "UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
-	            " AND type = 'nobody.listens'",
-	            t.id_text);
-	rc = system(cmd);
-	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d", rc);
-	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-	                          " AND type = 'nobody.listens' AND attempts = 2"
-	                          " AND published_at IS NULL AND dead_at IS NOT NULL",
-	                          t.id_text),
+	tdispatch_seed(&td, 1, 1, "nobody.listens");
+	const char *unroutable[] = {
+		"--routing-key", "none.{type}", "--max-attempts", "2", "--log-level", "error", NULL
+	};
+	rc = tdispatch_run(&td, common, unroutable);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d (log: %s)", rc, td.log);
+	const char *retried =
+	    "type = 'nobody.listens' AND attempts = 1\n"
+	    "   AND published_at IS NULL AND dead_at IS NULL\n"
+	    "   AND next_attempt_at > now()\n"
+	    "   AND last_error LIKE 'RabbitMQ returned the message: 312 NO_ROUTE%'";
+	cr_assert_eq(tdispatch_count(&td, retried), 1,
+	             "an unroutable event is a failed attempt, to be retried");
+	const char *p[1] = { td.tenant };
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE outbox\n"
+	                      "   SET next_attempt_at = now()\n"
+	                      " WHERE tenant_id = $1 AND type = 'nobody.listens'\n",
+	                      1, p));
+	rc = tdispatch_run(&td, common, unroutable);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited with %d (log: %s)", rc, td.log);
+	cr_assert_eq(tdispatch_count(&td, "type = 'nobody.listens' AND attempts = 2\n"
+	                                  "   AND published_at IS NULL AND dead_at IS NOT NULL"),
 	             1, "dead after its last attempt, never published");
 	cr_assert_eq(amqpc_drain(&c, 300), 0, "the unroutable event reached nobody");
 	amqpc_close(&c);
+	tdispatch_close(&td);
 }

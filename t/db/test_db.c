@@ -94,8 +94,8 @@ static struct db *open_db(long lock_timeout_ms)
 struct claim {
 	char id[IDS_UUID_LEN + 1], event[IDS_UUID_LEN + 8], now[IDS_TS_LEN + 1];
 	char fp[IDEM_FP_TEXT], bytes_fp[IDEM_FP_TEXT];
-	const char *p[CK__N];
-	const char *kg[KG__N];
+	const char *p[CREATE_KEYED__N];
+	const char *kg[KEY_GET__N];
 };
 
 /* The outcome of a Q_CREATE_KEYED row. */
@@ -117,27 +117,27 @@ static void claim_init(struct claim *c, const char *key, const char *body, const
 	idem_fp_text(c->fp, d);
 	fp_request_bytes(d, "POST", "/v1/workflows", body, strlen(body));
 	idem_fp_text(c->bytes_fp, d);
-	const char *p[CK__N] = { [CK_TOKEN_HASH] = token_hex,
-		                 [CK_KEY] = key,
-		                 [CK_METHOD] = "POST",
-		                 [CK_PATH] = "/v1/workflows",
-		                 [CK_FP] = c->fp,
-		                 [CK_HEADERS] = "Location: x\r\n",
-		                 [CK_BODY] = body,
-		                 [CK_CREATED_AT] = c->now,
-		                 [CK_TTL] = ttl,
-		                 [CK_ID] = c->id,
-		                 [CK_TYPE] = "t",
-		                 [CK_INPUT] = "{}",
-		                 [CK_EVENT_ID] = c->event,
-		                 [CK_PAYLOAD_HEAD] = "{\"tenant_id\":",
-		                 [CK_BYTES_FP] = c->bytes_fp,
-		                 [CK_PAYLOAD_TAIL] = "}",
-		                 [CK_TRACEPARENT] = NULL,
-		                 [CK_TRACESTATE] = NULL };
+	const char *p[CREATE_KEYED__N] = { [CREATE_KEYED_TOKEN_HASH] = token_hex,
+		                           [CREATE_KEYED_KEY] = key,
+		                           [CREATE_KEYED_METHOD] = "POST",
+		                           [CREATE_KEYED_PATH] = "/v1/workflows",
+		                           [CREATE_KEYED_FP] = c->fp,
+		                           [CREATE_KEYED_HEADERS] = "Location: x\r\n",
+		                           [CREATE_KEYED_BODY] = body,
+		                           [CREATE_KEYED_CREATED_AT] = c->now,
+		                           [CREATE_KEYED_TTL] = ttl,
+		                           [CREATE_KEYED_ID] = c->id,
+		                           [CREATE_KEYED_TYPE] = "t",
+		                           [CREATE_KEYED_INPUT] = "{}",
+		                           [CREATE_KEYED_EVENT_ID] = c->event,
+		                           [CREATE_KEYED_PAYLOAD_HEAD] = "{\"tenant_id\":",
+		                           [CREATE_KEYED_BYTES_FP] = c->bytes_fp,
+		                           [CREATE_KEYED_PAYLOAD_TAIL] = "}",
+		                           [CREATE_KEYED_TRACEPARENT] = NULL,
+		                           [CREATE_KEYED_TRACESTATE] = NULL };
 	memcpy(c->p, p, sizeof(p));
-	c->kg[KG_TENANT] = tenant;
-	c->kg[KG_KEY] = key;
+	c->kg[KEY_GET_TENANT] = tenant;
+	c->kg[KEY_GET_KEY] = key;
 }
 
 #define N 20
@@ -159,7 +159,7 @@ static void *race(void *arg)
 
 	claim_init(&c, r->key, "{\"type\":\"t\"}", "1 hour");
 	pthread_barrier_wait(r->go);
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	if (res == NULL)
 		snprintf(r->error, sizeof(r->error), "%s", e.msg);
 	else if (strcmp(PQgetvalue(res, 0, CREATE_COL_OUTCOME), "taken") == 0)
@@ -212,13 +212,13 @@ Test(db, a_failure_after_the_rows_are_written_leaves_none_of_them)
 	 * event id is taken already. The key and workflow rows were written
 	 * by then, in the same transaction. */
 	claim_init(&c, "doomed-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	struct claim d;
 	claim_init(&d, "doomed-key-2", "{\"type\":\"t\"}", "1 hour");
-	d.p[CK_EVENT_ID] = c.event;
-	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
+	d.p[CREATE_KEYED_EVENT_ID] = c.event;
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, d.p, &e);
 	cr_assert_null(res, "a duplicate event id must fail the statement");
 	cr_assert_str_eq(e.sqlstate, "23505");
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 1);
@@ -228,7 +228,7 @@ Test(db, a_failure_after_the_rows_are_written_leaves_none_of_them)
 
 	/* Its retry under the same key executes again and succeeds. */
 	claim_init(&d, "doomed-key-2", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, d.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
@@ -247,7 +247,7 @@ Test(db, a_rolled_back_transaction_leaves_no_workflow_event_or_key)
 	cr_assert_not_null(res);
 	PQclear(res);
 	claim_init(&c, "rollback-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
@@ -269,11 +269,11 @@ Test(db, a_key_held_past_the_wait_is_a_lock_timeout)
 	res = db_exec(db_conn(holder), "BEGIN", 0, NULL, &e);
 	PQclear(res);
 	claim_init(&c, "held-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(holder, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(holder, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	claim_init(&d, "held-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(waiter, Q_CREATE_KEYED, CK__N, d.p, &e);
+	res = db_run(waiter, Q_CREATE_KEYED, CREATE_KEYED__N, d.p, &e);
 	cr_assert_null(res);
 	cr_assert_eq(e.code, ERR_LOCK_TIMEOUT, "got %d (%s) %s", e.code, e.sqlstate, e.msg);
 	res = db_exec(db_conn(holder), "ROLLBACK", 0, NULL, &e);
@@ -290,22 +290,22 @@ Test(db, an_expired_key_is_reported_as_expired)
 	PGresult *res;
 
 	claim_init(&c, "old-key", "{\"type\":\"t\"}", "-1 second");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	claim_init(&d, "old-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, d.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "existing");
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TENANT), tenant);
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_EXPIRED), "t", "expired");
 	PQclear(res);
-	res = db_run(db, Q_KEY_DELETE_EXPIRED, KG__N, d.kg, &e);
+	res = db_run(db, Q_KEY_DELETE_EXPIRED, KEY_GET__N, d.kg, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0,
 	             "the expired row is gone");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, d.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, d.p, &e);
 	cr_assert_str_eq(outcome(res), "created", "the key is claimed afresh");
 	PQclear(res);
 	db_close(db);
@@ -320,8 +320,8 @@ Test(db, an_unknown_or_revoked_token_writes_nothing)
 	const char *unknown = "\\x0000000000000000000000000000000000000000000000000000000000000000";
 
 	claim_init(&c, "stranger-key", "{\"type\":\"t\"}", "1 hour");
-	c.p[CK_TOKEN_HASH] = unknown;
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	c.p[CREATE_KEYED_TOKEN_HASH] = unknown;
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "unauthorized");
 	cr_assert(PQgetisnull(res, 0, KEY_COL_TENANT));
@@ -330,18 +330,18 @@ Test(db, an_unknown_or_revoked_token_writes_nothing)
 	/* The tenant's own token, revoked: the same, even for a key the
 	 * tenant has used. */
 	claim_init(&c, "revoked-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
 	const char *tp[1] = { token_hex };
 	PQclear(db_exec(admin, "UPDATE api_tokens SET revoked_at = now() WHERE token_hash = $1", 1,
 	                tp, &e));
 	claim_init(&c, "revoked-key-2", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_str_eq(outcome(res), "unauthorized");
 	PQclear(res);
 	claim_init(&c, "revoked-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_str_eq(outcome(res), "unauthorized", "no stored answer for a revoked token");
 	cr_assert(PQgetisnull(res, 0, KEY_COL_FP));
 	PQclear(res);
@@ -363,11 +363,11 @@ Test(db, the_created_rows_carry_the_tenant_the_token_names_and_the_trace)
 	const char *tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 	claim_init(&c, "traced-key", "{\"type\":\"t\"}", "1 hour");
-	c.p[CK_PAYLOAD_HEAD] = "{\"seq\":1,\"tenant_id\":";
-	c.p[CK_PAYLOAD_TAIL] = ",\"data\":{}}";
-	c.p[CK_TRACEPARENT] = tp;
-	c.p[CK_TRACESTATE] = "vendor=1";
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	c.p[CREATE_KEYED_PAYLOAD_HEAD] = "{\"seq\":1,\"tenant_id\":";
+	c.p[CREATE_KEYED_PAYLOAD_TAIL] = ",\"data\":{}}";
+	c.p[CREATE_KEYED_TRACEPARENT] = tp;
+	c.p[CREATE_KEYED_TRACESTATE] = "vendor=1";
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "created");
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TENANT), tenant);
@@ -392,7 +392,7 @@ Test(db, the_created_rows_carry_the_tenant_the_token_names_and_the_trace)
 	/* Its retry reads the key row as Q_AUTH_KEY does, for the replay
 	 * cache: the bytes' fingerprint and the milliseconds left. */
 	claim_init(&c, "traced-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_str_eq(outcome(res), "existing");
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TENANT), tenant);
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_STATUS), "201");
@@ -442,7 +442,7 @@ Test(db, every_row_records_the_token_that_wrote_it_and_timers_the_reaper)
 	free(v);
 
 	claim_init(&c, "actor-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "created");
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TOKEN), token_id);
@@ -458,17 +458,19 @@ Test(db, every_row_records_the_token_that_wrote_it_and_timers_the_reaper)
 	cr_assert_str_eq(v, actor);
 	free(v);
 	claim_init(&c, "actor-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_str_eq(outcome(res), "existing");
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TOKEN), token_id);
 	PQclear(res);
-	const char *ak[AK__N] = { [AK_TOKEN_HASH] = token_hex, [AK_KEY] = "actor-key" };
-	res = db_run(db, Q_AUTH_KEY, AK__N, ak, &e);
+	const char *ak[AUTH_KEY__N] = {
+		[AUTH_KEY_TOKEN_HASH] = token_hex, [AUTH_KEY_KEY] = "actor-key"
+	};
+	res = db_run(db, Q_AUTH_KEY, AUTH_KEY__N, ak, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_eq(PQnfields(res), KEY_COL__N);
 	cr_assert_str_eq(PQgetvalue(res, 0, KEY_COL_TOKEN), token_id);
 	PQclear(res);
-	res = db_run(db, Q_AUTH, AU__N, ak, &e);
+	res = db_run(db, Q_AUTH, AUTH__N, ak, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(PQgetvalue(res, 0, AUTH_COL_TOKEN), token_id);
 	PQclear(res);
@@ -478,23 +480,24 @@ Test(db, every_row_records_the_token_that_wrote_it_and_timers_the_reaper)
 	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1];
 	cr_assert_eq(ids_uuid7(id), 0);
 	ids_now(now);
-	const char *ts[TS__N] = {
-		[TS_TRACEPARENT] = NULL, [TS_TRACESTATE] = NULL, [TS_ACTOR] = actor
-	};
-	const char *cr[CR__N] = {
-		[CR_TENANT] = tenant,
-		[CR_ID] = id,
-		[CR_TYPE] = "t",
-		[CR_INPUT] = "{}",
-		[CR_CREATED_AT] = now,
-		[CR_STEPS] = "[{\"name\": \"nap\", \"sleep\": \"PT0S\"}, "
-		             "{\"name\": \"j\", \"job_type\": \"j\"}]",
-		[CR_BUSINESS_KEY] = NULL,
-		[CR_PAYLOAD] = "{}",
+	const char *ts[TRACE_SET__N] = { [TRACE_SET_TRACEPARENT] = NULL,
+		                         [TRACE_SET_TRACESTATE] = NULL,
+		                         [TRACE_SET_ACTOR] = actor };
+	const char *cr[WF_CREATE_RUN__N] = {
+		[WF_CREATE_RUN_TENANT] = tenant,
+		[WF_CREATE_RUN_ID] = id,
+		[WF_CREATE_RUN_TYPE] = "t",
+		[WF_CREATE_RUN_INPUT] = "{}",
+		[WF_CREATE_RUN_CREATED_AT] = now,
+		[WF_CREATE_RUN_STEPS] = "[{\"name\": \"nap\", \"sleep\": \"PT0S\"}, "
+		                        "{\"name\": \"j\", \"job_type\": \"j\"}]",
+		[WF_CREATE_RUN_BUSINESS_KEY] = NULL,
+		[WF_CREATE_RUN_PAYLOAD_HEAD] = "{\"tenant_id\":",
+		[WF_CREATE_RUN_PAYLOAD_TAIL] = "}",
 	};
 	const struct db_call calls[4] = { { Q_BEGIN, 0, NULL },
-		                          { Q_TRACE_SET, TS__N, ts },
-		                          { Q_WF_CREATE_RUN, CR__N, cr },
+		                          { Q_TRACE_SET, TRACE_SET__N, ts },
+		                          { Q_WF_CREATE_RUN, WF_CREATE_RUN__N, cr },
 		                          { Q_COMMIT, 0, NULL } };
 	PGresult *r[4];
 	int failed;
@@ -546,12 +549,12 @@ Test(db, lost_connection_is_classified_as_down_and_reconnects)
 	usleep(100000);
 	claim_init(&c, "after-kill", "{\"type\":\"t\"}", "1 hour");
 	db_check(db);
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	if (res == NULL) {
 		/* Not noticed while idle: the statement failed as "down"... */
 		cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
 		sleep(1); /* reconnects are paced */
-		res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+		res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	}
 	cr_assert_not_null(res, "reconnected: %s", e.msg);
 	cr_assert_str_eq(outcome(res), "created");
@@ -571,14 +574,14 @@ Test(db, the_fault_injection_statement_fails_after_writing_and_leaves_nothing)
 	 * rows are inserted, then the statement fails, inside one
 	 * transaction. */
 	claim_init(&c, "fault-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED_FAIL, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED_FAIL, CREATE_KEYED__N, c.p, &e);
 	cr_assert_null(res, "the statement must fail");
 	cr_assert_str_eq(e.sqlstate, "22012", "division by zero, got %s: %s", e.sqlstate, e.msg);
 	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1"), 0);
 	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"), 0);
 	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1"), 0);
 	/* The retry of the same request then creates it once. */
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
@@ -814,7 +817,7 @@ Test(db, a_read_only_server_is_unavailable_and_the_connection_is_dropped)
 	cr_assert_not_null(db);
 	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
 	claim_init(&c, "ro-key", "{\"type\":\"t\"}", "1 hour");
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_null(res);
 	cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
 	cr_assert_str_eq(e.sqlstate, "25006");
@@ -851,8 +854,8 @@ Test(db, a_read_only_server_is_asked_again_with_backoff)
 	cr_assert_eq(e.code, ERR_NONE, "%s", e.msg);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	do {
-		const char *kg[KG__N] = { [KG_TENANT] = "1", [KG_KEY] = "ro" };
-		PGresult *res = db_run(db, Q_KEY_DELETE_EXPIRED, KG__N, kg, &e);
+		const char *kg[KEY_GET__N] = { [KEY_GET_TENANT] = "1", [KEY_GET_KEY] = "ro" };
+		PGresult *res = db_run(db, Q_KEY_DELETE_EXPIRED, KEY_GET__N, kg, &e);
 		cr_assert_null(res);
 		cr_assert_eq(e.code, ERR_DB_DOWN, "%s", e.msg);
 		refused += strcmp(e.sqlstate, "25006") == 0;
@@ -878,12 +881,12 @@ Test(db, lifetimes_and_due_times_come_from_the_database_clock)
 	struct claim c;
 	struct err e;
 	PGresult *res;
-	char id[IDS_UUID_LEN + 1], payload[64];
+	char id[IDS_UUID_LEN + 1];
 
 	/* A worker two days slow: its key would be born expired. */
 	claim_init(&c, "slow-clock", "{\"type\":\"t\"}", "1 hour");
 	c.p[7] = "2000-01-01T00:00:00.000000Z";
-	res = db_run(db, Q_CREATE_KEYED, CK__N, c.p, &e);
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	cr_assert_str_eq(outcome(res), "created");
 	PQclear(res);
@@ -893,16 +896,18 @@ Test(db, lifetimes_and_due_times_come_from_the_database_clock)
 	             1, "the key lives an hour from now");
 	/* A worker a day fast: its events would wait a day. */
 	cr_assert_eq(ids_uuid7(id), 0);
-	snprintf(payload, sizeof(payload), "{}");
-	const char *p[8] = { tenant,
-		             id,
-		             "t",
-		             "{}",
-		             "2099-01-01T00:00:00Z",
-		             "[{\"name\":\"a\",\"job_type\":\"j\"}]",
-		             NULL,
-		             payload };
-	res = db_run(db, Q_WF_CREATE_RUN, 8, p, &e);
+	const char *p[WF_CREATE_RUN__N] = {
+		[WF_CREATE_RUN_TENANT] = tenant,
+		[WF_CREATE_RUN_ID] = id,
+		[WF_CREATE_RUN_TYPE] = "t",
+		[WF_CREATE_RUN_INPUT] = "{}",
+		[WF_CREATE_RUN_CREATED_AT] = "2099-01-01T00:00:00Z",
+		[WF_CREATE_RUN_STEPS] = "[{\"name\":\"a\",\"job_type\":\"j\"}]",
+		[WF_CREATE_RUN_BUSINESS_KEY] = NULL,
+		[WF_CREATE_RUN_PAYLOAD_HEAD] = "{\"tenant_id\":",
+		[WF_CREATE_RUN_PAYLOAD_TAIL] = "}",
+	};
+	res = db_run(db, Q_WF_CREATE_RUN, WF_CREATE_RUN__N, p, &e);
 	cr_assert_not_null(res, "%s", e.msg);
 	PQclear(res);
 	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1"

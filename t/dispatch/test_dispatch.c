@@ -23,163 +23,55 @@
 #include "dispatch/whsig.h"
 #include "inbox/inbox.h"
 #include "receiver.h"
+#include "tdispatch.h"
+#include "tlog.h"
 #include "tstack.h"
 #include "twait.h"
 
 #define SECRET "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
-static PGconn *conn;
+static struct tdispatch td;
 static struct receiver rcv;
-static char tenant[24];
-static char logfile[600];
-static int run_no;
-
-static PGresult *sql(const char *q, int n, const char *const *p)
-{
-	struct err e;
-	PGresult *res = db_exec(conn, q, n, p, &e);
-
-	cr_assert_not_null(res, "%s: %s", q, e.msg);
-	return res;
-}
-
-static long scalar(const char *q, int n, const char *const *p)
-{
-	PGresult *res = sql(q, n, p);
-	long v = atol(PQgetvalue(res, 0, 0));
-
-	PQclear(res);
-	return v;
-}
 
 static void setup(void)
 {
-	struct err e;
-	char name[64];
-	PGresult *res;
-
-	conn = db_connect_simple(getenv("DATABASE_URL"), "test_dispatch", &e);
-	cr_assert_not_null(conn, "%s", e.msg);
-	/* Start from an outbox with nothing due: earlier tests' leftovers
-	 * would otherwise be delivered by this test's runs. */
-	PQclear(sql("UPDATE outbox SET published_at = now() WHERE published_at IS NULL", 0, NULL));
-	snprintf(name, sizeof(name), "disp-%ld-%d", (long)getpid(), rand() % 100000);
-	const char *p[1] = { name };
-	res = sql("INSERT INTO tenants (name) VALUES ($1) RETURNING id", 1, p);
-	snprintf(tenant, sizeof(tenant), "%s", PQgetvalue(res, 0, 0));
-	PQclear(res);
+	tdispatch_open(&td, "test_dispatch", "disp");
 	cr_assert_eq(receiver_start(&rcv, NULL), 0, "receiver: %s", rcv.error);
 }
 
 static void teardown(void)
 {
 	receiver_stop(&rcv);
-	PQfinish(conn);
+	tdispatch_close(&td);
 }
 
-/* nwf workflows with nev events each (seq 1..nev), due now. */
-static void seed(int nwf, int nev)
-{
-	char a[16], b[16];
-	snprintf(a, sizeof(a), "%d", nwf);
-	snprintf(b, sizeof(b), "%d", nev);
-	const char *p[3] = { tenant, a, b };
-
-	PQclear(sql("WITH w AS ("
-	            "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
-	            "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
-	            "    FROM generate_series(1, $2::int) RETURNING tenant_id, id)"
-	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-	            " SELECT w.id::text || '.' || s, w.tenant_id, w.id, s, 'test.event',"
-	            "        json_build_object('id', w.id::text || '.' || s, 'seq', s)::text"
-	            "   FROM w, generate_series(1, $3::int) s ORDER BY w.id, s",
-	            3, p));
-}
-
-static long count_where(const char *cond)
-{
-	char q[256];
-	const char *p[1] = { tenant };
-
-	snprintf(q, sizeof(q), "SELECT count(*) FROM outbox WHERE tenant_id = $1 AND %s", cond);
-	return scalar(q, 1, p);
-}
-
-/* Start idemflow-dispatch with the common flags plus extra (NULL-ended);
- * its stderr goes to logfile. Returns the pid. */
+/* Start idemflow-dispatch on the http sink towards the receiver, with the
+ * flags in extra (NULL-ended) after the common ones. Returns the pid. */
 static pid_t spawn(const char *const *extra)
 {
-	const char *argv[64];
-	int n = 0;
-	pid_t pid;
+	const char *common[] = { "--sink",    "http", "--url",     rcv.url, "--secret", SECRET,
+		                 "--backoff", "50ms", "--timeout", "3s",    NULL };
 
-	snprintf(logfile, sizeof(logfile), "%s/dispatch-%d.log",
-	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp", ++run_no);
-	argv[n++] = getenv("IDEMFLOW_DISPATCH");
-	cr_assert_not_null(argv[0], "IDEMFLOW_DISPATCH is not set");
-	const char *common[] = { "--db",      getenv("DATABASE_URL"),
-		                 "--sink",    "http",
-		                 "--url",     rcv.url,
-		                 "--secret",  SECRET,
-		                 "--backoff", "50ms",
-		                 "--timeout", "3s",
-		                 NULL };
-	for (int i = 0; common[i]; i++)
-		argv[n++] = common[i];
-	for (int i = 0; extra && extra[i]; i++)
-		argv[n++] = extra[i];
-	argv[n] = NULL;
-	pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		int fd = open(logfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		dup2(fd, STDERR_FILENO);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	return pid;
-}
-
-static int wait_exit(pid_t pid)
-{
-	int st;
-
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_assert(WIFEXITED(st), "dispatcher killed by signal %d", WTERMSIG(st));
-	return WEXITSTATUS(st);
+	return tdispatch_spawn(&td, common, extra);
 }
 
 /* Run to completion; returns the exit status. */
 static int run(const char *const *extra)
 {
-	return wait_exit(spawn(extra));
-}
-
-static int log_has(const char *needle)
-{
-	char line[4096];
-	FILE *f = fopen(logfile, "r");
-	int found = 0;
-
-	if (f == NULL)
-		return 0;
-	while (!found && fgets(line, sizeof(line), f))
-		found = strstr(line, needle) != NULL;
-	fclose(f);
-	return found;
+	return tdispatch_wait(spawn(extra));
 }
 
 static char *event_id_of(const char *cond)
 {
 	char q[256];
-	const char *p[1] = { tenant };
+	const char *p[1] = { td.tenant };
 	PGresult *res;
 	char *id;
 
 	snprintf(q, sizeof(q),
 	         "SELECT event_id FROM outbox WHERE tenant_id = $1 AND %s ORDER BY id LIMIT 1",
 	         cond);
-	res = sql(q, 1, p);
+	res = tdispatch_sql(&td, q, 1, p);
 	cr_assert_eq(PQntuples(res), 1);
 	id = strdup(PQgetvalue(res, 0, 0));
 	PQclear(res);
@@ -196,22 +88,27 @@ Test(dispatch, a_failed_delivery_stays_pending_then_publishes_on_attempt_two)
 	size_t klen;
 	struct err e;
 
-	seed(1, 1);
+	tdispatch_seed(&td, 1, 1, "test.event");
 	cr_assert_eq(receiver_control(&rcv, "{\"fail_next\": 1, \"status\": 503}"), 0, "%s",
 	             rcv.error);
 	const char *once[] = { "--backoff", "300ms", NULL };
 	cr_assert_eq(run(once), 0, "a rescheduled failure is still a successful run");
-	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NULL AND attempts = 1 "
-	                         "AND last_error LIKE '%503%' AND next_attempt_at > now()"),
+	cr_assert_eq(tdispatch_count(&td,
+	                             "published_at IS NULL AND dead_at IS NULL AND attempts = 1 "
+	                             "AND last_error LIKE '%503%' AND next_attempt_at > now()"),
 	             1, "pending, attempts=1, error recorded, rescheduled");
-	cr_assert(log_has("outcome=retry") && log_has("attempt=1/8"), "attempt logged");
+	cr_assert(tstack_file_contains(td.log, "outcome=retry") &&
+	              tstack_file_contains(td.log, "attempt=1/8"),
+	          "attempt logged");
 
 	usleep(500 * 1000); /* 300 ms back-off, +20% jitter at most */
 	cr_assert_eq(run(once), 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 1,
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL AND attempts = 2"), 1,
 	             "published on attempt 2");
-	cr_assert(log_has("attempt=2/8") && log_has("outcome=published"));
-	cr_assert(log_has("msg=\"run finished\" claimed=1 published=1 retried=0 dead=0"),
+	cr_assert(tstack_file_contains(td.log, "attempt=2/8") &&
+	          tstack_file_contains(td.log, "outcome=published"));
+	cr_assert(tstack_file_contains(
+	              td.log, "msg=\"run finished\" claimed=1 published=1 retried=0 dead=0"),
 	          "summary line");
 
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
@@ -230,19 +127,21 @@ Test(dispatch, a_failed_delivery_stays_pending_then_publishes_on_attempt_two)
 
 Test(dispatch, a_rolled_back_creation_leaves_no_event_to_deliver)
 {
-	const char *p[1] = { tenant };
+	const char *p[1] = { td.tenant };
 	size_t n;
 	struct receiver_delivery *d;
 
-	PQclear(sql("BEGIN", 0, NULL));
-	PQclear(sql("WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
-	            " updated_at) VALUES ($1, gen_random_uuid(), 't', '{}', now(), now())"
-	            " RETURNING tenant_id, id)"
-	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-	            " SELECT id::text || '.1', tenant_id, id, 1, 't', '{}' FROM w",
-	            1, p));
-	PQclear(sql("ROLLBACK", 0, NULL));
-	cr_assert_eq(count_where("true"), 0);
+	PQclear(tdispatch_sql(&td, "BEGIN", 0, NULL));
+	PQclear(tdispatch_sql(
+	    &td,
+	    "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+	    " updated_at) VALUES ($1, gen_random_uuid(), 't', '{}', now(), now())"
+	    " RETURNING tenant_id, id)"
+	    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	    " SELECT id::text || '.1', tenant_id, id, 1, 't', '{}' FROM w",
+	    1, p));
+	PQclear(tdispatch_sql(&td, "ROLLBACK", 0, NULL));
+	cr_assert_eq(tdispatch_count(&td, "true"), 0);
 	cr_assert_eq(run(NULL), 0);
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	cr_assert_eq(n, 0, "nothing was delivered");
@@ -256,7 +155,7 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	struct idemflow_inbox_err e;
 	pid_t pid;
 
-	seed(20, 1);
+	tdispatch_seed(&td, 20, 1, "test.event");
 	/* Slow answers: the kill lands after some events were published and
 	 * before the batch's outcome is recorded. */
 	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 100}"), 0);
@@ -265,41 +164,44 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
 	cr_assert_eq(receiver_wait(&rcv, 5, 20000), 0, "%s", rcv.error);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 0,
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 0,
 	             "killed before recording: nothing is marked published");
 
 	cr_assert_eq(receiver_control(&rcv, "{\"delay_ms\": 0}"), 0);
 	usleep(3200 * 1000); /* the dead dispatcher's lease runs out */
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 20, "every event delivered");
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 20, "every event delivered");
 
 	/* A consumer with the inbox pattern: every delivery, in arrival
 	 * order, duplicates included, each in its own transaction with its
 	 * effect. */
-	cr_assert_eq(idemflow_inbox_setup(conn, &e), 0, "%s", e.msg);
-	PQclear(sql("CREATE TABLE IF NOT EXISTS test_effects (event_id text)", 0, NULL));
+	cr_assert_eq(idemflow_inbox_setup(td.conn, &e), 0, "%s", e.msg);
+	PQclear(
+	    tdispatch_sql(&td, "CREATE TABLE IF NOT EXISTS test_effects (event_id text)", 0, NULL));
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	cr_assert_geq(n, 25, "at least the 5 seen before the kill went out twice: %zu", n);
 	for (size_t i = 0; i < n; i++) {
 		const char *p[1] = { d[i].event_id };
-		PQclear(sql("BEGIN", 0, NULL));
-		int first = idemflow_inbox_claim(conn, "test-effects", d[i].event_id, &e);
+		PQclear(tdispatch_sql(&td, "BEGIN", 0, NULL));
+		int first = idemflow_inbox_claim(td.conn, "test-effects", d[i].event_id, &e);
 		cr_assert_geq(first, 0, "%s", e.msg);
 		if (first)
-			PQclear(sql("INSERT INTO test_effects VALUES ($1)", 1, p));
-		PQclear(sql("COMMIT", 0, NULL));
+			PQclear(tdispatch_sql(&td, "INSERT INTO test_effects VALUES ($1)", 1, p));
+		PQclear(tdispatch_sql(&td, "COMMIT", 0, NULL));
 	}
-	const char *p[1] = { tenant };
-	distinct =
-	    (size_t)scalar("SELECT count(DISTINCT e.event_id) FROM test_effects e"
-	                   " JOIN outbox o ON o.event_id = e.event_id WHERE o.tenant_id = $1",
-	                   1, p);
+	const char *p[1] = { td.tenant };
+	distinct = (size_t)tdispatch_scalar(
+	    &td,
+	    "SELECT count(DISTINCT e.event_id) FROM test_effects e"
+	    " JOIN outbox o ON o.event_id = e.event_id WHERE o.tenant_id = $1",
+	    1, p);
 	cr_assert_eq(distinct, 20);
-	cr_assert_eq(scalar("SELECT count(*) FROM test_effects e JOIN outbox o"
-	                    " ON o.event_id = e.event_id WHERE o.tenant_id = $1",
-	                    1, p),
+	cr_assert_eq(tdispatch_scalar(&td,
+	                              "SELECT count(*) FROM test_effects e JOIN outbox o"
+	                              " ON o.event_id = e.event_id WHERE o.tenant_id = $1",
+	                              1, p),
 	             20, "each effect applied exactly once");
-	cr_assert_eq(idemflow_inbox_duplicates(conn, "test-effects", &e), (long long)(n - 20),
+	cr_assert_eq(idemflow_inbox_duplicates(td.conn, "test-effects", &e), (long long)(n - 20),
 	             "every redelivery was counted as a dropped duplicate");
 	cr_log_info("crash mid-batch: %zu deliveries for 20 events, %zu duplicates dropped", n,
 	            n - 20);
@@ -310,22 +212,25 @@ Test(dispatch, killed_mid_batch_it_redelivers_with_the_same_ids_and_the_inbox_ap
  * trigger fills test_claims until claims_stop(). */
 static void claims_start(void)
 {
-	PQclear(sql("CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
-	PQclear(sql("CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
-	            " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
-	            " RETURN NEW; END$$",
-	            0, NULL));
-	PQclear(sql("CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
-	            " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
-	            " test_claim_note()",
-	            0, NULL));
+	PQclear(tdispatch_sql(&td, "CREATE TABLE test_claims (owner text, id bigint)", 0, NULL));
+	PQclear(
+	    tdispatch_sql(&td,
+	                  "CREATE FUNCTION test_claim_note() RETURNS trigger LANGUAGE plpgsql AS"
+	                  " $$BEGIN INSERT INTO test_claims VALUES (NEW.lease_owner, NEW.id);"
+	                  " RETURN NEW; END$$",
+	                  0, NULL));
+	PQclear(tdispatch_sql(&td,
+	                      "CREATE TRIGGER test_claim_note AFTER UPDATE OF lease_owner ON outbox"
+	                      " FOR EACH ROW WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION"
+	                      " test_claim_note()",
+	                      0, NULL));
 }
 
 static void claims_stop(void)
 {
-	PQclear(sql("DROP TRIGGER IF EXISTS test_claim_note ON outbox", 0, NULL));
-	PQclear(sql("DROP FUNCTION IF EXISTS test_claim_note()", 0, NULL));
-	PQclear(sql("DROP TABLE IF EXISTS test_claims", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP TRIGGER IF EXISTS test_claim_note ON outbox", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP FUNCTION IF EXISTS test_claim_note()", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP TABLE IF EXISTS test_claims", 0, NULL));
 }
 
 Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
@@ -333,29 +238,31 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 	struct receiver_delivery *d;
 	size_t n;
 	pid_t a, b;
-	const char *p[1] = { tenant };
+	const char *p[1] = { td.tenant };
 
-	seed(10000, 1);
+	tdispatch_seed(&td, 10000, 1, "test.event");
 	/* Who claimed what, as the claims wrote it: each claim sets
 	 * lease_owner, "host:pid:n" of the dispatcher and its claim. */
 	claims_start();
 	const char *both[] = { "--batch", "100", "--log-level", "warning", NULL };
 	a = spawn(both);
 	b = spawn(both);
-	cr_assert_eq(wait_exit(a), 0);
-	cr_assert_eq(wait_exit(b), 0);
+	cr_assert_eq(tdispatch_wait(a), 0);
+	cr_assert_eq(tdispatch_wait(b), 0);
 	{
 		char pa[24], pb[24];
 		snprintf(pa, sizeof(pa), "%ld", (long)a);
 		snprintf(pb, sizeof(pb), "%ld", (long)b);
 		const char *q[2] = { pa, pb };
-		long by_a = scalar("SELECT count(*) FROM test_claims"
-		                   " WHERE owner LIKE '%:' || $1 || ':%'",
-		                   1, q);
-		long by_b = scalar("SELECT count(*) FROM test_claims"
-		                   " WHERE owner LIKE '%:' || $1 || ':%'",
-		                   1, q + 1);
-		long all = scalar("SELECT count(*) FROM test_claims", 0, NULL);
+		long by_a = tdispatch_scalar(&td,
+		                             "SELECT count(*) FROM test_claims"
+		                             " WHERE owner LIKE '%:' || $1 || ':%'",
+		                             1, q);
+		long by_b = tdispatch_scalar(&td,
+		                             "SELECT count(*) FROM test_claims"
+		                             " WHERE owner LIKE '%:' || $1 || ':%'",
+		                             1, q + 1);
+		long all = tdispatch_scalar(&td, "SELECT count(*) FROM test_claims", 0, NULL);
 		claims_stop();
 		cr_log_info("two dispatchers: %ld and %ld events claimed", by_a, by_b);
 		cr_assert_eq(all, 10000, "%ld claims for 10000 events", all);
@@ -366,21 +273,24 @@ Test(dispatch, two_dispatchers_over_ten_thousand_events_deliver_each_once)
 		cr_assert_geq(by_b, 100, "dispatcher %ld claimed %ld events: no sharing", (long)b,
 		              by_b);
 	}
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 10000, "every event delivered");
-	cr_assert_eq(count_where("attempts = 1"), 10000,
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 10000,
+	             "every event delivered");
+	cr_assert_eq(tdispatch_count(&td, "attempts = 1"), 10000,
 	             "no event was claimed twice: one attempt each");
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
-	PQclear(sql("CREATE TEMP TABLE got (event_id text)", 0, NULL));
-	PQclear(sql("BEGIN", 0, NULL));
+	PQclear(tdispatch_sql(&td, "CREATE TEMP TABLE got (event_id text)", 0, NULL));
+	PQclear(tdispatch_sql(&td, "BEGIN", 0, NULL));
 	for (size_t i = 0; i < n; i++) {
 		const char *q[1] = { d[i].event_id };
-		PQclear(sql("INSERT INTO got VALUES ($1)", 1, q));
+		PQclear(tdispatch_sql(&td, "INSERT INTO got VALUES ($1)", 1, q));
 	}
-	PQclear(sql("COMMIT", 0, NULL));
-	cr_assert_eq(scalar("SELECT count(*) FROM outbox o WHERE tenant_id = $1"
-	                    " AND NOT EXISTS (SELECT 1 FROM got g WHERE g.event_id = o.event_id)",
-	                    1, p),
-	             0, "every event arrived");
+	PQclear(tdispatch_sql(&td, "COMMIT", 0, NULL));
+	cr_assert_eq(
+	    tdispatch_scalar(&td,
+	                     "SELECT count(*) FROM outbox o WHERE tenant_id = $1"
+	                     " AND NOT EXISTS (SELECT 1 FROM got g WHERE g.event_id = o.event_id)",
+	                     1, p),
+	    0, "every event arrived");
 	cr_log_info("two dispatchers, 10000 events: %zu deliveries", n);
 	cr_assert_eq(n, 10000, "no duplicates without a crash: %zu deliveries", n);
 	receiver_deliveries_free(d, n);
@@ -392,38 +302,41 @@ Test(dispatch, events_of_a_workflow_arrive_in_order_under_injected_failures)
 	size_t n;
 	int runs = 0;
 
-	seed(30, 4);
+	tdispatch_seed(&td, 30, 4, "test.event");
 	cr_assert_eq(receiver_control(&rcv, "{\"fail_rate\": 0.3, \"status\": 503}"), 0);
 	const char *fast[] = { "--backoff", "10ms", "--max-attempts", "100", NULL };
-	while (count_where("published_at IS NULL") > 0 && runs < 200) {
+	while (tdispatch_count(&td, "published_at IS NULL") > 0 && runs < 200) {
 		cr_assert_eq(run(fast), 0);
 		runs++;
 		usleep(20 * 1000);
 	}
-	cr_assert_eq(count_where("published_at IS NULL"), 0, "drained in %d runs", runs);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NULL"), 0, "drained in %d runs", runs);
 
 	/* For each workflow: no delivery of seq k+1 before seq k was
 	 * delivered successfully. */
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
-	PQclear(sql("CREATE TEMP TABLE arrivals (n int, event_id text, ok bool)", 0, NULL));
-	PQclear(sql("BEGIN", 0, NULL));
+	PQclear(tdispatch_sql(&td, "CREATE TEMP TABLE arrivals (n int, event_id text, ok bool)", 0,
+	                      NULL));
+	PQclear(tdispatch_sql(&td, "BEGIN", 0, NULL));
 	int failures = 0;
 	for (size_t i = 0; i < n; i++) {
 		char num[24];
 		snprintf(num, sizeof(num), "%zu", i);
 		const char *q[3] = { num, d[i].event_id, d[i].status == 200 ? "t" : "f" };
 		failures += d[i].status != 200;
-		PQclear(sql("INSERT INTO arrivals VALUES ($1, $2, $3)", 3, q));
+		PQclear(tdispatch_sql(&td, "INSERT INTO arrivals VALUES ($1, $2, $3)", 3, q));
 	}
-	PQclear(sql("COMMIT", 0, NULL));
+	PQclear(tdispatch_sql(&td, "COMMIT", 0, NULL));
 	cr_assert_gt(failures, 10, "failures were injected: %d", failures);
 	cr_assert_eq(
-	    scalar("SELECT count(*) FROM arrivals later"
-	           "  JOIN outbox lo ON lo.event_id = later.event_id"
-	           "  JOIN outbox eo ON eo.workflow_id = lo.workflow_id AND eo.seq < lo.seq"
-	           " WHERE NOT EXISTS (SELECT 1 FROM arrivals ok WHERE ok.event_id = eo.event_id"
-	           "                     AND ok.ok AND ok.n < later.n)",
-	           0, NULL),
+	    tdispatch_scalar(
+	        &td,
+	        "SELECT count(*) FROM arrivals later"
+	        "  JOIN outbox lo ON lo.event_id = later.event_id"
+	        "  JOIN outbox eo ON eo.workflow_id = lo.workflow_id AND eo.seq < lo.seq"
+	        " WHERE NOT EXISTS (SELECT 1 FROM arrivals ok WHERE ok.event_id = eo.event_id"
+	        "                     AND ok.ok AND ok.n < later.n)",
+	        0, NULL),
 	    0, "a later event overtook an earlier one");
 	cr_log_info("order under failures: %zu deliveries, %d failed, %d runs", n, failures, runs);
 	receiver_deliveries_free(d, n);
@@ -435,7 +348,7 @@ Test(dispatch, an_event_goes_dead_after_max_attempts_and_requeue_revives_it)
 	char ctl[256];
 	int rc;
 
-	seed(2, 1);
+	tdispatch_seed(&td, 2, 1, "test.event");
 	id = event_id_of("true");
 	snprintf(ctl, sizeof(ctl), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 503}", id);
 	cr_assert_eq(receiver_control(&rcv, ctl), 0);
@@ -444,9 +357,11 @@ Test(dispatch, an_event_goes_dead_after_max_attempts_and_requeue_revives_it)
 		cr_assert_eq(run(three), 0);
 		usleep(30 * 1000);
 	}
-	cr_assert_eq(count_where("dead_at IS NOT NULL AND attempts = 3 AND published_at IS NULL"),
-	             1, "dead after 3 attempts");
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 1, "the other event is unaffected");
+	cr_assert_eq(
+	    tdispatch_count(&td, "dead_at IS NOT NULL AND attempts = 3 AND published_at IS NULL"),
+	    1, "dead after 3 attempts");
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 1,
+	             "the other event is unaffected");
 
 	/* The operator's view and revival, through the CLI. */
 	char cmd[2048];
@@ -457,11 +372,12 @@ Test(dispatch, an_event_goes_dead_after_max_attempts_and_requeue_revives_it)
 	         getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"), id);
 	rc = system(cmd);
 	cr_assert_eq(rc, 0);
-	cr_assert_eq(count_where("dead_at IS NULL AND published_at IS NULL AND attempts = 0"), 1);
+	cr_assert_eq(
+	    tdispatch_count(&td, "dead_at IS NULL AND published_at IS NULL AND attempts = 0"), 1);
 
 	cr_assert_eq(receiver_control(&rcv, "{\"reset\": true}"), 0);
 	cr_assert_eq(run(three), 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 2, "requeued and delivered");
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 2, "requeued and delivered");
 	free(id);
 }
 
@@ -479,15 +395,16 @@ Test(dispatch, requeue_refuses_an_event_a_dispatcher_holds_unless_forced)
 	PGresult *res;
 	int rc;
 
-	seed(1, 1);
+	tdispatch_seed(&td, 1, 1, "test.event");
 	id = event_id_of("true");
 	p[0] = id;
-	res = sql("UPDATE outbox SET lease_owner = 'host-a:4242:1', attempts = 1,"
-	          "       lease_until = date_trunc('second', now()) + interval '1 hour'"
-	          " WHERE event_id = $1"
-	          " RETURNING to_char(lease_until AT TIME ZONE 'UTC',"
-	          "                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
-	          1, p);
+	res = tdispatch_sql(&td,
+	                    "UPDATE outbox SET lease_owner = 'host-a:4242:1', attempts = 1,"
+	                    "       lease_until = date_trunc('second', now()) + interval '1 hour'"
+	                    " WHERE event_id = $1"
+	                    " RETURNING to_char(lease_until AT TIME ZONE 'UTC',"
+	                    "                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+	                    1, p);
 	snprintf(until, sizeof(until), "%s", PQgetvalue(res, 0, 0));
 	PQclear(res);
 
@@ -499,8 +416,8 @@ Test(dispatch, requeue_refuses_an_event_a_dispatcher_holds_unless_forced)
 	         " and may be in delivery; requeue it after that, or with --force\n",
 	         id, until);
 	cr_assert_str_eq(tstack_cli_stderr(), want);
-	cr_assert_eq(count_where("lease_owner = 'host-a:4242:1' AND lease_until > now()"
-	                         " AND attempts = 1"),
+	cr_assert_eq(tdispatch_count(&td, "lease_owner = 'host-a:4242:1' AND lease_until > now()"
+	                                  " AND attempts = 1"),
 	             1, "the refused requeue changed the event");
 
 	rc = tstack_cli(out, sizeof(out), "outbox", "requeue", id, "--force", NULL);
@@ -512,23 +429,26 @@ Test(dispatch, requeue_refuses_an_event_a_dispatcher_holds_unless_forced)
 	         " dispatcher's outcome for it is not recorded\n",
 	         id, until);
 	cr_assert_str_eq(tstack_cli_stderr(), want);
-	cr_assert_eq(count_where("lease_owner IS NULL AND lease_until IS NULL AND attempts = 0"
-	                         " AND next_attempt_at <= now()"),
+	cr_assert_eq(tdispatch_count(&td,
+	                             "lease_owner IS NULL AND lease_until IS NULL AND attempts = 0"
+	                             " AND next_attempt_at <= now()"),
 	             1);
 
 	/* A lease that has run out holds nothing: no force needed, no warning. */
-	PQclear(sql("UPDATE outbox SET lease_owner = 'host-b:1:1', attempts = 2,"
-	            "       lease_until = now() - interval '1 second' WHERE event_id = $1",
-	            1, p));
+	PQclear(
+	    tdispatch_sql(&td,
+	                  "UPDATE outbox SET lease_owner = 'host-b:1:1', attempts = 2,"
+	                  "       lease_until = now() - interval '1 second' WHERE event_id = $1",
+	                  1, p));
 	rc = tstack_cli(out, sizeof(out), "outbox", "requeue", id, NULL);
 	cr_assert_eq(rc, 0, "exit %d: %s", rc, tstack_cli_stderr());
 	cr_assert_str_eq(out, "requeued 1 event(s)");
 	cr_assert_str_eq(tstack_cli_stderr(), "");
-	cr_assert_eq(count_where("lease_owner IS NULL AND attempts = 0"), 1);
+	cr_assert_eq(tdispatch_count(&td, "lease_owner IS NULL AND attempts = 0"), 1);
 
 	/* And the event is delivered as usual. */
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 1);
 	free(id);
 }
 
@@ -537,13 +457,15 @@ Test(dispatch, a_4xx_answer_makes_the_event_dead_at_once_and_logged_as_error)
 	char *id;
 	char ctl[256];
 
-	seed(1, 1);
+	tdispatch_seed(&td, 1, 1, "test.event");
 	id = event_id_of("true");
 	snprintf(ctl, sizeof(ctl), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 400}", id);
 	cr_assert_eq(receiver_control(&rcv, ctl), 0);
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("dead_at IS NOT NULL AND attempts = 1"), 1);
-	cr_assert(log_has("level=error") && log_has("outcome=dead"), "dead logged at error level");
+	cr_assert_eq(tdispatch_count(&td, "dead_at IS NOT NULL AND attempts = 1"), 1);
+	cr_assert(tstack_file_contains(td.log, "level=error") &&
+	              tstack_file_contains(td.log, "outcome=dead"),
+	          "dead logged at error level");
 	free(id);
 }
 
@@ -596,17 +518,17 @@ Test(dispatch, loop_mode_wakes_on_notify)
 	cr_assert(in_loop_wait(pid, 60000, 20000), "the dispatcher never reached its wait");
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	t0 = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-	seed(1, 1);
+	tdispatch_seed(&td, 1, 1, "test.event");
 	cr_assert(in_loop_wait(pid, 60000, 0), "the insert alone woke the dispatcher");
 	/* What a worker sends after a create (app/server/worker.c). */
-	PQclear(sql("NOTIFY idemflow_outbox", 0, NULL));
+	PQclear(tdispatch_sql(&td, "NOTIFY idemflow_outbox", 0, NULL));
 	cr_assert_eq(receiver_wait(&rcv, 1, 5000), 0, "not woken by NOTIFY: %s", rcv.error);
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	cr_log_info("loop: delivered %.0f ms after the insert",
 	            ((double)ts.tv_sec + (double)ts.tv_nsec / 1e9 - t0) * 1e3);
 	kill(pid, SIGTERM);
-	cr_assert_eq(wait_exit(pid), 0, "SIGTERM ends --loop cleanly");
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+	cr_assert_eq(tdispatch_wait(pid), 0, "SIGTERM ends --loop cleanly");
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 1);
 }
 
 Test(dispatch, loop_mode_outlives_a_database_restart)
@@ -620,18 +542,18 @@ Test(dispatch, loop_mode_outlives_a_database_restart)
 	 * still starting when the database goes away exits instead. */
 	cr_assert(in_loop_wait(pid, 1000, 20000), "the dispatcher never reached its wait");
 	tstack_pg_ctl("restart");
-	PQfinish(conn);
-	conn = db_connect_simple(getenv("DATABASE_URL"), "test_dispatch", &e);
-	cr_assert_not_null(conn, "%s", e.msg);
-	seed(1, 1);
-	PQclear(sql("NOTIFY idemflow_outbox", 0, NULL));
+	PQfinish(td.conn);
+	td.conn = db_connect_simple(getenv("DATABASE_URL"), "test_dispatch", &e);
+	cr_assert_not_null(td.conn, "%s", e.msg);
+	tdispatch_seed(&td, 1, 1, "test.event");
+	PQclear(tdispatch_sql(&td, "NOTIFY idemflow_outbox", 0, NULL));
 	cr_assert_eq(receiver_wait(&rcv, 1, 10000), 0,
 	             "the --loop dispatcher did not deliver after the restart: %s", rcv.error);
 	cr_assert(tstack_pid_gone(pid) == 0, "the dispatcher exited with the database");
 	kill(pid, SIGTERM);
-	cr_assert_eq(wait_exit(pid), 0, "SIGTERM still ends --loop cleanly");
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
-	cr_assert(log_has("lost the database"), "the outage is logged");
+	cr_assert_eq(tdispatch_wait(pid), 0, "SIGTERM still ends --loop cleanly");
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 1);
+	cr_assert(tstack_file_contains(td.log, "lost the database"), "the outage is logged");
 }
 
 /* A sample's value in a textfile (its name with its labels, exactly);
@@ -676,7 +598,7 @@ Test(dispatch, loop_mode_writes_its_metrics_while_it_runs_with_exact_counts)
 	/* Six events of six workflows: three created 100 s ago, one now, all
 	 * four delivered; two the receiver refuses with 503: one on its first
 	 * attempt (retried), one on its second (dead). */
-	const char *p[1] = { tenant };
+	const char *p[1] = { td.tenant };
 	snprintf(
 	    q, sizeof(q),
 	    "WITH w AS ("
@@ -692,7 +614,7 @@ Test(dispatch, loop_mode_writes_its_metrics_while_it_runs_with_exact_counts)
 	    "            THEN interval '100 s' ELSE interval '0' END))::text,"
 	    "        CASE WHEN r = 6 THEN 1 ELSE 0 END"
 	    "   FROM (SELECT *, row_number() OVER (ORDER BY id) r FROM w) w");
-	PQclear(sql(q, 1, p));
+	PQclear(tdispatch_sql(&td, q, 1, p));
 	{
 		char *retry = event_id_of("type = 'test.retry'");
 		char *dead = event_id_of("type = 'test.dead'");
@@ -703,7 +625,7 @@ Test(dispatch, loop_mode_writes_its_metrics_while_it_runs_with_exact_counts)
 		free(retry);
 		free(dead);
 	}
-	PQclear(sql("NOTIFY idemflow_outbox", 0, NULL));
+	PQclear(tdispatch_sql(&td, "NOTIFY idemflow_outbox", 0, NULL));
 
 	/* Read while the dispatcher runs on: the counts of the round. */
 	deadline = tstack_now() + 20;
@@ -737,33 +659,37 @@ Test(dispatch, loop_mode_writes_its_metrics_while_it_runs_with_exact_counts)
 	             (double)time(NULL) - 30);
 
 	kill(pid, SIGTERM);
-	cr_assert_eq(wait_exit(pid), 0);
+	cr_assert_eq(tdispatch_wait(pid), 0);
 	/* At the end: the counters, and the run's gauges beside them. */
 	cr_assert_eq(prom_value(prom, EVENTS "\"delivered\"}"), 4);
 	cr_assert_eq(prom_value(prom, "idemflow_dispatch_last_run_published"), 4);
 	cr_assert_eq(prom_value(prom, "idemflow_dispatch_last_run_success"), 1);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 4);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 4);
 }
 
 Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
 {
 	const char *smtp[] = { "--sink", "smtp", NULL };
 	cr_assert_eq(run(smtp), 78);
-	cr_assert(log_has("level=error component=dispatch") &&
-	              log_has("msg=\"bad configuration\" error=\"invalid value \\\"smtp\\\" for"
-	                      " \\\"sink\\\": expected http, amqp, nats or exec\" exit=78"),
+	cr_assert(tstack_file_contains(td.log, "level=error component=dispatch") &&
+	              tstack_file_contains(
+	                  td.log, "msg=\"bad configuration\" error=\"invalid value \\\"smtp\\\" for"
+	                          " \\\"sink\\\": expected http, amqp, nats or exec\" exit=78"),
 	          "the message names the key, the value and the choices");
 	const char *badurl[] = { "--url", "not a url", NULL };
 	cr_assert_eq(run(badurl), 78);
-	cr_assert(log_has("msg=\"bad configuration\" error=\"url \\\"not a url\\\" is not a"
-	                  " valid URL"));
+	cr_assert(tstack_file_contains(
+	    td.log, "msg=\"bad configuration\" error=\"url \\\"not a url\\\" is not a"
+	            " valid URL"));
 	const char *backoff[] = { "--backoff", "5s,soon", NULL };
 	cr_assert_eq(run(backoff), 78);
-	cr_assert(log_has("msg=\"bad configuration\" error=\"invalid value \\\"5s,soon\\\" for"
-	                  " \\\"backoff\\\""));
+	cr_assert(tstack_file_contains(
+	    td.log, "msg=\"bad configuration\" error=\"invalid value \\\"5s,soon\\\" for"
+	            " \\\"backoff\\\""));
 	const char *nodb[] = { "--db", "host=127.0.0.1 port=1 dbname=x", NULL };
 	cr_assert_eq(run(nodb), 75, "an unreachable database is \"try later\"");
-	cr_assert(log_has("msg=\"run failed\" error=\"could not connect to database:"));
+	cr_assert(tstack_file_contains(
+	    td.log, "msg=\"run failed\" error=\"could not connect to database:"));
 	const char *both[] = { "--once", "--loop", NULL };
 	cr_assert_eq(run(both), 64);
 }
@@ -774,7 +700,7 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 	char *id;
 	FILE *f;
 
-	seed(1, 1);
+	tdispatch_seed(&td, 1, 1, "test.event");
 	id = event_id_of("true");
 	snprintf(dir, sizeof(dir), "%s/exec-%ld",
 	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp",
@@ -791,19 +717,21 @@ Test(dispatch, the_exec_sink_runs_a_command_per_event_with_the_event_on_stdin)
 	 * makes it due before the second run. */
 	const char *exec[] = { "--sink", "exec", "--exec", cmd, "--backoff", "5s", NULL };
 	cr_assert_eq(run(exec), 0);
-	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1 AND last_error = "
-	                         "'command exited with status 3'"),
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NULL AND attempts = 1 AND last_error = "
+	                                  "'command exited with status 3'"),
 	             1, "a failing command is a retry with its status recorded");
-	PQclear(sql("UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
-	            " AND published_at IS NULL",
-	            1, (const char *const[]){ tenant }));
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE outbox SET next_attempt_at = now() WHERE tenant_id = $1"
+	                      " AND published_at IS NULL",
+	                      1, (const char *const[]){ td.tenant }));
 	cr_assert_eq(run(exec), 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 1);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL AND attempts = 2"), 1);
 
 	/* The command got the stored event JSON on stdin, byte for byte,
 	 * and the id, type, workflow and attempt in its environment. */
 	const char *p[1] = { id };
-	PGresult *res = sql("SELECT payload, workflow_id FROM outbox WHERE event_id = $1", 1, p);
+	PGresult *res =
+	    tdispatch_sql(&td, "SELECT payload, workflow_id FROM outbox WHERE event_id = $1", 1, p);
 	snprintf(path, sizeof(path), "%s/%s", dir, id);
 	f = fopen(path, "r");
 	cr_assert_not_null(f, "the command did not write %s", path);
@@ -854,7 +782,8 @@ static int run_with_statement_limit(const char *const *extra, long limit_ms, lon
 		if (w == pid)
 			break;
 		const char *p[2] = { app, lim };
-		PGresult *res = sql(
+		PGresult *res = tdispatch_sql(
+		    &td,
 		    "SELECT (extract(epoch FROM clock_timestamp() - query_start) * 1000)::bigint,"
 		    "       CASE WHEN clock_timestamp() - query_start > $2::bigint * interval '1 "
 		    "ms'"
@@ -918,20 +847,21 @@ Test(dispatch, the_exec_sink_passes_a_clean_environment_and_only_valid_trace_con
 	/* Three events: a valid trace, a tracestate with a byte the spec
 	 * forbids, a traceparent that is not one (both written past the
 	 * server, as a bad migration or a hand could). */
-	const char *p[2] = { tenant, tp };
-	PQclear(
-	    sql("WITH w AS ("
-	        "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
-	        "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
-	        "    FROM generate_series(1, 3) RETURNING tenant_id, id)"
-	        " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"
-	        "                     traceparent, tracestate)"
-	        " SELECT w.id::text || '.1', w.tenant_id, w.id, 1, 'test.event', '{}',"
-	        "        CASE WHEN n < 3 THEN $2 ELSE repeat('x', 55) END,"
-	        "        CASE n WHEN 1 THEN 'k=$(id)`x`;v' WHEN 2 THEN 'k=v' || chr(10) || 'X=1'"
-	        "               ELSE 'k=v' END"
-	        "   FROM (SELECT *, row_number() OVER () n FROM w) w",
-	        2, p));
+	const char *p[2] = { td.tenant, tp };
+	PQclear(tdispatch_sql(
+	    &td,
+	    "WITH w AS ("
+	    "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+	    "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
+	    "    FROM generate_series(1, 3) RETURNING tenant_id, id)"
+	    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload,"
+	    "                     traceparent, tracestate)"
+	    " SELECT w.id::text || '.1', w.tenant_id, w.id, 1, 'test.event', '{}',"
+	    "        CASE WHEN n < 3 THEN $2 ELSE repeat('x', 55) END,"
+	    "        CASE n WHEN 1 THEN 'k=$(id)`x`;v' WHEN 2 THEN 'k=v' || chr(10) || 'X=1'"
+	    "               ELSE 'k=v' END"
+	    "   FROM (SELECT *, row_number() OVER () n FROM w) w",
+	    2, p));
 	snprintf(
 	    cmd, sizeof(cmd),
 	    "env | sed 's/=.*//' | sort | tr '\\n' ' ' > \"%s/$IDEMFLOW_EVENT_ID\";"
@@ -939,11 +869,13 @@ Test(dispatch, the_exec_sink_passes_a_clean_environment_and_only_valid_trace_con
 	    dir, dir);
 	const char *exec[] = { "--sink", "exec", "--exec", cmd, NULL };
 	cr_assert_eq(run(exec), 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 3);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 3);
 
-	PGresult *res = sql("SELECT event_id, traceparent = $2 FROM outbox WHERE tenant_id = $1"
-	                    " ORDER BY traceparent = $2 DESC, tracestate LIKE 'k=$%' DESC",
-	                    2, p);
+	PGresult *res =
+	    tdispatch_sql(&td,
+	                  "SELECT event_id, traceparent = $2 FROM outbox WHERE tenant_id = $1"
+	                  " ORDER BY traceparent = $2 DESC, tracestate LIKE 'k=$%' DESC",
+	                  2, p);
 	cr_assert_eq(PQntuples(res), 3);
 	const char *want_names[3] = {
 		"HOME IDEMFLOW_ATTEMPT IDEMFLOW_EVENT_ID IDEMFLOW_EVENT_TYPE IDEMFLOW_WORKFLOW_ID"
@@ -993,9 +925,10 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 {
 	long longest, cancelled;
 	char dir[256], cmd[1200];
-	const char *p[1] = { tenant };
+	const char *p[1] = { td.tenant };
 
-	PQclear(sql(
+	PQclear(tdispatch_sql(
+	    &td,
 	    "WITH w AS ("
 	    "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
 	    "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
@@ -1019,15 +952,15 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 	cr_log_info("slow sink: exit %d, longest dispatcher statement %ld ms, %ld cancelled,"
 	            " %ld of 300 events published on their first attempt",
 	            rc, longest, cancelled,
-	            count_where("published_at IS NOT NULL AND attempts = 1"));
+	            tdispatch_count(&td, "published_at IS NOT NULL AND attempts = 1"));
 	cr_assert_eq(cancelled, 0,
 	             "%ld of the dispatcher's statements ran past 1 s (the longest %ld ms):"
 	             " a claim waited on the sink (log: %s)",
-	             cancelled, longest, logfile);
-	cr_assert_eq(rc, 0, "the run exited %d (log: %s)", rc, logfile);
-	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 1"), 300,
+	             cancelled, longest, td.log);
+	cr_assert_eq(rc, 0, "the run exited %d (log: %s)", rc, td.log);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL AND attempts = 1"), 300,
 	             "every event is recorded as published on its first attempt");
-	cr_assert_eq(count_where("lease_owner IS NOT NULL"), 0, "no lease is left behind");
+	cr_assert_eq(tdispatch_count(&td, "lease_owner IS NOT NULL"), 0, "no lease is left behind");
 
 	/* What the sink saw: each event once (a second delivery would be
 	 * allowed by at-least-once, but nothing here calls for one). */
@@ -1035,18 +968,20 @@ Test(dispatch, a_slow_sink_and_large_events_never_lose_what_a_run_delivered)
 	snprintf(path, sizeof(path), "%s/delivered", dir);
 	FILE *f = fopen(path, "r");
 	cr_assert_not_null(f);
-	PQclear(sql("CREATE TEMP TABLE seen (event_id text)", 0, NULL));
+	PQclear(tdispatch_sql(&td, "CREATE TEMP TABLE seen (event_id text)", 0, NULL));
 	while (fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = '\0';
 		const char *q[1] = { line };
-		PQclear(sql("INSERT INTO seen VALUES ($1)", 1, q));
+		PQclear(tdispatch_sql(&td, "INSERT INTO seen VALUES ($1)", 1, q));
 	}
 	fclose(f);
-	cr_assert_eq(scalar("SELECT count(*) FROM seen", 0, NULL), 300);
-	cr_assert_eq(scalar("SELECT count(DISTINCT event_id) FROM seen", 0, NULL), 300);
-	cr_assert_eq(scalar("SELECT count(*) FROM seen s JOIN outbox o USING (event_id)"
-	                    " WHERE o.tenant_id = $1",
-	                    1, p),
+	cr_assert_eq(tdispatch_scalar(&td, "SELECT count(*) FROM seen", 0, NULL), 300);
+	cr_assert_eq(tdispatch_scalar(&td, "SELECT count(DISTINCT event_id) FROM seen", 0, NULL),
+	             300);
+	cr_assert_eq(tdispatch_scalar(&td,
+	                              "SELECT count(*) FROM seen s JOIN outbox o USING (event_id)"
+	                              " WHERE o.tenant_id = $1",
+	                              1, p),
 	             300, "the sink got exactly this tenant's events");
 }
 
@@ -1057,7 +992,7 @@ Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_unto
 	size_t n;
 	long claims;
 
-	seed(10, 1);
+	tdispatch_seed(&td, 10, 1, "test.event");
 	/* Half a second per delivery, one at a time, a 3 s lease that must
 	 * end a 1 s timeout plus a 1 s margin early: a batch of 10 cannot
 	 * be delivered within one lease. */
@@ -1066,11 +1001,11 @@ Test(dispatch, events_not_attempted_before_the_lease_would_end_are_released_unto
 	const char *slow[] = { "--batch", "10",      "--parallel", "1", "--timeout",
 		               "1s",      "--lease", "3s",         NULL };
 	cr_assert_eq(run(slow), 0);
-	claims = scalar("SELECT count(*) FROM test_claims", 0, NULL);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 10, "every event delivered");
+	claims = tdispatch_scalar(&td, "SELECT count(*) FROM test_claims", 0, NULL);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 10, "every event delivered");
 	/* Claimed again after a release, yet attempted once: the release
 	 * took back the attempt its claim had counted. */
-	cr_assert_eq(count_where("attempts = 1"), 10, "one attempt each");
+	cr_assert_eq(tdispatch_count(&td, "attempts = 1"), 10, "one attempt each");
 	cr_assert_gt(claims, 10, "%ld claims: no event was released and claimed again", claims);
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
 	cr_assert_eq(n, 10, "each event delivered once: %zu deliveries", n);
@@ -1088,17 +1023,17 @@ static void fault_start(const char *cond, const char *body)
 	char q[1024];
 
 	faulting = 1;
-	PQclear(sql("CREATE SEQUENCE test_fault_n", 0, NULL));
+	PQclear(tdispatch_sql(&td, "CREATE SEQUENCE test_fault_n", 0, NULL));
 	snprintf(q, sizeof(q),
 	         "CREATE FUNCTION test_fault() RETURNS trigger LANGUAGE plpgsql AS"
 	         " $$BEGIN %s RETURN NEW; END$$",
 	         body);
-	PQclear(sql(q, 0, NULL));
+	PQclear(tdispatch_sql(&td, q, 0, NULL));
 	snprintf(q, sizeof(q),
 	         "CREATE TRIGGER test_fault BEFORE UPDATE ON outbox FOR EACH ROW"
 	         " WHEN (NEW.tenant_id = %s AND %s) EXECUTE FUNCTION test_fault()",
-	         tenant, cond);
-	PQclear(sql(q, 0, NULL));
+	         td.tenant, cond);
+	PQclear(tdispatch_sql(&td, q, 0, NULL));
 }
 
 static void fault_stop(void)
@@ -1106,9 +1041,9 @@ static void fault_stop(void)
 	if (!faulting)
 		return;
 	faulting = 0;
-	PQclear(sql("DROP TRIGGER test_fault ON outbox", 0, NULL));
-	PQclear(sql("DROP FUNCTION test_fault()", 0, NULL));
-	PQclear(sql("DROP SEQUENCE test_fault_n", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP TRIGGER test_fault ON outbox", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP FUNCTION test_fault()", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP SEQUENCE test_fault_n", 0, NULL));
 }
 
 /* The receiver got n deliveries, each of a different event of this
@@ -1119,18 +1054,19 @@ static void delivered_once_and_published(size_t want)
 	size_t n;
 
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0, "%s", rcv.error);
-	cr_assert_eq(n, want, "%zu deliveries, want %zu (log: %s)", n, want, logfile);
+	cr_assert_eq(n, want, "%zu deliveries, want %zu (log: %s)", n, want, td.log);
 	for (size_t i = 0; i < n; i++) {
-		const char *p[2] = { tenant, d[i].event_id };
+		const char *p[2] = { td.tenant, d[i].event_id };
 		for (size_t j = 0; j < i; j++)
 			cr_assert_str_neq(d[i].event_id, d[j].event_id, "%s delivered twice",
 			                  d[i].event_id);
-		cr_assert_eq(scalar("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-		                    " AND event_id = $2 AND published_at IS NOT NULL"
-		                    " AND attempts = 1 AND lease_owner IS NULL",
-		                    2, p),
+		cr_assert_eq(tdispatch_scalar(&td,
+		                              "SELECT count(*) FROM outbox WHERE tenant_id = $1"
+		                              " AND event_id = $2 AND published_at IS NOT NULL"
+		                              " AND attempts = 1 AND lease_owner IS NULL",
+		                              2, p),
 		             1, "%s was delivered but is not recorded published (log: %s)",
-		             d[i].event_id, logfile);
+		             d[i].event_id, td.log);
 	}
 	receiver_deliveries_free(d, n);
 }
@@ -1146,20 +1082,22 @@ static void delivered_once_and_published(size_t want)
 Test(dispatch, a_claim_that_fails_during_a_delivery_leaves_that_delivery_recorded,
      .fini = fault_stop)
 {
-	seed(4, 1);
+	tdispatch_seed(&td, 4, 1, "test.event");
 	/* The run's second claim (owner host:pid:2) outlasts the timeout. */
 	fault_start("NEW.lease_owner LIKE '%:2'", "PERFORM pg_sleep(5);");
 	const char *a[] = { "--batch", "2", "--statement-timeout", "1s", NULL };
 	int rc = run(a);
-	cr_assert_eq(rc, 70, "the failed claim fails the run: exit %d (log: %s)", rc, logfile);
-	cr_assert(log_has("canceling statement due to statement timeout"), "log: %s", logfile);
+	cr_assert_eq(rc, 70, "the failed claim fails the run: exit %d (log: %s)", rc, td.log);
+	cr_assert(tstack_file_contains(td.log, "canceling statement due to statement timeout"),
+	          "log: %s", td.log);
 	delivered_once_and_published(2);
-	cr_assert_eq(count_where("published_at IS NULL AND attempts = 0 AND lease_owner IS NULL"),
-	             2, "the events of the failed claim are due, never attempted");
+	cr_assert_eq(
+	    tdispatch_count(&td, "published_at IS NULL AND attempts = 0 AND lease_owner IS NULL"),
+	    2, "the events of the failed claim are due, never attempted");
 
 	/* The next run delivers the rest, and nothing twice. */
 	fault_stop();
-	cr_assert_eq(run(NULL), 0, "log: %s", logfile);
+	cr_assert_eq(run(NULL), 0, "log: %s", td.log);
 	delivered_once_and_published(4);
 }
 
@@ -1174,21 +1112,22 @@ Test(dispatch, a_claim_that_fails_during_a_delivery_leaves_that_delivery_recorde
 Test(dispatch, a_failed_recording_ends_the_run_with_every_batch_recorded_or_released,
      .fini = fault_stop)
 {
-	seed(6, 1);
+	tdispatch_seed(&td, 6, 1, "test.event");
 	/* The first row of the first recording that publishes fails. */
 	fault_start("NEW.published_at IS NOT NULL AND OLD.published_at IS NULL",
 	            "IF nextval('test_fault_n') = 1 THEN"
 	            " RAISE EXCEPTION 'test: recording fails'; END IF;");
 	const char *a[] = { "--batch", "2", NULL };
 	int rc = run(a);
-	cr_assert_eq(rc, 70, "the failed recording fails the run: exit %d (log: %s)", rc, logfile);
-	cr_assert(log_has("test: recording fails"), "log: %s", logfile);
+	cr_assert_eq(rc, 70, "the failed recording fails the run: exit %d (log: %s)", rc, td.log);
+	cr_assert(tstack_file_contains(td.log, "test: recording fails"), "log: %s", td.log);
 	delivered_once_and_published(4);
-	cr_assert_eq(count_where("published_at IS NULL AND attempts = 0 AND lease_owner IS NULL"),
-	             2, "the batch claimed ahead is released, its attempt taken back");
+	cr_assert_eq(
+	    tdispatch_count(&td, "published_at IS NULL AND attempts = 0 AND lease_owner IS NULL"),
+	    2, "the batch claimed ahead is released, its attempt taken back");
 
 	fault_stop();
-	cr_assert_eq(run(NULL), 0, "log: %s", logfile);
+	cr_assert_eq(run(NULL), 0, "log: %s", td.log);
 	delivered_once_and_published(6);
 }
 
@@ -1198,14 +1137,15 @@ Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued
 	struct receiver_delivery *d;
 	size_t n, n0;
 
-	seed(2, 2);
+	tdispatch_seed(&td, 2, 2, "test.event");
 	dead = event_id_of("seq = 1");
 	{
 		const char *p[1] = { dead };
-		PGresult *res =
-		    sql("SELECT event_id FROM outbox WHERE workflow_id ="
-		        " (SELECT workflow_id FROM outbox WHERE event_id = $1) AND seq = 2",
-		        1, p);
+		PGresult *res = tdispatch_sql(
+		    &td,
+		    "SELECT event_id FROM outbox WHERE workflow_id ="
+		    " (SELECT workflow_id FROM outbox WHERE event_id = $1) AND seq = 2",
+		    1, p);
 		held = strdup(PQgetvalue(res, 0, 0));
 		PQclear(res);
 	}
@@ -1213,14 +1153,17 @@ Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued
 	cr_assert_eq(receiver_control(&rcv, ctl), 0);
 	cr_assert_eq(run(NULL), 0);
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("dead_at IS NOT NULL"), 1);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 2, "the other workflow went out");
+	cr_assert_eq(tdispatch_count(&td, "dead_at IS NOT NULL"), 1);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 2,
+	             "the other workflow went out");
 	{
 		const char *p[1] = { held };
-		cr_assert_eq(scalar("SELECT count(*) FROM outbox WHERE event_id = $1 AND"
-		                    " published_at IS NULL AND dead_at IS NULL AND attempts = 0",
-		                    1, p),
-		             1, "the later event was never attempted");
+		cr_assert_eq(
+		    tdispatch_scalar(&td,
+		                     "SELECT count(*) FROM outbox WHERE event_id = $1 AND"
+		                     " published_at IS NULL AND dead_at IS NULL AND attempts = 0",
+		                     1, p),
+		    1, "the later event was never attempted");
 	}
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	for (size_t i = 0; i < n; i++)
@@ -1234,7 +1177,7 @@ Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued
 	cr_assert_eq(system(cmd), 0);
 	cr_assert_eq(receiver_control(&rcv, "{\"reset\": true}"), 0);
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 4);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 4);
 	cr_assert_eq(receiver_deliveries(&rcv, &d, &n), 0);
 	cr_assert_eq(n, n0 + 2, "%zu deliveries after the requeue", n - n0);
 	cr_assert_str_eq(d[n0].event_id, dead);
@@ -1255,37 +1198,42 @@ Test(dispatch, a_dead_event_holds_back_its_workflows_later_events_until_requeued
 Test(dispatch, events_held_behind_a_dead_one_leave_every_claims_range_until_requeued)
 {
 	char *dead, cmd[2048];
-	const char *p[1] = { tenant };
+	const char *p[1] = { td.tenant };
 	FILE *f;
 	char line[512];
 	int held_lines = 0;
 
-	seed(2, 3);
+	tdispatch_seed(&td, 2, 3, "test.event");
 	dead = event_id_of("seq = 1");
 	snprintf(cmd, sizeof(cmd), "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 400}", dead);
 	cr_assert_eq(receiver_control(&rcv, cmd), 0);
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("dead_at IS NOT NULL"), 1);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 3, "the other workflow went out");
+	cr_assert_eq(tdispatch_count(&td, "dead_at IS NOT NULL"), 1);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 3,
+	             "the other workflow went out");
 	/* 500 more events of the dead one's workflow, as commands write them. */
 	{
-		const char *q[2] = { tenant, dead };
-		PQclear(sql("UPDATE workflows SET last_seq = 3 WHERE tenant_id = $1 AND id ="
-		            " (SELECT workflow_id FROM outbox WHERE event_id = $2)",
-		            2, q));
+		const char *q[2] = { td.tenant, dead };
 		PQclear(
-		    sql("SELECT idemflow_event($1, (SELECT workflow_id FROM outbox"
-		        "                               WHERE event_id = $2), 'test.later', '{}')"
-		        "  FROM generate_series(1, 500)",
-		        2, q));
+		    tdispatch_sql(&td,
+		                  "UPDATE workflows SET last_seq = 3 WHERE tenant_id = $1 AND id ="
+		                  " (SELECT workflow_id FROM outbox WHERE event_id = $2)",
+		                  2, q));
+		PQclear(tdispatch_sql(
+		    &td,
+		    "SELECT idemflow_event($1, (SELECT workflow_id FROM outbox"
+		    "                               WHERE event_id = $2), 'test.later', '{}')"
+		    "  FROM generate_series(1, 500)",
+		    2, q));
 	}
-	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NULL"), 502);
-	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NULL"
-	                         " AND next_attempt_at <= now()"),
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NULL AND dead_at IS NULL"), 502);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NULL AND dead_at IS NULL"
+	                                  " AND next_attempt_at <= now()"),
 	             0, "held-back events left in the claims' range");
-	cr_assert_eq(scalar("SELECT count(*) FROM outbox WHERE tenant_id = $1"
-	                    " AND next_attempt_at = 'infinity'",
-	                    1, p),
+	cr_assert_eq(tdispatch_scalar(&td,
+	                              "SELECT count(*) FROM outbox WHERE tenant_id = $1"
+	                              " AND next_attempt_at = 'infinity'",
+	                              1, p),
 	             502);
 	/* outbox list says which are held. */
 	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox list --pending --limit 1000",
@@ -1301,40 +1249,43 @@ Test(dispatch, events_held_behind_a_dead_one_leave_every_claims_range_until_requ
 	snprintf(cmd, sizeof(cmd), "'%s' --db '%s' outbox requeue --dead >/dev/null",
 	         getenv("IDEMFLOW_CLI"), getenv("DATABASE_URL"));
 	cr_assert_eq(system(cmd), 0);
-	cr_assert_eq(count_where("next_attempt_at = 'infinity'"), 0);
+	cr_assert_eq(tdispatch_count(&td, "next_attempt_at = 'infinity'"), 0);
 	cr_assert_eq(receiver_control(&rcv, "{\"reset\": true}"), 0);
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("published_at IS NULL"), 0);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NULL"), 0);
 	{
 		const char *q[1] = { dead };
-		cr_assert_eq(scalar("SELECT count(*) FROM outbox a JOIN outbox b"
-		                    "  ON b.workflow_id = a.workflow_id AND b.seq = a.seq + 1"
-		                    " WHERE a.workflow_id = (SELECT workflow_id FROM outbox"
-		                    "                         WHERE event_id = $1)"
-		                    "   AND b.published_at < a.published_at",
-		                    1, q),
-		             0, "delivered out of order after the requeue");
+		cr_assert_eq(
+		    tdispatch_scalar(&td,
+		                     "SELECT count(*) FROM outbox a JOIN outbox b"
+		                     "  ON b.workflow_id = a.workflow_id AND b.seq = a.seq + 1"
+		                     " WHERE a.workflow_id = (SELECT workflow_id FROM outbox"
+		                     "                         WHERE event_id = $1)"
+		                     "   AND b.published_at < a.published_at",
+		                     1, q),
+		    0, "delivered out of order after the requeue");
 	}
 	free(dead);
 }
 
 Test(dispatch, a_retry_after_longer_than_the_backoff_schedules_the_next_attempt)
 {
-	seed(2, 1);
+	tdispatch_seed(&td, 2, 1, "test.event");
 	/* Backoff 50 ms; the receiver asks for 30 s, then 0 s (shorter than
 	 * the backoff, so the backoff stands). */
 	cr_assert_eq(receiver_control(&rcv, "{\"fail_next\": 1, \"status\": 503,"
 	                                    " \"retry_after\": 30}"),
 	             0);
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"
-	                         " AND next_attempt_at BETWEEN now() + interval '29 seconds'"
-	                         "                         AND now() + interval '30 seconds'"),
+	cr_assert_eq(tdispatch_count(&td,
+	                             "published_at IS NULL AND attempts = 1"
+	                             " AND next_attempt_at BETWEEN now() + interval '29 seconds'"
+	                             "                         AND now() + interval '30 seconds'"),
 	             1, "the next attempt is 30 s away, as the receiver asked");
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 1);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 1);
 	usleep(100 * 1000);
 	cr_assert_eq(run(NULL), 0);
-	cr_assert_eq(count_where("published_at IS NULL AND attempts = 1"), 1,
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NULL AND attempts = 1"), 1,
 	             "not attempted again before its Retry-After");
 }
 
@@ -1346,7 +1297,7 @@ Test(dispatch, a_database_error_other_than_unreachable_exits_70)
 	{
 		char q[128];
 		snprintf(q, sizeof(q), "CREATE DATABASE %s", db);
-		PQclear(sql(q, 0, NULL));
+		PQclear(tdispatch_sql(&td, q, 0, NULL));
 	}
 	/* Reachable, but without the schema: the claim fails. */
 	snprintf(conninfo, sizeof(conninfo), "host=%s port=%s user=%s dbname=%s", getenv("PGHOST"),
@@ -1356,10 +1307,12 @@ Test(dispatch, a_database_error_other_than_unreachable_exits_70)
 	{
 		char q[128];
 		snprintf(q, sizeof(q), "DROP DATABASE %s", db);
-		PQclear(sql(q, 0, NULL));
+		PQclear(tdispatch_sql(&td, q, 0, NULL));
 	}
 	cr_assert_eq(rc, 70, "exit %d", rc);
-	cr_assert(log_has("level=error") && log_has("exit=70"), "the failure is logged");
+	cr_assert(tstack_file_contains(td.log, "level=error") &&
+	              tstack_file_contains(td.log, "exit=70"),
+	          "the failure is logged");
 }
 
 /*
@@ -1375,7 +1328,7 @@ static void receiver_bytes_recorded(const char *location, const char *want_locat
 	int rc;
 	PGresult *res;
 
-	seed(3, 1);
+	tdispatch_seed(&td, 3, 1, "test.event");
 	id = event_id_of("true");
 	snprintf(ctl, sizeof(ctl),
 	         "{\"fail_ids\": [\"%s\"], \"status_for_ids\": 302, \"location\": \"%s\"}", id,
@@ -1383,13 +1336,14 @@ static void receiver_bytes_recorded(const char *location, const char *want_locat
 	cr_assert_eq(receiver_control(&rcv, ctl), 0, "%s", rcv.error);
 	rc = run(NULL);
 	cr_assert_eq(rc, 0, "exit %d", rc);
-	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 1"), 2,
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL AND attempts = 1"), 2,
 	             "the batch's other events are recorded");
-	p[0] = tenant;
+	p[0] = td.tenant;
 	p[1] = id;
-	res = sql("SELECT last_error FROM outbox WHERE tenant_id = $1 AND event_id = $2"
-	          " AND published_at IS NULL AND attempts = 1",
-	          2, p);
+	res = tdispatch_sql(&td,
+	                    "SELECT last_error FROM outbox WHERE tenant_id = $1 AND event_id = $2"
+	                    " AND published_at IS NULL AND attempts = 1",
+	                    2, p);
 	cr_assert_eq(PQntuples(res), 1, "the failure is recorded");
 	snprintf(want, sizeof(want), "HTTP 302 (redirect to %s", want_location);
 	cr_assert_str_eq(PQgetvalue(res, 0, 0), want);

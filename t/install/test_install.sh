@@ -288,9 +288,11 @@ fi
 
 # Every configuration key has its entry in idemflow.conf(5) (but the
 # fault-injection switches of --enable-test-hooks builds).
-keys=$("$top_builddir/app/idemflow-fcgi" --help |
-	sed -n '/^Configuration/,$ s/^  \([a-z_0-9]*\) .*/\1/p' | grep -vx config | grep -v '^test_')
-[[ -n $keys ]] || fail "no keys in idemflow-fcgi --help"
+# Each program's --help lists its own keys: the three together list all.
+keys=$(for p in idemflow-fcgi idemflow-dispatch idemflow; do
+	"$top_builddir/app/$p" --help | sed -n '/^Configuration/,$ s/^  \([a-z_0-9]*\) .*/\1/p'
+done | grep -vx config | grep -v '^test_' | sort -u)
+[[ -n $keys ]] || fail "no keys in the programs' --help"
 for k in $keys; do
 	grep -qxF ".B $k" "$top_srcdir/doc/idemflow.conf.5" || fail "idemflow.conf(5) lacks the key $k"
 done

@@ -8,9 +8,12 @@ and app/inbox build on it. The rules (doc/architecture.md):
     core alone, the others core and themselves, never one another;
   - no two modules (x.c with x.h) include each other, directly or not;
   - the router (server/api.h) is included by the worker alone: handlers
-    share server/handler.h and never reach the route table.
+    share server/handler.h and never reach the route table;
+  - inside the core, a module includes only the modules before it in the
+    tour's order (the core's table of "Every file" in DOC), so that the
+    core reads bottom-up: log, below canon, includes utf8 and not canon.
 Prints every violation and exits 1 if there is one; APPDIR defaults to
-$top_srcdir/app.
+$top_srcdir/app, DOC to $top_srcdir/doc/architecture.md.
 """
 import os
 import re
@@ -29,6 +32,8 @@ GENERATED = {"config.h"}  # configure's, in the build directory
 
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
     os.environ.get("top_srcdir", "."), "app")
+doc = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
+    os.environ.get("top_srcdir", "."), "doc", "architecture.md")
 problems = []
 edges = {}
 headers = set()
@@ -76,6 +81,28 @@ for rel in sorted(sources):
             problems.append("%s: only %s include it" % (where, ", ".join(sorted(PRIVATE[tm]))))
         if tm != m:
             edges[m].add(tm)
+
+# The core's order: the rows "| `core/x.c` |" of the core's table, in
+# the order the tour reads them. A generated file (core/migrations.c) is
+# named in its module's row and not ordered.
+core_order = []
+in_core = False
+for line in open(doc, encoding="utf-8"):
+    if line.startswith("**"):
+        in_core = line.startswith("**The core**")
+    mo = re.match(r"\|\s*`core/([a-z0-9_]+)\.c`", line)
+    if in_core and mo:
+        core_order.append("core/" + mo.group(1))
+if not core_order:
+    problems.append("%s: no table of the core's files (**The core**)" % doc)
+rank = {m: i for i, m in enumerate(core_order)}
+for m in sorted(edges):
+    if not m.startswith("core/") or m not in rank:
+        continue
+    for t in sorted(edges[m]):
+        if t in rank and rank[t] > rank[m]:
+            problems.append("%s includes %s, which comes after it in the core's order (%s)"
+                            % (m, t, os.path.basename(doc)))
 
 # Cycles: Tarjan's strongly connected components over modules.
 index, low, stack, on, counter, cycles = {}, {}, [], set(), [0], []

@@ -9,7 +9,7 @@ test reads every name the README cites inside backticks:
     that opens a definition: the name at the start of a declarator, not
     indented, the line not ending in ";");
   - a path, `app/...`: a file that exists;
-  - a constant alone, `Q_KEY_CLAIM`, `D_CLAIM`, `PRUNE_KEYS`: a word of
+  - a constant alone, `Q_KEY_CLAIM`, `DQ_CLAIM`, `PRUNE_KEYS`: a word of
     some source in app/, unless it is one of the models' own build options
     (a broken variant, `#ifdef NO_OWNER_GUARD` in a .pml file).
 Prints every name it cannot find and exits 1 if there is one; README

@@ -38,6 +38,8 @@
 #include "dispatch/sink.h"
 #include "inbox/inbox.h"
 #include "tapi.h"
+#include "tdispatch.h"
+#include "tlog.h"
 #include "tnats.h"
 #include "tsql.h"
 #include "tstack.h"
@@ -546,96 +548,28 @@ Test(nats_sink, bad_configuration_names_the_key_and_hides_passwords)
 
 /* ------------------------------------------------------------------ the dispatcher */
 
-static PGconn *conn;
-static char tenant[24];
-static char logfile[600], textfile[600];
-static int run_no;
-
-static PGresult *sql(const char *q, int n, const char *const *p)
-{
-	struct err e;
-	PGresult *res = db_exec(conn, q, n, p, &e);
-
-	cr_assert_not_null(res, "%s: %s", q, e.msg);
-	return res;
-}
-
-static long scalar(const char *q, int n, const char *const *p)
-{
-	PGresult *res = sql(q, n, p);
-	long v = atol(PQgetvalue(res, 0, 0));
-
-	PQclear(res);
-	return v;
-}
+static struct tdispatch td;
+static char textfile[600];
 
 static void dispatch_setup(void)
 {
-	struct err e;
-	char name[64];
-	PGresult *res;
-
 	setup();
-	conn = db_connect_simple(tstack_env("DATABASE_URL"), "test_nats", &e);
-	cr_assert_not_null(conn, "%s", e.msg);
-	/* Start from an outbox with nothing due. */
-	PQclear(sql("UPDATE outbox SET published_at = now() WHERE published_at IS NULL", 0, NULL));
-	snprintf(name, sizeof(name), "nats-%ld-%d", (long)getpid(), rand() % 100000);
-	const char *p[1] = { name };
-	res = sql("INSERT INTO tenants (name) VALUES ($1) RETURNING id", 1, p);
-	snprintf(tenant, sizeof(tenant), "%s", PQgetvalue(res, 0, 0));
-	PQclear(res);
+	tdispatch_open(&td, "test_nats", "dispatch-nats");
 	snprintf(textfile, sizeof(textfile), "%s/dispatch-nats.prom",
 	         tstack_env("IDEMFLOW_STACK_DIR"));
 }
 
 static void dispatch_teardown(void)
 {
-	PQfinish(conn);
+	tdispatch_close(&td);
 	teardown();
 }
 
-/* nwf workflows with one event each, due now. */
-static void seed(int nwf)
-{
-	char a[16];
-	snprintf(a, sizeof(a), "%d", nwf);
-	const char *p[2] = { tenant, a };
-
-	PQclear(sql("WITH w AS ("
-	            "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
-	            "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
-	            "    FROM generate_series(1, $2::int) RETURNING tenant_id, id)"
-	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
-	            " SELECT w.id::text || '.1', w.tenant_id, w.id, 1, 'test.event',"
-	            "        json_build_object('id', w.id::text || '.1')::text"
-	            "   FROM w ORDER BY w.id",
-	            2, p));
-}
-
-static long count_where(const char *cond)
-{
-	char q[256];
-	const char *p[1] = { tenant };
-
-	snprintf(q, sizeof(q), "SELECT count(*) FROM outbox WHERE tenant_id = $1 AND %s", cond);
-	return scalar(q, 1, p);
-}
-
 /* Start idemflow-dispatch on the nats sink with the common flags plus
- * extra (NULL-ended); its stderr goes to logfile. Returns the pid. */
+ * extra (NULL-ended); its stderr goes to td.log. Returns the pid. */
 static pid_t spawn(const char *pfx, const char *const *extra)
 {
-	const char *argv[64];
-	int n = 0;
-	pid_t pid;
-
-	snprintf(logfile, sizeof(logfile), "%s/dispatch-nats-%d.log",
-	         tstack_env("IDEMFLOW_STACK_DIR"), ++run_no);
-	argv[n++] = tstack_env("IDEMFLOW_DISPATCH");
-	const char *common[] = { "--db",
-		                 tstack_env("DATABASE_URL"),
-		                 "--sink",
+	const char *common[] = { "--sink",
 		                 "nats",
 		                 "--nats-url",
 		                 tstack_env("IDEMFLOW_NATS_URL"),
@@ -646,61 +580,26 @@ static pid_t spawn(const char *pfx, const char *const *extra)
 		                 "--textfile",
 		                 textfile,
 		                 NULL };
-	for (int i = 0; common[i]; i++)
-		argv[n++] = common[i];
-	for (int i = 0; extra && extra[i]; i++)
-		argv[n++] = extra[i];
-	argv[n] = NULL;
-	pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		int fd = open(logfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		dup2(fd, STDERR_FILENO);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	return pid;
-}
 
-static int wait_exit(pid_t pid)
-{
-	int st;
-
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_assert(WIFEXITED(st), "dispatcher killed by signal %d", WTERMSIG(st));
-	return WEXITSTATUS(st);
+	return tdispatch_spawn(&td, common, extra);
 }
 
 static int run(const char *pfx, const char *const *extra)
 {
-	return wait_exit(spawn(pfx, extra));
-}
-
-static int file_has(const char *path, const char *needle)
-{
-	char line[4096];
-	FILE *f = fopen(path, "r");
-	int found = 0;
-
-	if (f == NULL)
-		return 0;
-	while (!found && fgets(line, sizeof(line), f))
-		found = strstr(line, needle) != NULL;
-	fclose(f);
-	return found;
+	return tdispatch_wait(spawn(pfx, extra));
 }
 
 /* The tenant's event ids that match cond, sorted; *n their count. */
 static char **event_ids(const char *cond, size_t *n)
 {
 	char q[256];
-	const char *p[1] = { tenant };
+	const char *p[1] = { td.tenant };
 	PGresult *res;
 	char **ids;
 
 	snprintf(q, sizeof(q),
 	         "SELECT event_id FROM outbox WHERE tenant_id = $1 AND %s ORDER BY event_id", cond);
-	res = sql(q, 1, p);
+	res = tdispatch_sql(&td, q, 1, p);
 	*n = (size_t)PQntuples(res);
 	ids = calloc(*n + 1, sizeof(*ids));
 	cr_assert_not_null(ids);
@@ -751,23 +650,6 @@ static void expect_one_message_per_event(void)
 	ids_free(st, ns);
 }
 
-/* A prometheus sample's value in the textfile. */
-static long textfile_value(const char *name)
-{
-	char line[512];
-	FILE *f = fopen(textfile, "r");
-	long v = -1;
-
-	cr_assert_not_null(f, "no textfile %s", textfile);
-	while (fgets(line, sizeof(line), f)) {
-		size_t nl = strlen(name);
-		if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
-			v = atol(line + nl + 1);
-	}
-	fclose(f);
-	return v;
-}
-
 #define HOLD_LOCK "4242001"
 
 static int holding; /* the trigger of kill_between_publish_and_record exists */
@@ -789,16 +671,17 @@ static double kill_between_publish_and_record(long want)
 	pid_t pid;
 
 	tstack_exec(hold, "SELECT pg_advisory_lock(" HOLD_LOCK ")");
-	PQclear(sql("CREATE FUNCTION test_nats_hold() RETURNS trigger LANGUAGE plpgsql AS"
-	            " $$BEGIN PERFORM pg_advisory_xact_lock_shared(" HOLD_LOCK ");"
-	            " RETURN NEW; END$$",
-	            0, NULL));
+	PQclear(tdispatch_sql(&td,
+	                      "CREATE FUNCTION test_nats_hold() RETURNS trigger LANGUAGE plpgsql AS"
+	                      " $$BEGIN PERFORM pg_advisory_xact_lock_shared(" HOLD_LOCK ");"
+	                      " RETURN NEW; END$$",
+	                      0, NULL));
 	snprintf(q, sizeof(q),
 	         "CREATE TRIGGER test_nats_hold BEFORE UPDATE ON outbox FOR EACH ROW"
 	         " WHEN (NEW.tenant_id = %s AND NEW.published_at IS NOT NULL"
 	         " AND OLD.published_at IS NULL) EXECUTE FUNCTION test_nats_hold()",
-	         tenant);
-	PQclear(sql(q, 0, NULL));
+	         td.tenant);
+	PQclear(tdispatch_sql(&td, q, 0, NULL));
 	holding = 1;
 
 	snprintf(batch, sizeof(batch), "%ld", want);
@@ -807,33 +690,37 @@ static double kill_between_publish_and_record(long want)
 	snprintf(app, sizeof(app), "%%-dispatch-%ld", (long)pid);
 	const char *p[1] = { app };
 	deadline = tstack_now() + 30;
-	while (tnats_stream_msgs(&nats, stream) < want ||
-	       scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1"
-	              " AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
-	              1, p) != 1) {
+	while (
+	    tnats_stream_msgs(&nats, stream) < want ||
+	    tdispatch_scalar(&td,
+	                     "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1"
+	                     " AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+	                     1, p) != 1) {
 		cr_assert_lt(tstack_now(), deadline,
 		             "the dispatcher did not publish %ld events and wait to record them "
 		             "(stream: %ld; log: %s)",
-		             want, tnats_stream_msgs(&nats, stream), logfile);
+		             want, tnats_stream_msgs(&nats, stream), td.log);
 		tstack_sleep_ms(20);
 	}
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-	PQclear(sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-	            " WHERE application_name LIKE $1",
-	            1, p));
-	while (scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1", 1,
-	              p) != 0) {
+	PQclear(tdispatch_sql(&td,
+	                      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+	                      " WHERE application_name LIKE $1",
+	                      1, p));
+	while (tdispatch_scalar(
+	           &td, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1", 1,
+	           p) != 0) {
 		cr_assert_lt(tstack_now(), deadline, "the dispatcher's session outlived it");
 		tstack_sleep_ms(20);
 	}
 	double killed = tstack_now();
 	tstack_exec(hold, "SELECT pg_advisory_unlock(" HOLD_LOCK ")");
 	PQfinish(hold);
-	PQclear(sql("DROP TRIGGER test_nats_hold ON outbox", 0, NULL));
-	PQclear(sql("DROP FUNCTION test_nats_hold()", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP TRIGGER test_nats_hold ON outbox", 0, NULL));
+	PQclear(tdispatch_sql(&td, "DROP FUNCTION test_nats_hold()", 0, NULL));
 	holding = 0;
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 0,
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 0,
 	             "killed before recording: nothing is marked published");
 	cr_assert_eq(tnats_stream_msgs(&nats, stream), want, "yet the stream holds them all");
 	return killed;
@@ -852,9 +739,9 @@ static void lease_run_out(double killed)
 static void hold_cleanup(void)
 {
 	if (holding) {
-		PQclear(db_exec(conn, "DROP TRIGGER IF EXISTS test_nats_hold ON outbox", 0, NULL,
+		PQclear(db_exec(td.conn, "DROP TRIGGER IF EXISTS test_nats_hold ON outbox", 0, NULL,
 		                &(struct err){ 0 }));
-		PQclear(db_exec(conn, "DROP FUNCTION IF EXISTS test_nats_hold()", 0, NULL,
+		PQclear(db_exec(td.conn, "DROP FUNCTION IF EXISTS test_nats_hold()", 0, NULL,
 		                &(struct err){ 0 }));
 	}
 	dispatch_teardown();
@@ -872,22 +759,26 @@ TestSuite(nats_dispatch, .init = dispatch_setup, .fini = hold_cleanup, .timeout 
 Test(nats_dispatch, killed_between_publish_and_record_the_stream_keeps_one_message_per_event)
 {
 	stream_own(0);
-	seed(20);
+	tdispatch_seed(&td, 20, 1, "test.event");
 	double killed = kill_between_publish_and_record(20);
 
 	/* The dead dispatcher's lease runs out (3 s), then the rerun. */
 	lease_run_out(killed);
-	cr_assert_eq(run(prefix, NULL), 0, "log: %s", logfile);
-	cr_assert_eq(count_where("published_at IS NOT NULL AND attempts = 2"), 20,
-	             "every event recorded, on its second attempt (log: %s)", logfile);
+	cr_assert_eq(run(prefix, NULL), 0, "log: %s", td.log);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL AND attempts = 2"), 20,
+	             "every event recorded, on its second attempt (log: %s)", td.log);
 	expect_one_message_per_event();
-	cr_assert(file_has(logfile, "msg=\"run finished\" claimed=20 published=20 retried=0 "
-	                            "dead=0 broker_duplicates=20 "),
-	          "log: %s", logfile);
-	cr_assert(file_has(logfile, "outcome=published") && file_has(logfile, "duplicate=true"),
-	          "each delivery line says duplicate (log: %s)", logfile);
-	cr_assert_eq(textfile_value("idemflow_dispatch_last_run_broker_duplicates"), 20);
-	cr_assert_eq(textfile_value("idemflow_dispatch_last_run_published"), 20);
+	cr_assert(tstack_file_contains(td.log,
+	                               "msg=\"run finished\" claimed=20 published=20 retried=0 "
+	                               "dead=0 broker_duplicates=20 "),
+	          "log: %s", td.log);
+	cr_assert(tstack_file_contains(td.log, "outcome=published") &&
+	              tstack_file_contains(td.log, "duplicate=true"),
+	          "each delivery line says duplicate (log: %s)", td.log);
+	cr_assert_eq(
+	    tdispatch_textfile_value(textfile, "idemflow_dispatch_last_run_broker_duplicates"), 20);
+	cr_assert_eq(tdispatch_textfile_value(textfile, "idemflow_dispatch_last_run_published"),
+	             20);
 }
 
 /*
@@ -905,13 +796,13 @@ Test(nats_dispatch,
 	char handler[64];
 
 	stream_own(1000);
-	seed(1);
+	tdispatch_seed(&td, 1, 1, "test.event");
 	double killed = kill_between_publish_and_record(1);
 
 	lease_run_out(killed);
-	cr_assert_eq(run(prefix, NULL), 0, "log: %s", logfile);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), 1, "log: %s", logfile);
-	cr_assert(file_has(logfile, "broker_duplicates=0 "), "log: %s", logfile);
+	cr_assert_eq(run(prefix, NULL), 0, "log: %s", td.log);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 1, "log: %s", td.log);
+	cr_assert(tstack_file_contains(td.log, "broker_duplicates=0 "), "log: %s", td.log);
 	n = tnats_stream_read(&nats, stream, &m);
 	cr_assert_eq(n, 2, "past the window the stream took the event again: %zu", n);
 	cr_assert_str_eq(tnats_header(m[0], "Nats-Msg-Id"), tnats_header(m[1], "Nats-Msg-Id"));
@@ -921,23 +812,26 @@ Test(nats_dispatch,
 	/* The consumer: each message in stream order, its effect and its
 	 * inbox row in one transaction. */
 	snprintf(handler, sizeof(handler), "nats-%s", stream);
-	cr_assert_eq(idemflow_inbox_setup(conn, &e), 0, "%s", e.msg);
-	PQclear(sql("CREATE TABLE IF NOT EXISTS test_nats_effects (handler text, event_id text)", 0,
-	            NULL));
+	cr_assert_eq(idemflow_inbox_setup(td.conn, &e), 0, "%s", e.msg);
+	PQclear(tdispatch_sql(
+	    &td, "CREATE TABLE IF NOT EXISTS test_nats_effects (handler text, event_id text)", 0,
+	    NULL));
 	for (size_t i = 0; i < n; i++) {
 		const char *p[2] = { handler, tnats_header(m[i], "Nats-Msg-Id") };
-		PQclear(sql("BEGIN", 0, NULL));
-		int first = idemflow_inbox_claim(conn, handler, p[1], &e);
+		PQclear(tdispatch_sql(&td, "BEGIN", 0, NULL));
+		int first = idemflow_inbox_claim(td.conn, handler, p[1], &e);
 		cr_assert_geq(first, 0, "%s", e.msg);
 		if (first)
-			PQclear(sql("INSERT INTO test_nats_effects VALUES ($1, $2)", 2, p));
-		PQclear(sql("COMMIT", 0, NULL));
+			PQclear(tdispatch_sql(&td, "INSERT INTO test_nats_effects VALUES ($1, $2)",
+			                      2, p));
+		PQclear(tdispatch_sql(&td, "COMMIT", 0, NULL));
 	}
 	tnats_msgs_free(m, n);
 	const char *p[1] = { handler };
-	cr_assert_eq(scalar("SELECT count(*) FROM test_nats_effects WHERE handler = $1", 1, p), 1,
-	             "the effect happened once");
-	cr_assert_eq(idemflow_inbox_duplicates(conn, handler, &e), 1,
+	cr_assert_eq(tdispatch_scalar(
+	                 &td, "SELECT count(*) FROM test_nats_effects WHERE handler = $1", 1, p),
+	             1, "the effect happened once");
+	cr_assert_eq(idemflow_inbox_duplicates(td.conn, handler, &e), 1,
 	             "the second copy was dropped");
 }
 
@@ -958,7 +852,7 @@ Test(nats_dispatch, a_server_stopped_mid_batch_loses_nothing)
 	pid_t pid;
 
 	stream_own(0);
-	seed((int)total);
+	tdispatch_seed(&td, (int)total, 1, "test.event");
 	/* A back-off longer than the run: the events it fails wait for the
 	 * rerun instead of being claimed again by this run. */
 	const char *a[] = { "--batch", "2000",      "--lease", "30s", "--timeout",
@@ -966,7 +860,7 @@ Test(nats_dispatch, a_server_stopped_mid_batch_loses_nothing)
 	pid = spawn(prefix, a);
 	deadline = tstack_now() + 60;
 	while ((before = tnats_stream_msgs(&nats, stream)) < 100) {
-		cr_assert_lt(tstack_now(), deadline, "nothing published (log: %s)", logfile);
+		cr_assert_lt(tstack_now(), deadline, "nothing published (log: %s)", td.log);
 		tstack_sleep_ms(2);
 	}
 	kill(pid, SIGSTOP);
@@ -975,7 +869,8 @@ Test(nats_dispatch, a_server_stopped_mid_batch_loses_nothing)
 	tnats_close(&nats);
 	tnats_server_stop();
 	kill(pid, SIGCONT);
-	cr_assert_eq(wait_exit(pid), 0, "a failed delivery is no failed run (log: %s)", logfile);
+	cr_assert_eq(tdispatch_wait(pid), 0, "a failed delivery is no failed run (log: %s)",
+	             td.log);
 	tnats_server_start();
 	tnats_connect(&nats);
 
@@ -988,24 +883,26 @@ Test(nats_dispatch, a_server_stopped_mid_batch_loses_nothing)
 	for (size_t i = 0; i < np; i++)
 		cr_assert_not_null(bsearch(&pub[i], st, ns, sizeof(*st), str_cmp),
 		                   "%s is recorded published but is not in the stream", pub[i]);
-	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NULL AND attempts = 1"),
-	             total - (long)np, "the rest is pending for a retry: %ld of %ld (log: %s)",
-	             count_where("published_at IS NULL AND dead_at IS NULL AND attempts = 1"),
-	             total - (long)np, logfile);
+	cr_assert_eq(
+	    tdispatch_count(&td, "published_at IS NULL AND dead_at IS NULL AND attempts = 1"),
+	    total - (long)np, "the rest is pending for a retry: %ld of %ld (log: %s)",
+	    tdispatch_count(&td, "published_at IS NULL AND dead_at IS NULL AND attempts = 1"),
+	    total - (long)np, td.log);
 	cr_log_info("server stopped mid-batch: %ld in the stream at the stop, %zu stored, %zu "
 	            "recorded published",
 	            before, ns, np);
 	ids_free(pub, np);
 	ids_free(st, ns);
 
-	PQclear(
-	    sql("UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
-	cr_assert_eq(run(prefix, a), 0, "log: %s", logfile);
-	cr_assert_eq(count_where("published_at IS NOT NULL"), total, "log: %s", logfile);
+	PQclear(tdispatch_sql(
+	    &td, "UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
+	cr_assert_eq(run(prefix, a), 0, "log: %s", td.log);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), total, "log: %s", td.log);
 	expect_one_message_per_event();
 	/* Stored before the stop but never acknowledged: the broker had them. */
-	cr_assert_eq(textfile_value("idemflow_dispatch_last_run_broker_duplicates"),
-	             (long)ns - (long)np);
+	cr_assert_eq(
+	    tdispatch_textfile_value(textfile, "idemflow_dispatch_last_run_broker_duplicates"),
+	    (long)ns - (long)np);
 }
 
 /*
@@ -1019,21 +916,22 @@ Test(nats_dispatch, without_a_stream_events_stay_pending_then_die_never_publishe
 
 	tstack_random_hex(hex, 6);
 	snprintf(pfx, sizeof(pfx), "idf.none.%s", hex);
-	seed(3);
+	tdispatch_seed(&td, 3, 1, "test.event");
 	const char *a[] = { "--max-attempts", "2", "--backoff", "1h", NULL };
-	cr_assert_eq(run(pfx, a), 0, "log: %s", logfile);
+	cr_assert_eq(run(pfx, a), 0, "log: %s", td.log);
 	snprintf(want, sizeof(want),
 	         "published_at IS NULL AND dead_at IS NULL AND attempts = 1 AND last_error ="
 	         " 'no JetStream stream takes subject \"%s.test.event\" (no responders, 503)'",
 	         pfx);
-	cr_assert_eq(count_where(want), 3, "pending after attempt 1 (log: %s)", logfile);
-	cr_assert(file_has(logfile, "status=503"), "log: %s", logfile);
+	cr_assert_eq(tdispatch_count(&td, want), 3, "pending after attempt 1 (log: %s)", td.log);
+	cr_assert(tstack_file_contains(td.log, "status=503"), "log: %s", td.log);
 
-	PQclear(
-	    sql("UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
-	cr_assert_eq(run(pfx, a), 0, "log: %s", logfile);
-	cr_assert_eq(count_where("published_at IS NULL AND dead_at IS NOT NULL AND attempts = 2"),
-	             3, "dead after the last attempt, never published (log: %s)", logfile);
-	cr_assert(file_has(logfile, "published=0 retried=0 dead=3 broker_duplicates=0 "), "log: %s",
-	          logfile);
+	PQclear(tdispatch_sql(
+	    &td, "UPDATE outbox SET next_attempt_at = now() WHERE published_at IS NULL", 0, NULL));
+	cr_assert_eq(run(pfx, a), 0, "log: %s", td.log);
+	cr_assert_eq(
+	    tdispatch_count(&td, "published_at IS NULL AND dead_at IS NOT NULL AND attempts = 2"),
+	    3, "dead after the last attempt, never published (log: %s)", td.log);
+	cr_assert(tstack_file_contains(td.log, "published=0 retried=0 dead=3 broker_duplicates=0 "),
+	          "log: %s", td.log);
 }

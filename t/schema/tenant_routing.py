@@ -162,7 +162,7 @@ def main(argv):
     ap.add_argument("--builddir", default=".")
     ap.add_argument("--cpp", default=os.environ.get("CPP") or "cc -E")
     ap.add_argument("--sources", nargs="*",
-                    default=["app/server/queries.c", "app/dispatch/dispatch.c"])
+                    default=["app/server/queries.c", "app/dispatch/queries.c"])
     ap.add_argument("--placement")
     ap.add_argument("--extra-sql")
     a = ap.parse_args(argv)

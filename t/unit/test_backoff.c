@@ -5,6 +5,7 @@
  * together.
  */
 #include <criterion/criterion.h>
+#include <stdio.h>
 
 #include "dispatch/dispatch.h"
 
@@ -60,4 +61,40 @@ Test(backoff, two_dispatchers_with_different_seeds_do_not_retry_together)
 		same += dispatch_backoff_delay(delays, 1, 1, &a) ==
 		        dispatch_backoff_delay(delays, 1, 1, &b);
 	cr_assert_lt(same, 20, "%d of 1000 delays equal", same);
+}
+
+/* The list is read with the configuration's one duration parser: its
+ * units, a space after each comma, and each delay at least 1 ms. */
+Test(backoff, the_list_is_read_as_the_configuration_reads_durations)
+{
+	long d[4] = { 0 };
+	struct err e = { 0 };
+
+	cr_assert_eq(dispatch_backoff_parse("500ms, 5s,10m,1d", d, 4, &e), 4, "%s", e.msg);
+	cr_assert_eq(d[0], 500);
+	cr_assert_eq(d[1], 5000);
+	cr_assert_eq(d[2], 600000);
+	cr_assert_eq(d[3], 86400000);
+	cr_assert_eq(dispatch_backoff_parse("7", d, 4, &e), 1, "no unit: seconds");
+	cr_assert_eq(d[0], 7000);
+}
+
+Test(backoff, a_bad_list_names_itself_and_the_form_expected)
+{
+	static const char *const bad[] = { "0", "1s,0ms", "5x", "-1s", "1 s", "1s,2s,3s,4s,5s" };
+	long d[4];
+	struct err e = { 0 };
+	char want[256];
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_assert_eq(dispatch_backoff_parse(bad[i], d, 4, &e), -1, "%s", bad[i]);
+		cr_assert_eq(e.code, ERR_CONFIG);
+		snprintf(want, sizeof(want),
+		         "invalid value \"%s\" for \"backoff\": expected up to 4 durations "
+		         "separated by commas, such as 5s,5m,30m,2h",
+		         bad[i]);
+		cr_assert_str_eq(e.msg, want);
+	}
+	cr_assert_eq(dispatch_backoff_parse(",", d, 4, &e), -1);
+	cr_assert_str_eq(e.msg, "invalid value \",\" for \"backoff\": no delays");
 }

@@ -361,30 +361,6 @@ Test(canon, the_documented_differences_from_rfc_8785_hold)
 	}
 }
 
-Test(canon, utf8_copy_cuts_between_characters_and_replaces_bytes_that_are_not_utf8)
-{
-	char out[8];
-
-	/* "ab" then U+00E9 twice: 6 bytes, 7 of room: the cut falls after it. */
-	cr_assert_eq(canon_utf8_copy(out, 6, "ab\xc3\xa9\xc3\xa9"), 4);
-	cr_assert_str_eq(out, "ab\xc3\xa9");
-	cr_assert_eq(canon_utf8_copy(out, 8, "ab\xc3\xa9\xc3\xa9"), 6);
-	cr_assert_str_eq(out, "ab\xc3\xa9\xc3\xa9");
-	/* A stray byte, a truncated sequence and a surrogate: U+FFFD each byte. */
-	cr_assert_eq(canon_utf8_copy(out, 8,
-	                             "\xff"
-	                             "a"),
-	             4);
-	cr_assert_str_eq(out, "\xef\xbf\xbd"
-	                      "a");
-	cr_assert_eq(canon_utf8_copy(out, 8, "\xc3"), 3);
-	cr_assert_str_eq(out, "\xef\xbf\xbd");
-	cr_assert_eq(canon_utf8_copy(out, 8, "\xed\xa0\x80"), 6, "two replacements fit, not three");
-	cr_assert_str_eq(out, "\xef\xbf\xbd\xef\xbf\xbd");
-	cr_assert_eq(canon_utf8_copy(out, 1, "abc"), 0);
-	cr_assert_str_eq(out, "");
-}
-
 /* What the server reads back from jsonb (its own spacing, its own key
  * order) is answered in the canonical form, appended to what is there. */
 Test(canon, recanon_appends_the_canonical_form_of_stored_text)

@@ -282,3 +282,58 @@ Test(conf, problem_base_uri_is_an_absolute_uri)
 	                 "urn:example:problem:", "a rejected value leaves the old one");
 	conf_free(c);
 }
+
+/* A duration outside a struct conf (tenant set-ttl) is read exactly as
+ * its key reads it: units, the key's floor, the key's error message. */
+Test(conf, a_duration_read_alone_is_read_as_its_key_reads_it)
+{
+	struct conf *c = conf_new();
+	struct err e = { 0 }, set = { 0 };
+	long ms = -1;
+
+	cr_assert_eq(conf_key_duration("idempotency_ttl", "36h", "tenant set-ttl", &ms, &e), 0);
+	cr_assert_eq(ms, 36L * 3600 * 1000);
+	/* Below the key's 1 s floor: the message conf_set gives, word for word. */
+	cr_assert_eq(conf_key_duration("idempotency_ttl", "999ms", "tenant set-ttl", &ms, &e), -1);
+	cr_assert_eq(ms, 36L * 3600 * 1000, "untouched on an error");
+	cr_assert_eq(conf_set(c, "idempotency_ttl", "999ms", "tenant set-ttl", &set), -1);
+	cr_assert_str_eq(e.msg, set.msg);
+	cr_assert_str_eq(e.msg, "tenant set-ttl: invalid value \"999ms\" for \"idempotency_ttl\": "
+	                        "expected a duration such as 500ms, 5s, 10m, 24h or 7d");
+	/* Above replay_cache_ttl's ceiling of a minute. */
+	cr_assert_eq(conf_key_duration("replay_cache_ttl", "61s", "x", &ms, &e), -1);
+	cr_assert_str_eq(e.msg, "x: invalid value \"61s\" for \"replay_cache_ttl\": expected a "
+	                        "duration of at most 60000 ms");
+	/* Only a duration key. */
+	cr_assert_eq(conf_key_duration("workers", "5s", "x", &ms, &e), -1);
+	cr_assert_eq(e.code, ERR_INTERNAL);
+	cr_assert_eq(conf_key_duration("no_such_key", "5s", "x", &ms, &e), -1);
+	conf_free(c);
+}
+
+/* Each program's --help lists the keys it reads, from the one table. */
+Test(conf, usage_lists_the_keys_of_one_program)
+{
+	static const struct {
+		enum conf_program p;
+		const char *has, *lacks;
+	} cases[] = {
+		{ CONF_SERVER, "\n  workers ", "\n  amqp_url " },
+		{ CONF_SERVER, "\n  metrics_token ", "\n  nats_url " },
+		{ CONF_DISPATCH, "\n  amqp_url ", "\n  workers " },
+		{ CONF_DISPATCH, "\n  nats_stream ", "\n  prune_batch " },
+		{ CONF_CLI, "\n  prune_batch ", "\n  sink " },
+		{ CONF_CLI, "\n  idempotency_wait ", "\n  listen " },
+	};
+	char text[16384];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		FILE *f = fmemopen(text, sizeof(text), "w");
+		cr_assert_not_null(f);
+		conf_usage(f, cases[i].p);
+		fclose(f);
+		cr_assert(strstr(text, "\n  db ") != NULL, "db is every program's");
+		cr_assert(strstr(text, cases[i].has) != NULL, "%zu: no%s", i, cases[i].has);
+		cr_assert(strstr(text, cases[i].lacks) == NULL, "%zu: has%s", i, cases[i].lacks);
+	}
+}

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -373,4 +374,109 @@ Test(log_line, a_child_logs_its_own_pid, .init = setup, .fini = teardown)
 	cr_assert_not_null(strstr(text, expect), "%s", text);
 	snprintf(expect, sizeof(expect), "pid=%ld msg=child\n", (long)pid);
 	cr_assert_not_null(strstr(text, expect), "%s", text);
+}
+
+/* --- The journal ------------------------------------------------------ */
+
+/* JOURNAL_STREAM as systemd sets it for the file at path: "dev:ino". */
+static void journal_stream_is(const char *path)
+{
+	struct stat st;
+	char v[64];
+
+	cr_assert_eq(stat(path, &st), 0, "%s", path);
+	snprintf(v, sizeof(v), "%llu:%llu", (unsigned long long)st.st_dev,
+	         (unsigned long long)st.st_ino);
+	cr_assert_eq(setenv("JOURNAL_STREAM", v, 1), 0);
+}
+
+static void emit_every_level(void)
+{
+	log_min_level = LOG_DEBUG;
+	log_debug("d", NULL);
+	log_info("i", NULL);
+	log_warning("w", NULL);
+	log_error("e", NULL);
+	log_line_format = LOG_FORMAT_JSON;
+	log_warning("j", NULL);
+	log_line_format = LOG_FORMAT_LOGFMT;
+}
+
+/* The start of each line of text, up to and with its "level=", or "{". */
+static void expect_starts(const char *text, const char *const *starts, size_t n)
+{
+	const char *line = text;
+
+	for (size_t i = 0; i < n; i++) {
+		cr_assert(*line, "line %zu missing: %s", i, text);
+		cr_assert_eq(strncmp(line, starts[i], strlen(starts[i])), 0, "line %zu: %s", i,
+		             line);
+		line = strchr(line, '\n');
+		cr_assert_not_null(line);
+		line++;
+	}
+	cr_assert_str_eq(line, "", "%s", text);
+}
+
+Test(log_journal, stderr_as_the_journal_gives_each_line_its_priority, .init = setup,
+     .fini = teardown)
+{
+	static const char *const starts[] = { "<7>ts=", "<6>ts=", "<4>ts=", "<3>ts=",
+		                              "<4>{\"ts\":" };
+	char path[128];
+	struct err e;
+
+	snprintf(path, sizeof(path), "%s/journal", dir);
+	cr_assert_eq(log_open(path, &e), 0, "%s", e.msg);
+	journal_stream_is(path);
+	cr_assert_eq(log_stderr_is_journal(), 1);
+	emit_every_level();
+	char *text = slurp(path);
+	expect_starts(text, starts, 5);
+	/* The level is still named in the line itself. */
+	cr_assert_not_null(strstr(text, "<3>ts="), "%s", text);
+	cr_assert_not_null(strstr(strstr(text, "<3>ts="), " level=error "), "%s", text);
+}
+
+Test(log_journal, anywhere_else_the_lines_are_bare, .init = setup, .fini = teardown)
+{
+	static const char *const starts[] = { "ts=", "ts=", "ts=", "ts=", "{\"ts\":" };
+	static const char *const others[] = { NULL, "1:2", "garbage", "", "12", "1:2:3" };
+	char path[128], other[128];
+	struct err e;
+
+	snprintf(other, sizeof(other), "%s/not-stderr", dir);
+	fclose(fopen(other, "w"));
+	for (size_t i = 0; i < sizeof(others) / sizeof(others[0]) + 1; i++) {
+		snprintf(path, sizeof(path), "%s/bare%zu", dir, i);
+		cr_assert_eq(log_open(path, &e), 0, "%s", e.msg);
+		if (i == sizeof(others) / sizeof(others[0]))
+			journal_stream_is(other); /* a stream, but not our stderr */
+		else if (others[i] == NULL)
+			unsetenv("JOURNAL_STREAM");
+		else
+			setenv("JOURNAL_STREAM", others[i], 1);
+		cr_assert_eq(log_stderr_is_journal(), 0, "case %zu", i);
+		emit_every_level();
+		expect_starts(slurp(path), starts, 5);
+	}
+}
+
+/* systemd's variable stays in the environment when log_file takes stderr
+ * over: the file's lines are bare; stderr given back, the prefix is back. */
+Test(log_journal, a_log_file_over_the_journal_is_bare, .init = setup, .fini = teardown)
+{
+	char journal[128], file[128];
+	struct err e;
+
+	snprintf(journal, sizeof(journal), "%s/journal", dir);
+	snprintf(file, sizeof(file), "%s/idemflow.log", dir);
+	cr_assert_eq(log_open(journal, &e), 0, "%s", e.msg);
+	journal_stream_is(journal);
+	log_warning("to the journal", NULL);
+	cr_assert_eq(log_open(file, &e), 0, "%s", e.msg);
+	log_warning("to the file", NULL);
+	cr_assert_eq(strncmp(slurp(journal), "<4>ts=", 6), 0, "%s", slurp(journal));
+	cr_assert_eq(strncmp(slurp(file), "ts=", 3), 0, "%s", slurp(file));
+	cr_assert_null(strstr(slurp(journal), "to the file"));
 }

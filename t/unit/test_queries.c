@@ -25,8 +25,9 @@ Test(queries, the_servers_table_matches_its_sql)
 
 Test(queries, a_count_that_drifted_from_the_sql_fails)
 {
-	const struct db_stmt fewer = { "create_keyed", CK__N - 1, queries[Q_CREATE_KEYED].sql };
-	const struct db_stmt more = { "key_get", KG__N + 1, queries[Q_KEY_GET].sql };
+	const struct db_stmt fewer = { "create_keyed", CREATE_KEYED__N - 1,
+		                       queries[Q_CREATE_KEYED].sql };
+	const struct db_stmt more = { "key_get", KEY_GET__N + 1, queries[Q_KEY_GET].sql };
 	const struct db_stmt none = { "begin", 1, "BEGIN" };
 	struct err e;
 
@@ -82,13 +83,13 @@ static struct db *unconnected(void)
 Test(queries, a_call_with_the_wrong_count_sends_nothing)
 {
 	struct db *db = unconnected();
-	const char *p[KG__N + 1] = { [KG_TENANT] = "1", [KG_KEY] = "k" };
-	const struct db_call calls[2] = { { Q_BEGIN, 0, NULL }, { Q_KEY_GET, KG__N + 1, p } };
+	const char *p[KEY_GET__N + 1] = { [KEY_GET_TENANT] = "1", [KEY_GET_KEY] = "k" };
+	const struct db_call calls[2] = { { Q_BEGIN, 0, NULL }, { Q_KEY_GET, KEY_GET__N + 1, p } };
 	PGresult *r[2];
 	int failed = -1;
 	struct err e;
 
-	cr_assert_null(db_run(db, Q_KEY_GET, KG__N + 1, p, &e));
+	cr_assert_null(db_run(db, Q_KEY_GET, KEY_GET__N + 1, p, &e));
 	cr_assert_eq(e.code, ERR_INTERNAL);
 	cr_assert_str_eq(e.msg, "statement \"key_get\" called with 3 parameters, its table says 2");
 	cr_assert_eq(db_pipeline(db, 2, calls, r, &failed, &e), -1);
