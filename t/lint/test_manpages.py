@@ -56,8 +56,9 @@ def conf_table():
     """{key: (default, test_only)} from app/core/conf.c's table of keys.
 
     An entry is a brace that opens with the key's name as a string literal
-    and a type (an identifier), its first other string literal being the
-    default: { "workers", T_WORKERS, OFF(workers), "auto", ... }. Entries
+    then the programs that read it and its type (identifiers, the programs
+    joined by |), its first other string literal being the default:
+    { "workers", P_SRV, T_WORKERS, OFF(workers), "auto", ... }. Entries
     inside #ifdef IDEMFLOW_TEST_HOOKS exist only in test builds."""
     text = src("app/core/conf.c")
     # The table alone: from "conf_keys[] = {" to the "};" that closes it.
@@ -68,7 +69,7 @@ def conf_table():
     keys = {}
     test_only = False
     entry = re.compile(
-        r'\{\s*"([a-z][a-z0-9_]*)"\s*,\s*[A-Za-z_][A-Za-z0-9_]*\s*,[^"{}]*"((?:[^"\\]|\\.)*)"')
+        r'\{\s*"([a-z][a-z0-9_]*)"\s*,\s*[A-Za-z_][A-Za-z0-9_|\s]*,[^"{}]*"((?:[^"\\]|\\.)*)"')
     lines = text.split("\n")
     # Mark the lines of test-only blocks, then match entries line-spanning.
     mask = []
