@@ -15,6 +15,7 @@
 #include "core/db.h"
 #include "core/log.h"
 #include "core/utf8.h"
+#include "dispatch/dmetrics.h"
 #include "dispatch/queries.h"
 
 struct dispatcher {
@@ -314,6 +315,7 @@ static void batch_outcome(struct dispatcher *d, struct batch *b, struct dispatch
 		}
 		dead = o->result == SINK_DEAD ||
 		       (o->result == SINK_RETRY && b->evs[i].attempt >= c->max_attempts);
+		dmetrics_outcome(&b->evs[i], o, dead);
 		if (o->result == SINK_OK) {
 			buf_putc(&b->done, b->done.len ? ',' : '{');
 			buf_puts(&b->done, id);
@@ -768,6 +770,7 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 	memset(st, 0, sizeof(*st));
 	err_clear(e);
 	while (!dispatch_stopping && !out_of_time(d)) {
+		dmetrics_round(); /* --loop: the textfile after every round */
 		int n = d->c->loop ? listen_again(d, e) : 0;
 		if (n == 0)
 			n = drain(d, st, e);

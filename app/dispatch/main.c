@@ -5,6 +5,7 @@
  *
  * With `textfile` set, every run ends by writing its counters for the
  * node_exporter textfile collector: a cron job has no port to scrape.
+ * With --loop the file is also rewritten after every round (dmetrics.h).
  *
  * Exit status: 0 when the run did its job, even if deliveries failed and
  * were rescheduled; 64 usage; 78 configuration (unknown sink, bad URL,
@@ -25,6 +26,7 @@
 #include "core/conftest.h"
 #include "core/log.h"
 #include "dispatch/dispatch.h"
+#include "dispatch/dmetrics.h"
 #include "dispatch/sink.h"
 #include "dispatch/queries.h"
 #include "dispatch/whsig.h"
@@ -61,99 +63,6 @@ static void on_stop(int sig)
 {
 	(void)sig;
 	dispatch_stop();
-}
-
-/*
- * Write the run's counters to path in the Prometheus text format, through
- * a temporary file in the same directory and rename(2): the collector reads
- * either the previous run's file or this one, never half of one. The
- * temporary name does not end in .prom, so the collector never reads it.
- * st NULL: the run failed before it started. Returns 0, or -1 with e.
- */
-static int write_textfile(const char *path, const struct dispatch_stats *st, int ok, struct err *e)
-{
-	char tmp[4096];
-	struct timeval now;
-	FILE *f;
-	int n;
-
-	n = snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
-	if (n < 0 || (size_t)n >= sizeof(tmp))
-		return err_set(e, ERR_CONFIG, "textfile path too long");
-	f = fopen(tmp, "w");
-	if (f == NULL)
-		return err_set(e, ERR_CONFIG, "could not write \"%s\": %s", tmp, strerror(errno));
-	gettimeofday(&now, NULL);
-	fprintf(f,
-	        "# HELP idemflow_dispatch_last_run_timestamp_seconds When the last run ended.\n"
-	        "# TYPE idemflow_dispatch_last_run_timestamp_seconds gauge\n"
-	        "idemflow_dispatch_last_run_timestamp_seconds %ld.%03ld\n"
-	        "# HELP idemflow_dispatch_last_run_success 1 when the last run did its job, 0 "
-	        "when it failed (see its log).\n"
-	        "# TYPE idemflow_dispatch_last_run_success gauge\n"
-	        "idemflow_dispatch_last_run_success %d\n",
-	        (long)now.tv_sec, (long)now.tv_usec / 1000, ok);
-	if (st != NULL) {
-		static const char *const counters[][2] = {
-			{ "claimed", "Events the last run claimed." },
-			{ "published", "Events the last run delivered." },
-			{ "retried", "Events the last run failed to deliver and rescheduled." },
-			{ "dead", "Events the last run gave up on (dead letters)." },
-			{ "broker_duplicates",
-			  "Events the last run delivered that the broker already held and "
-			  "dropped (JetStream acknowledgements marked duplicate); also counted in "
-			  "published." },
-		};
-		const long values[] = { st->claimed, st->published, st->retried, st->dead,
-			                st->broker_duplicates };
-		for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++)
-			fprintf(f,
-			        "# HELP idemflow_dispatch_last_run_%s %s\n"
-			        "# TYPE idemflow_dispatch_last_run_%s gauge\n"
-			        "idemflow_dispatch_last_run_%s %ld\n",
-			        counters[i][0], counters[i][1], counters[i][0], counters[i][0],
-			        values[i]);
-		fprintf(f,
-		        "# HELP idemflow_dispatch_last_run_duration_seconds How long the last run "
-		        "took.\n"
-		        "# TYPE idemflow_dispatch_last_run_duration_seconds gauge\n"
-		        "idemflow_dispatch_last_run_duration_seconds %.3f\n",
-		        st->duration_s);
-	}
-	/* Only a run that finished counted what is left; a failed one knows
-	 * nothing reliable about it. */
-	if (st != NULL && ok)
-		fprintf(
-		    f,
-		    "# HELP idemflow_dispatch_outbox_pending Events left undelivered (not dead) "
-		    "when the last run ended.\n"
-		    "# TYPE idemflow_dispatch_outbox_pending gauge\n"
-		    "idemflow_dispatch_outbox_pending %ld\n"
-		    "# HELP idemflow_dispatch_outbox_oldest_pending_age_seconds Age of the oldest "
-		    "of them.\n"
-		    "# TYPE idemflow_dispatch_outbox_oldest_pending_age_seconds gauge\n"
-		    "idemflow_dispatch_outbox_oldest_pending_age_seconds %.3f\n",
-		    st->pending, st->oldest_pending_s);
-	if (fflush(f) != 0 || ferror(f)) {
-		err_set(e, ERR_INTERNAL, "could not write \"%s\": %s", tmp, strerror(errno));
-		fclose(f);
-		goto fail;
-	}
-	/* Readable by the collector whatever cron's umask is. */
-	fchmod(fileno(f), 0644);
-	if (fclose(f) != 0) {
-		err_set(e, ERR_INTERNAL, "could not write \"%s\": %s", tmp, strerror(errno));
-		goto fail;
-	}
-	if (rename(tmp, path) < 0) {
-		err_set(e, ERR_INTERNAL, "could not rename \"%s\" to \"%s\": %s", tmp, path,
-		        strerror(errno));
-		goto fail;
-	}
-	return 0;
-fail:
-	unlink(tmp);
-	return -1;
 }
 
 static int exit_code(const struct err *e)
@@ -199,7 +108,8 @@ int main(int argc, char **argv)
 	struct conf *c;
 	struct sink *s = NULL;
 	struct dispatcher *d = NULL;
-	struct dispatch_stats st;
+	struct dispatch_stats st = { 0 };
+	struct dmetrics_run run;
 	struct sigaction sa;
 	int next, rc = EX_OK, ran = 0, tflags;
 
@@ -245,6 +155,7 @@ int main(int argc, char **argv)
 		return EX_CANTCREAT;
 	}
 
+	dmetrics_start(c->sink, c->textfile, c->loop);
 	/* A statement whose parameters drifted from its SQL is a bug: refuse
 	 * to start (EX_SOFTWARE, the statement named in the log), rather than
 	 * fail each claim later or bind values to the wrong $n. */
@@ -290,7 +201,15 @@ fail:
 		          rc);
 	}
 out:
-	if (*c->textfile && write_textfile(c->textfile, ran ? &st : NULL, rc == EX_OK, &e) < 0) {
+	run = (struct dmetrics_run){ .claimed = st.claimed,
+		                     .published = st.published,
+		                     .retried = st.retried,
+		                     .dead = st.dead,
+		                     .broker_duplicates = st.broker_duplicates,
+		                     .pending = st.pending,
+		                     .oldest_pending_s = st.oldest_pending_s,
+		                     .duration_s = st.duration_s };
+	if (*c->textfile && dmetrics_write(c->textfile, ran ? &run : NULL, rc == EX_OK, &e) < 0) {
 		char line[512];
 		size_t n = 0;
 		log_kv(line, sizeof(line), &n, "error", e.msg);

@@ -236,6 +236,14 @@ static void render_pool(struct buf *out)
 	     "Workers killed because their request ran longer than "
 	     "request_terminate_timeout.");
 	buf_printf(out, "idemflow_worker_terminated_total %llu\n", p.terminated);
+	help(out, "idemflow_config_last_reload_success", "gauge",
+	     "0 when the last SIGHUP's configuration was refused and the previous one is still "
+	     "in use (see the log); 1 otherwise.");
+	buf_printf(out, "idemflow_config_last_reload_success %d\n", p.reload_ok);
+	help(out, "idemflow_config_last_reload_success_timestamp_seconds", "gauge",
+	     "When the configuration was last taken: the last successful reload, or the start.");
+	buf_printf(out, "idemflow_config_last_reload_success_timestamp_seconds %lld\n",
+	           p.reload_success_time);
 	help(out, "idemflow_build_info", "gauge",
 	     "Always 1; the labels name the version and the git commit it was built from.");
 	buf_printf(out, "idemflow_build_info{version=\"%s\",commit=\"%s\"} 1\n", PACKAGE_VERSION,

@@ -37,6 +37,9 @@ struct sb_shm {
 	atomic_llong start_s;
 	atomic_ullong slow, terminated, max_children_reached;
 	atomic_long max_listen_queue;
+	atomic_int max_active;
+	atomic_int reload_ok;
+	atomic_llong reload_success_s;
 	atomic_ullong uuid_floor; /* the pool's last UUIDv7 timestamp (ids_share_clock) */
 	struct sb_slot slots[SCOREBOARD_SLOTS];
 };
@@ -79,6 +82,8 @@ int scoreboard_init(struct err *e)
 		               sizeof(struct sb_shm), strerror(errno));
 	sb = p;
 	atomic_store(&sb->start_s, (long long)time(NULL));
+	atomic_store(&sb->reload_ok, 1);
+	atomic_store(&sb->reload_success_s, atomic_load(&sb->start_s));
 	/* Workflow ids in order across the pool's workers, respawned ones and
 	 * a wall clock stepped back included. */
 	ids_share_clock(&sb->uuid_floor);
@@ -162,6 +167,9 @@ void scoreboard_begin(const char *method, enum route route, const char *request_
 	count_workers(&busy, &live);
 	if (busy >= live)
 		atomic_fetch_add_explicit(&sb->max_children_reached, 1, memory_order_relaxed);
+	int hw = atomic_load_explicit(&sb->max_active, memory_order_relaxed);
+	while (busy > hw && !atomic_compare_exchange_weak(&sb->max_active, &hw, busy))
+		;
 }
 
 void scoreboard_stage(enum sb_stage s)
@@ -238,6 +246,15 @@ void scoreboard_count_terminated(void)
 {
 	if (sb != NULL)
 		atomic_fetch_add(&sb->terminated, 1);
+}
+
+void scoreboard_config_reloaded(int ok)
+{
+	if (sb == NULL)
+		return;
+	atomic_store(&sb->reload_ok, ok != 0);
+	if (ok)
+		atomic_store(&sb->reload_success_s, (long long)time(NULL));
 }
 
 /* --- The listen queue ------------------------------------------------------ */
@@ -357,6 +374,7 @@ void scoreboard_sample_queue(void)
 void scoreboard_pool(struct sb_pool *p)
 {
 	memset(p, 0, sizeof(*p));
+	p->reload_ok = 1; /* no supervisor, no reload */
 	if (sb == NULL)
 		return;
 	p->start_time = atomic_load(&sb->start_s);
@@ -370,6 +388,9 @@ void scoreboard_pool(struct sb_pool *p)
 	p->max_children_reached = atomic_load(&sb->max_children_reached);
 	p->slow_requests = atomic_load(&sb->slow);
 	p->terminated = atomic_load(&sb->terminated);
+	p->max_active = atomic_load(&sb->max_active);
+	p->reload_ok = atomic_load(&sb->reload_ok);
+	p->reload_success_time = atomic_load(&sb->reload_success_s);
 }
 
 /* --- The status page --------------------------------------------------------- */
@@ -439,41 +460,57 @@ static void json_str(struct buf *out, const char *s)
 	canon_write_string(out, s, strlen(s));
 }
 
+/*
+ * php-fpm's keys, in its order and with its types (its JSON has spaces in
+ * its keys, and times in seconds since the epoch), then idemflow's own.
+ * What idemflow does not have takes php-fpm's value for "none": the
+ * process manager is static (a fixed pool), a request has no user, no
+ * script and no content length counted, and its CPU is not measured; its
+ * URI is the route template, never the request's own path with its ids.
+ */
 static void render_json(struct buf *out, const char *pool, const struct sb_pool *p, int full)
 {
-	char start[32];
-
-	iso_time(start, sizeof(start), p->start_time);
 	buf_puts(out, "{\"pool\":");
 	json_str(out, pool);
 	buf_printf(out,
-	           ",\"start_time\":\"%s\",\"start_since\":%lld,\"accepted_conn\":%llu,"
-	           "\"listen_queue\":%ld,\"max_listen_queue\":%ld,\"listen_queue_len\":%ld,"
-	           "\"idle_processes\":%d,\"active_processes\":%d,\"total_processes\":%d,"
-	           "\"max_children_reached\":%llu,\"slow_requests\":%llu,"
-	           "\"terminated_requests\":%llu",
-	           start, p->start_since, p->accepted, p->listen_queue, p->max_listen_queue,
-	           p->listen_queue_len, p->idle, p->active, p->total, p->max_children_reached,
-	           p->slow_requests, p->terminated);
+	           ",\"process manager\":\"static\",\"start time\":%lld,\"start since\":%lld,"
+	           "\"accepted conn\":%llu,\"listen queue\":%ld,\"max listen queue\":%ld,"
+	           "\"listen queue len\":%ld,\"idle processes\":%d,\"active processes\":%d,"
+	           "\"total processes\":%d,\"max active processes\":%d,"
+	           "\"max children reached\":%llu,\"slow requests\":%llu,"
+	           "\"terminated requests\":%llu,\"config last reload success\":%d,"
+	           "\"config last reload success time\":%lld",
+	           p->start_time, p->start_since, p->accepted, p->listen_queue, p->max_listen_queue,
+	           p->listen_queue_len, p->idle, p->active, p->total, p->max_active,
+	           p->max_children_reached, p->slow_requests, p->terminated, p->reload_ok,
+	           p->reload_success_time);
 	if (full) {
 		int first = 1;
+		long long now = (long long)time(NULL);
 		buf_puts(out, ",\"processes\":[");
 		for (int i = 0; i < SCOREBOARD_SLOTS; i++) {
 			struct sb_row r;
 			if (!read_row(&sb->slots[i], &r))
 				continue;
-			iso_time(start, sizeof(start), r.started_s);
+			buf_printf(
+			    out,
+			    "%s{\"pid\":%ld,\"state\":\"%s\",\"start time\":%lld,"
+			    "\"start since\":%lld,\"requests\":%llu,\"request duration\":%lld,"
+			    "\"request method\":",
+			    first ? "" : ",", (long)r.pid, r.state, r.started_s, now - r.started_s,
+			    r.served, (long long)(r.duration_ms * 1e3));
+			json_str(out, r.req.method[0] ? r.req.method : "-");
+			buf_puts(out, ",\"request uri\":");
+			json_str(out, r.req.route[0] ? r.req.route : "-");
 			buf_printf(out,
-			           "%s{\"pid\":%ld,\"state\":\"%s\",\"start_time\":\"%s\","
-			           "\"requests\":%llu,\"request_method\":",
-			           first ? "" : ",", (long)r.pid, r.state, start, r.served);
-			json_str(out, r.req.method);
-			buf_puts(out, ",\"request_route\":");
+			           ",\"content length\":0,\"user\":\"-\",\"script\":\"-\","
+			           "\"last request cpu\":0.00,\"last request memory\":%lld,"
+			           "\"request route\":",
+			           r.rss < 0 ? 0 : r.rss);
 			json_str(out, r.req.route);
-			buf_puts(out, ",\"request_id\":");
+			buf_puts(out, ",\"request id\":");
 			json_str(out, r.req.request_id);
-			buf_printf(out, ",\"request_duration_ms\":%.3f,\"rss_bytes\":%lld}",
-			           r.duration_ms, r.rss);
+			buf_printf(out, ",\"rss bytes\":%lld}", r.rss);
 			first = 0;
 		}
 		buf_putc(out, ']');
@@ -483,11 +520,14 @@ static void render_json(struct buf *out, const char *pool, const struct sb_pool 
 
 static void render_text(struct buf *out, const char *pool, const struct sb_pool *p, int full)
 {
-	char start[32];
+	char start[32], ok[32];
+	long long now = (long long)time(NULL);
 
 	iso_time(start, sizeof(start), p->start_time);
+	iso_time(ok, sizeof(ok), p->reload_success_time);
 	buf_printf(out,
 	           "pool:                 %s\n"
+	           "process manager:      static\n"
 	           "start time:           %s\n"
 	           "start since:          %lld\n"
 	           "accepted conn:        %llu\n"
@@ -497,12 +537,16 @@ static void render_text(struct buf *out, const char *pool, const struct sb_pool 
 	           "idle processes:       %d\n"
 	           "active processes:     %d\n"
 	           "total processes:      %d\n"
+	           "max active processes: %d\n"
 	           "max children reached: %llu\n"
 	           "slow requests:        %llu\n"
-	           "terminated requests:  %llu\n",
+	           "terminated requests:  %llu\n"
+	           "last reload:          %s\n"
+	           "last reload success:  %s\n",
 	           pool, start, p->start_since, p->accepted, p->listen_queue, p->max_listen_queue,
-	           p->listen_queue_len, p->idle, p->active, p->total, p->max_children_reached,
-	           p->slow_requests, p->terminated);
+	           p->listen_queue_len, p->idle, p->active, p->total, p->max_active,
+	           p->max_children_reached, p->slow_requests, p->terminated,
+	           p->reload_ok ? "ok" : "failed, running the previous configuration", ok);
 	if (!full)
 		return;
 	for (int i = 0; i < SCOREBOARD_SLOTS; i++) {
@@ -515,14 +559,23 @@ static void render_text(struct buf *out, const char *pool, const struct sb_pool 
 		           "pid:                  %ld\n"
 		           "state:                %s\n"
 		           "start time:           %s\n"
+		           "start since:          %lld\n"
 		           "requests:             %llu\n"
+		           "request duration:     %lld\n"
 		           "request method:       %s\n"
+		           "request URI:          %s\n"
+		           "content length:       0\n"
+		           "user:                 -\n"
+		           "script:               -\n"
+		           "last request cpu:     0.00\n"
+		           "last request memory:  %lld\n"
 		           "request route:        %s\n"
 		           "request id:           %s\n"
-		           "request duration ms:  %.3f\n"
 		           "rss bytes:            %lld\n",
-		           (long)r.pid, r.state, start, r.served, r.req.method, r.req.route,
-		           r.req.request_id, r.duration_ms, r.rss);
+		           (long)r.pid, r.state, start, now - r.started_s, r.served,
+		           (long long)(r.duration_ms * 1e3), r.req.method[0] ? r.req.method : "-",
+		           r.req.route[0] ? r.req.route : "-", r.rss < 0 ? 0 : r.rss, r.req.route,
+		           r.req.request_id, r.rss);
 	}
 }
 

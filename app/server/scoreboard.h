@@ -17,8 +17,9 @@
  *
  * Pool-wide figures live beside the slots: the pool's start, the slow
  * requests logged, the workers killed by request_terminate_timeout, the
- * times the pool ran out of idle workers, and the listen queue's
- * high-water mark.
+ * times the pool ran out of idle workers, the most workers busy at once,
+ * the listen queue's high-water mark, and whether the last reload took
+ * its configuration.
  */
 #ifndef IDF_SCOREBOARD_H
 #define IDF_SCOREBOARD_H
@@ -97,6 +98,11 @@ int scoreboard_late(int slot, pid_t pid, long min_ms, struct sb_late *late);
 void scoreboard_count_slow(void);
 void scoreboard_count_terminated(void);
 
+/* Supervisor, after each SIGHUP: whether the configuration was re-read
+ * (ok 1) or refused, the old one kept (ok 0). Until the first reload the
+ * pool counts as reloaded at its start, as Prometheus does. */
+void scoreboard_config_reloaded(int ok);
+
 /* Supervisor, on its tick (and any reader): sample the listen queue, so
  * its high-water mark holds between status reads. */
 void scoreboard_sample_queue(void);
@@ -109,16 +115,20 @@ struct sb_pool {
 	unsigned long long accepted;
 	long listen_queue, max_listen_queue, listen_queue_len;
 	int idle, active, total;
+	int max_active; /* the most workers busy at once since the start */
 	unsigned long long max_children_reached;
 	unsigned long long slow_requests;
 	unsigned long long terminated;
+	int reload_ok;                 /* the last SIGHUP's configuration was taken */
+	long long reload_success_time; /* s since the epoch: the last reload taken, or the start */
 };
 void scoreboard_pool(struct sb_pool *p);
 
 /*
  * Append the status page to out: plain text, or JSON when json; with one
  * entry per worker when full. pool is the pool's name (the configured
- * application_name).
+ * application_name). The keys are php-fpm's status page's, in its order,
+ * so that php-fpm's collectors read it; idemflow's own follow them.
  */
 void scoreboard_render(struct buf *out, const char *pool, int json, int full);
 

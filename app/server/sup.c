@@ -473,6 +473,7 @@ static void pool_notify(struct sup *s)
 {
 	int live = 0, ready = 0, busy;
 	struct sb_pool sb;
+	const char *failed;
 
 	if (!notify_enabled())
 		return;
@@ -489,16 +490,19 @@ static void pool_notify(struct sup *s)
 	}
 	scoreboard_pool(&sb);
 	busy = sb.active < ready ? sb.active : ready;
+	/* A refused reload stays in the status line until one is taken:
+	 * "systemctl status" shows it, not only the log. */
+	failed = sb.reload_ok ? "" : "; reload failed, running the previous configuration";
 	if (!s->ready_sent && ready >= s->conf->workers) {
 		s->ready_sent = 1;
-		notify_send("READY=1", "%d workers, %d ready, %d busy, %d idle", live, ready, busy,
-		            ready - busy);
+		notify_send("READY=1", "%d workers, %d ready, %d busy, %d idle%s", live, ready,
+		            busy, ready - busy, failed);
 	} else if (!s->ready_sent) {
 		notify_send(NULL, "%s: %d of %d workers ready", s->gen ? "reloading" : "starting",
 		            ready, s->conf->workers);
 	} else {
-		notify_send(NULL, "%d workers, %d ready, %d busy, %d idle", live, ready, busy,
-		            ready - busy);
+		notify_send(NULL, "%d workers, %d ready, %d busy, %d idle%s", live, ready, busy,
+		            ready - busy, failed);
 	}
 }
 
@@ -538,6 +542,7 @@ static void reload(struct sup *s)
 
 	if (c == NULL) {
 		log_failure("configuration not reloaded; keeping the old one", &e);
+		scoreboard_config_reloaded(0);
 		return;
 	}
 	/* Checked here, not by the parser: only the server reads these. The
@@ -545,6 +550,7 @@ static void reload(struct sup *s)
 	if (metrics_allow_match(c->metrics_allow, NULL, &e) < 0 ||
 	    (strcmp(c->log_file, s->conf->log_file) != 0 && log_open(c->log_file, &e) < 0)) {
 		log_failure("configuration not reloaded; keeping the old one", &e);
+		scoreboard_config_reloaded(0);
 		conf_free(c);
 		return;
 	}
@@ -561,6 +567,7 @@ static void reload(struct sup *s)
 	s->gen++;
 	s->crash_streak = 0;
 	s->respawn_at = 0;
+	scoreboard_config_reloaded(1);
 	log_info("configuration reloaded; replacing workers", "gen=%u workers=%d", s->gen,
 	         c->workers);
 }

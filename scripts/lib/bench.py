@@ -381,10 +381,10 @@ class PoolSampler:
     total. Keeps the reads, the bad ones, and the most busy workers and
     waiting connections seen."""
 
-    FIELDS = ("pool", "start_time", "start_since", "accepted_conn", "listen_queue",
-              "max_listen_queue", "listen_queue_len", "idle_processes", "active_processes",
-              "total_processes", "max_children_reached", "slow_requests",
-              "terminated_requests")
+    FIELDS = ("pool", "process manager", "start time", "start since", "accepted conn",
+              "listen queue", "max listen queue", "listen queue len", "idle processes",
+              "active processes", "total processes", "max active processes",
+              "max children reached", "slow requests", "terminated requests")
 
     def __init__(self, url):
         import threading
@@ -406,14 +406,14 @@ class PoolSampler:
                 continue
             g["reads"] += 1
             if any(k not in doc for k in self.FIELDS) or (
-                    doc["idle_processes"] + doc["active_processes"] != doc["total_processes"]) or (
-                    doc["accepted_conn"] < g["accepted"]):
+                    doc["idle processes"] + doc["active processes"] != doc["total processes"]) or (
+                    doc["accepted conn"] < g["accepted"]):
                 g["bad"] += 1
                 continue
-            g["accepted"] = doc["accepted_conn"]
-            g["max_active"] = max(g["max_active"], doc["active_processes"])
-            g["total"] = doc["total_processes"]
-            g["max_queue"] = max(g["max_queue"], doc["listen_queue"])
+            g["accepted"] = doc["accepted conn"]
+            g["max_active"] = max(g["max_active"], doc["active processes"])
+            g["total"] = doc["total processes"]
+            g["max_queue"] = max(g["max_queue"], doc["listen queue"])
 
     def stop(self):
         self.stop_ev.set()

@@ -556,6 +556,117 @@ Test(dispatch, loop_mode_outlives_a_database_restart)
 	cr_assert(tstack_file_contains(td.log, "lost the database"), "the outage is logged");
 }
 
+/* A sample's value in a textfile (its name with its labels, exactly);
+ * -1 when the file or the sample is not there. */
+static double prom_value(const char *path, const char *sample)
+{
+	char line[1024];
+	FILE *f = fopen(path, "r");
+	double v = -1;
+	size_t n = strlen(sample);
+
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, sample, n) == 0 && line[n] == ' ')
+			v = strtod(line + n + 1, NULL);
+	fclose(f);
+	return v;
+}
+
+#define EVENTS "idemflow_dispatch_events_total{sink=\"http\",outcome="
+#define LAG    "idemflow_dispatch_delivery_lag_seconds"
+
+Test(dispatch, loop_mode_writes_its_metrics_while_it_runs_with_exact_counts)
+{
+	char prom[600], q[1024];
+	double deadline;
+	pid_t pid;
+
+	snprintf(prom, sizeof(prom), "%s/dispatch-loop.prom",
+	         getenv("IDEMFLOW_STACK_DIR") ? getenv("IDEMFLOW_STACK_DIR") : "/tmp");
+	unlink(prom);
+	/* A failure is retried in an hour, not during the test; an event on
+	 * its second attempt is dead. */
+	const char *loop[] = { "--loop", "--poll-interval", "60s", "--textfile", prom, "--backoff",
+		               "1h",     "--max-attempts",  "2",   NULL };
+	pid = spawn(loop);
+	cr_assert(in_loop_wait(pid, 60000, 20000), "the dispatcher never reached its wait");
+	/* Written before the first wait, with nothing counted yet. */
+	cr_assert_eq(prom_value(prom, EVENTS "\"delivered\"}"), 0, "no %s while waiting", prom);
+
+	/* Six events of six workflows: three created 100 s ago, one now, all
+	 * four delivered; two the receiver refuses with 503: one on its first
+	 * attempt (retried), one on its second (dead). */
+	const char *p[1] = { td.tenant };
+	snprintf(
+	    q, sizeof(q),
+	    "WITH w AS ("
+	    "  INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at)"
+	    "  SELECT $1, gen_random_uuid(), 'test', '{}', now(), now()"
+	    "    FROM generate_series(1, 6) RETURNING tenant_id, id)"
+	    " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload, attempts)"
+	    " SELECT w.id::text || '.1', w.tenant_id, w.id, 1,"
+	    "        CASE r WHEN 5 THEN 'test.retry' WHEN 6 THEN 'test.dead' ELSE 'test.ok' END,"
+	    "        json_build_object('id', w.id::text || '.1', 'seq', 1,"
+	    "          'data', json_build_object('occurred_at', '2000-01-01T00:00:00Z'),"
+	    "          'occurred_at', idemflow_ts(now() - CASE WHEN r <= 3"
+	    "            THEN interval '100 s' ELSE interval '0' END))::text,"
+	    "        CASE WHEN r = 6 THEN 1 ELSE 0 END"
+	    "   FROM (SELECT *, row_number() OVER (ORDER BY id) r FROM w) w");
+	PQclear(tdispatch_sql(&td, q, 1, p));
+	{
+		char *retry = event_id_of("type = 'test.retry'");
+		char *dead = event_id_of("type = 'test.dead'");
+		char ctl[512];
+		snprintf(ctl, sizeof(ctl),
+		         "{\"fail_ids\": [\"%s\", \"%s\"], \"status_for_ids\": 503}", retry, dead);
+		cr_assert_eq(receiver_control(&rcv, ctl), 0);
+		free(retry);
+		free(dead);
+	}
+	PQclear(tdispatch_sql(&td, "NOTIFY idemflow_outbox", 0, NULL));
+
+	/* Read while the dispatcher runs on: the counts of the round. */
+	deadline = tstack_now() + 20;
+	while (prom_value(prom, EVENTS "\"delivered\"}") < 4 ||
+	       prom_value(prom, EVENTS "\"dead\"}") < 1 ||
+	       prom_value(prom, EVENTS "\"retried\"}") < 1) {
+		cr_assert(tstack_now() < deadline, "the textfile did not count the round; see %s",
+		          prom);
+		tstack_sleep_ms(50);
+	}
+	cr_assert(in_loop_wait(pid, 60000, 10000), "the dispatcher is not waiting again");
+	cr_assert_eq(tstack_pid_gone(pid), 0, "the dispatcher exited");
+	cr_assert_eq(prom_value(prom, EVENTS "\"delivered\"}"), 4);
+	cr_assert_eq(prom_value(prom, EVENTS "\"retried\"}"), 1);
+	cr_assert_eq(prom_value(prom, EVENTS "\"dead\"}"), 1);
+	cr_assert_eq(prom_value(prom, "idemflow_dispatch_broker_duplicates_total{sink=\"http\"}"),
+	             0);
+	/* The lag from each event's own occurred_at, not the one in its data. */
+	cr_assert_eq(prom_value(prom, LAG "_count{sink=\"http\"}"), 4);
+	cr_assert_eq(prom_value(prom, LAG "_bucket{sink=\"http\",le=\"60\"}"), 1);
+	cr_assert_eq(prom_value(prom, LAG "_bucket{sink=\"http\",le=\"120\"}"), 4);
+	cr_assert_eq(prom_value(prom, LAG "_bucket{sink=\"http\",le=\"+Inf\"}"), 4);
+	double sum = prom_value(prom, LAG "_sum{sink=\"http\"}");
+	cr_assert(sum >= 300 && sum < 360, "lag sum %.3f s for three events 100 s old and one new",
+	          sum);
+	cr_assert_eq(
+	    prom_value(prom, "idemflow_dispatch_delivery_lag_unknown_total{sink=\"http\"}"), 0);
+	cr_assert_eq(prom_value(prom, "idemflow_dispatch_last_run_success"), -1,
+	             "the end of a run's gauges while the loop runs");
+	cr_assert_gt(prom_value(prom, "idemflow_dispatch_last_write_timestamp_seconds"),
+	             (double)time(NULL) - 30);
+
+	kill(pid, SIGTERM);
+	cr_assert_eq(tdispatch_wait(pid), 0);
+	/* At the end: the counters, and the run's gauges beside them. */
+	cr_assert_eq(prom_value(prom, EVENTS "\"delivered\"}"), 4);
+	cr_assert_eq(prom_value(prom, "idemflow_dispatch_last_run_published"), 4);
+	cr_assert_eq(prom_value(prom, "idemflow_dispatch_last_run_success"), 1);
+	cr_assert_eq(tdispatch_count(&td, "published_at IS NOT NULL"), 4);
+}
+
 Test(dispatch, bad_configuration_gives_a_clear_message_and_a_distinct_exit_code)
 {
 	const char *smtp[] = { "--sink", "smtp", NULL };

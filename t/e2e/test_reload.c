@@ -4,7 +4,9 @@
  * a bad value keeps the old configuration and workers; SIGHUP with a good
  * one replaces the workers one by one, the pool never below its size;
  * workers that keep dying young are respawned after a back-off; and
- * SIGTERM ends a worker still busy after shutdown_timeout.
+ * SIGTERM ends a worker still busy after shutdown_timeout. A refused
+ * reload shows in the metrics (idemflow_config_last_reload_success 0)
+ * and on the status page until a good one is taken.
  *
  * The pool's size during a reload is read from the supervisor's own log
  * (log_level = debug: every fork, retirement and reaped exit, in the
@@ -26,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -195,7 +198,80 @@ static void expect_healthy(void)
 	http_response_free(r);
 }
 
+/* A sample's value in GET /metrics of our pool, asked through its socket
+ * (127.0.0.1, in the default metrics_allow); asserts it is there. */
+static double own_metric(const char *name)
+{
+	struct http_response *r = http_fcgi_request(own.sock, "GET", "/metrics", NULL, NULL, 0);
+	char pat[160];
+	const char *p;
+	double v;
+
+	cr_assert_not_null(r, "%s", http_error());
+	cr_assert_eq(r->status, 200, "GET /metrics: %d %.300s", r->status, r->body);
+	snprintf(pat, sizeof(pat), "\n%s ", name);
+	p = strstr(r->body, pat);
+	cr_assert_not_null(p, "no %s in %s", name, r->body);
+	v = strtod(p + strlen(pat), NULL);
+	http_response_free(r);
+	return v;
+}
+
+/* GET path of our pool's status page; asserts 200. Caller frees. */
+static struct http_response *own_status(const char *path)
+{
+	struct http_response *r = http_fcgi_request(own.sock, "GET", path, NULL, NULL, 0);
+
+	cr_assert_not_null(r, "%s", http_error());
+	cr_assert_eq(r->status, 200, "GET %s: %d %.300s", path, r->status, r->body);
+	return r;
+}
+
 TestSuite(reload, .timeout = 120);
+
+Test(reload, a_refused_reload_shows_in_the_metrics_and_the_status_page_until_one_is_taken,
+     .fini = own_stop)
+{
+	struct http_response *r;
+	double started, taken;
+	char want[96];
+
+	own_start("workers = 2\n", 2);
+	cr_assert_eq(own_metric("idemflow_config_last_reload_success"), 1);
+	started = own_metric("idemflow_config_last_reload_success_timestamp_seconds");
+	cr_assert(started > (double)time(NULL) - 60 && started <= (double)time(NULL), "%.0f",
+	          started);
+
+	conf_write("workers = many\n");
+	cr_assert_eq(kill(own.pid, SIGHUP), 0);
+	wait_log("msg=\"configuration not reloaded; keeping the old one\"", 10);
+	cr_assert_eq(own_metric("idemflow_config_last_reload_success"), 0);
+	cr_assert_eq(own_metric("idemflow_config_last_reload_success_timestamp_seconds"), started);
+	r = own_status("/status?json");
+	snprintf(want, sizeof(want),
+	         "\"config last reload success\":0,"
+	         "\"config last reload success time\":%.0f",
+	         started);
+	cr_assert_not_null(strstr(r->body, want), "no %s in %s", want, r->body);
+	http_response_free(r);
+	r = own_status("/status");
+	cr_assert_not_null(strstr(r->body, "\nlast reload:          failed, running the previous "
+	                                   "configuration\n"),
+	                   "%s", r->body);
+	http_response_free(r);
+
+	/* Fixed: taken, and the time of the success moves on. */
+	tstack_sleep_ms(1100);
+	conf_write("workers = 2\n");
+	cr_assert_eq(kill(own.pid, SIGHUP), 0);
+	wait_log("msg=\"configuration reloaded; replacing workers\" gen=1", 10);
+	cr_assert_eq(own_metric("idemflow_config_last_reload_success"), 1);
+	taken = own_metric("idemflow_config_last_reload_success_timestamp_seconds");
+	cr_assert_gt(taken, started);
+	r = own_status("/status");
+	cr_assert_not_null(strstr(r->body, "\nlast reload:          ok\n"), "%s", r->body);
+	http_response_free(r);
+}
 
 Test(
     reload,

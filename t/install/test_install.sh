@@ -85,7 +85,8 @@ expect_file "$inst_sysconfdir/cron.d/idemflow" 644
 expect_file "$inst_sysconfdir/logrotate.d/idemflow" 644
 # --without-systemdsystemunitdir installs no unit.
 if [[ $inst_unitdir != no ]]; then
-	for u in idemflow-fcgi.service idemflow-fcgi.socket idemflow-dispatch.service idemflow-dispatch.timer; do
+	for u in idemflow-fcgi.service idemflow-fcgi.socket idemflow-dispatch.service idemflow-dispatch.timer \
+		idemflow-dispatch-loop.service idemflow-reap.service; do
 		expect_file "$inst_unitdir/$u" 644
 	done
 fi
@@ -102,7 +103,7 @@ done
 expect_file "$inst_docdir/README.md" 644
 # The reference the README links to, beside it.
 DOCS=(api.md architecture.md operations.md reliability.md security.md performance.md
-	ha.md distribution.md clients.md consumers.md)
+	ha.md distribution.md clients.md consumers.md runbooks.md)
 for d in "${DOCS[@]}"; do
 	expect_file "$inst_docdir/$d" 644
 done
@@ -163,7 +164,8 @@ want=$(
 	for p in "${PAGES[@]}"; do echo "$inst_mandir/$p"; done
 	printf '%s\n' "${INBOX[@]}"
 	if [[ $inst_unitdir != no ]]; then
-		for u in idemflow-fcgi.service idemflow-fcgi.socket idemflow-dispatch.service idemflow-dispatch.timer; do
+		for u in idemflow-fcgi.service idemflow-fcgi.socket idemflow-dispatch.service idemflow-dispatch.timer \
+		idemflow-dispatch-loop.service idemflow-reap.service; do
 			echo "$inst_unitdir/$u"
 		done
 	fi
@@ -191,9 +193,24 @@ if [[ $inst_unitdir != no ]]; then
 	expect_line "$inst_unitdir/idemflow-dispatch.service" \
 		"ExecStart=$inst_bindir/idemflow-dispatch --config $conf --once --max-runtime 55s"
 	expect_line "$inst_unitdir/idemflow-dispatch.timer" "OnCalendar=minutely"
+	# The looping programs, the other choice to the timer and cron.
+	expect_line "$inst_unitdir/idemflow-dispatch-loop.service" \
+		"ExecStart=$inst_bindir/idemflow-dispatch --config $conf --loop"
+	expect_line "$inst_unitdir/idemflow-dispatch-loop.service" \
+		"ExecCondition=$inst_bindir/idemflow-dispatch --config $conf -t -q"
+	expect_line "$inst_unitdir/idemflow-dispatch-loop.service" "Restart=on-failure"
+	expect_line "$inst_unitdir/idemflow-reap.service" \
+		"ExecStart=$inst_bindir/idemflow --config $conf reap --loop --interval 200"
+	expect_line "$inst_unitdir/idemflow-reap.service" \
+		"ExecCondition=$inst_bindir/idemflow --config $conf -t -q"
+	expect_line "$inst_unitdir/idemflow-reap.service" \
+		"Environment=PGSERVICEFILE=$inst_sysconfdir/idemflow/pg_service.conf PGSERVICE=idemflow-maintenance"
+	expect_line "$inst_unitdir/idemflow-dispatch-loop.service" \
+		"Environment=PGSERVICEFILE=$inst_sysconfdir/idemflow/pg_service.conf PGSERVICE=idemflow-dispatch"
 	# Hardening: systemd's own score of each service, "OK" or better.
 	if command -v systemd-analyze >/dev/null; then
-		for u in idemflow-fcgi.service idemflow-dispatch.service; do
+		for u in idemflow-fcgi.service idemflow-dispatch.service \
+			idemflow-dispatch-loop.service idemflow-reap.service; do
 			level=$(systemd-analyze security --offline=yes "$DEST$inst_unitdir/$u" 2>/dev/null |
 				sed -n 's/.*Overall exposure level for [^:]*: [0-9.]* \([A-Z]*\).*/\1/p')
 			case $level in

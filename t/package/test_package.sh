@@ -102,7 +102,8 @@ for f in /usr/bin/idemflow /usr/bin/idemflow-dispatch /usr/sbin/idemflow-fcgi \
 	/etc/idemflow/idemflow.conf /etc/idemflow/pg_service.conf /etc/cron.d/idemflow /etc/logrotate.d/idemflow \
 	/etc/nginx/sites-available/idemflow /lib/systemd/system/idemflow-fcgi.service \
 	/lib/systemd/system/idemflow-dispatch.service /lib/systemd/system/idemflow-dispatch.timer \
-	/lib/systemd/system/idemflow-fcgi.socket \
+	/lib/systemd/system/idemflow-fcgi.socket /lib/systemd/system/idemflow-dispatch-loop.service \
+	/lib/systemd/system/idemflow-reap.service /usr/share/doc/idemflow/runbooks.md \
 	/usr/lib/sysusers.d/idemflow.conf /usr/share/idemflow/sql/001_init.sql \
 	/usr/share/idemflow/sql/roles.sql /usr/share/man/man8/idemflow-fcgi.8.gz \
 	/usr/share/idemflow/prometheus/idemflow-rules.yml \
