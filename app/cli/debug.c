@@ -205,7 +205,6 @@ out:
 
 int cli_debug(PGconn *conn, struct conf *c, int argc, char **argv)
 {
-	(void)c;
 	if (argc < 1 || strcmp(argv[0], "idempotency-check") != 0)
 		return cli_usage_error();
 	return idempotency_check(conn, argc - 1, argv + 1);

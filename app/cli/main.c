@@ -32,8 +32,6 @@ static const struct {
 
 static void quiet_notices(void *arg, const char *msg)
 {
-	(void)arg;
-	(void)msg;
 }
 
 int main(int argc, char **argv)

@@ -14,8 +14,6 @@ int cli_migrate(PGconn *conn, struct conf *c, int argc, char **argv)
 	struct err e;
 	int applied;
 
-	(void)c;
-	(void)argv;
 	if (argc != 0)
 		return cli_usage_error();
 	if (migrate_apply(conn, &applied, &e) < 0)

@@ -224,7 +224,6 @@ static int outbox_requeue_dead(PGconn *conn)
 
 int cli_outbox(PGconn *conn, struct conf *c, int argc, char **argv)
 {
-	(void)c;
 	if (argc >= 1 && argc <= 4 && strcmp(argv[0], "list") == 0)
 		return outbox_list(conn, argc, argv);
 	if (argc == 2 && strcmp(argv[0], "show") == 0)

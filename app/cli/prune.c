@@ -283,7 +283,6 @@ static volatile sig_atomic_t reap_stop;
 
 static void reap_on_signal(int sig)
 {
-	(void)sig;
 	reap_stop = 1;
 }
 

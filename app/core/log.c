@@ -506,7 +506,6 @@ void log_reopen(void)
 
 void log_reopen_on_signal(int sig)
 {
-	(void)sig;
 	log_reopen_asked = 1;
 }
 

@@ -61,7 +61,6 @@ static void usage(FILE *out)
 
 static void on_stop(int sig)
 {
-	(void)sig;
 	dispatch_stop();
 }
 

@@ -688,7 +688,6 @@ static int amqp_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 	struct flight fl = { .evs = evs, .outs = outs, .n = n };
 	enum fl_result r = FL_FAILED;
 
-	(void)e;
 	for (size_t i = 0; i < n; i++) {
 		outcome_set(&outs[i], SINK_RETRY, 0, "");
 		outs[i].latency_ms = 0;

@@ -183,7 +183,6 @@ static int exec_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 {
 	struct exec_sink *x = (struct exec_sink *)s;
 
-	(void)e;
 	for (size_t i = 0; i < n; i++) {
 		struct sink_outcome *o = &outs[i];
 		double t0 = now_ms();

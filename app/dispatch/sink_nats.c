@@ -415,7 +415,6 @@ static int nats_deliver(struct sink *s, const struct sink_event *evs, size_t n,
 	size_t *prev;
 	sigset_t old;
 
-	(void)e;
 	for (size_t i = 0; i < n; i++) {
 		outcome_set(&outs[i], SINK_RETRY, 0, "not attempted");
 		outs[i].latency_ms = 0;

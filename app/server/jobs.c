@@ -131,9 +131,6 @@ static int render_activate(struct handler_ctx *ctx, const struct http_req *req,
 {
 	int truncated = 0;
 
-	(void)ctx;
-	(void)req;
-	(void)c;
 	resp->status = 200;
 	resp->content_type = "application/json";
 	buf_puts(&resp->body, "{\"jobs\":[");
@@ -156,9 +153,6 @@ static int render_activate(struct handler_ctx *ctx, const struct http_req *req,
 static int render_job(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
                       const PGresult *res, const struct cmd *c, struct err *e)
 {
-	(void)ctx;
-	(void)req;
-	(void)c;
 	if (PQntuples(res) != 1)
 		return err_set(e, ERR_INTERNAL, "job command returned %d rows", PQntuples(res));
 	resp->status = 200;

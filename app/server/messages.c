@@ -56,8 +56,6 @@ static int render_workflow(struct handler_ctx *ctx, const struct http_req *req,
 {
 	const char *outcome;
 
-	(void)ctx;
-	(void)req;
 	if (PQntuples(res) != 1)
 		return err_set(e, ERR_INTERNAL, "idemflow_wf_message returned %d rows",
 		               PQntuples(res));
@@ -77,8 +75,6 @@ static int render_published(struct handler_ctx *ctx, const struct http_req *req,
 	const char *outcome;
 	int delivered;
 
-	(void)ctx;
-	(void)req;
 	if (PQntuples(res) != 1)
 		return err_set(e, ERR_INTERNAL, "idemflow_message_publish returned %d rows",
 		               PQntuples(res));

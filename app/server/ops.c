@@ -17,8 +17,6 @@
  * FastCGI ceiling. */
 void ops_healthz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
-	(void)ctx;
-	(void)req;
 	resp->status = 204;
 }
 

@@ -111,8 +111,6 @@ static int create_stmt(const struct handler_ctx *ctx)
 #ifdef IDEMFLOW_TEST_HOOKS
 	if (ctx->conf->test_fail_after_write)
 		return Q_CREATE_KEYED_FAIL;
-#else
-	(void)ctx;
 #endif
 	return Q_CREATE_KEYED;
 }
@@ -248,10 +246,6 @@ static int render_created(struct handler_ctx *ctx, const struct http_req *req,
                           struct http_resp *resp, const PGresult *res, const struct cmd *c,
                           struct err *e)
 {
-	(void)ctx;
-	(void)req;
-	(void)res;
-	(void)e;
 	answer_created(resp, c->arg);
 	return 0;
 }
@@ -268,7 +262,6 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
 	const struct create *cr = c->arg;
 	char location[64];
 
-	(void)req;
 	if (PQntuples(res) != 1)
 		return err_set(e, ERR_INTERNAL, "idemflow_wf_create returned %d rows",
 		               PQntuples(res));
@@ -480,7 +473,6 @@ static int event_item(struct handler_ctx *ctx, struct buf *out, const PGresult *
 	struct json_object *v;
 	int rc;
 
-	(void)ctx;
 	v = canon_parse(PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), CANON_STORED_DEPTH,
 	                e);
 	if (v == NULL || !json_object_is_type(v, json_type_object)) {
@@ -595,8 +587,6 @@ static int render_transition(struct handler_ctx *ctx, const struct http_req *req
                              struct http_resp *resp, const PGresult *res, const struct cmd *c,
                              struct err *e)
 {
-	(void)req;
-	(void)c;
 	resp->status = 200;
 	resp->content_type = "application/json";
 	return wf_write_row(&resp->body, &ctx->body, res, 0, 3, 0, e);

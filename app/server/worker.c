@@ -76,7 +76,6 @@ static void finish_request(FCGX_Request *f)
 
 static void on_stop(int sig)
 {
-	(void)sig;
 	worker_stop = 1;
 }
 
