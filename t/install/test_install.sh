@@ -238,6 +238,9 @@ for s in idemflow-server idemflow-dispatch idemflow-maintenance; do
 done
 grep -q 'kill-who=main --signal=USR1 idemflow-fcgi.service' "$DEST$inst_sysconfdir/logrotate.d/idemflow" ||
 	fail "logrotate does not send USR1 to idemflow-fcgi"
+grep -q 'kill-who=main --signal=USR1 idemflow-dispatch-loop.service' \
+	"$DEST$inst_sysconfdir/logrotate.d/idemflow" ||
+	fail "logrotate does not send USR1 to the looping dispatcher's unit"
 if left=$(grep -rl '@[a-z]*dir@' "$DEST"); then
 	fail "unsubstituted @...dir@ in: $left"
 fi
