@@ -269,7 +269,8 @@ SELECT json_build_object(
     for name, sql in stmts:
         refs = dist_refs(sql, dist)
         calls = [(f, first.strip()) for f, first in CALL_RE.findall(sql)]
-        routed_call = any(f in tenant_first and re.fullmatch(r"\$\d+", first)
+        # The tenant's parameter, cast or not ($1, $1::bigint).
+        routed_call = any(f in tenant_first and re.fullmatch(r"\$\d+(?:::[a-z]+)?", first)
                           for f, first in calls)
         if not refs and not routed_call and not any(f in tenant_first for f, _ in calls):
             continue
