@@ -11,7 +11,8 @@ and one of idemflow audit write. Then:
     Grafana imports: a uid and title, panels with unique ids, a grid
     position and a Prometheus query each, on the $datasource variable;
   - every PromQL expression in it (panels and template variables), and in
-    etc/idemflow-rules.yml, names only metrics of those two sets.
+    etc/idemflow-rules.yml, names only metrics of those sets, or the
+    series Prometheus adds for every scrape ("up").
 A panel or rule that names an unknown metric fails the test, and so does
 an entry of PENDING (below) that nothing uses. The checker is itself
 tested first on expressions with a known answer.
@@ -42,6 +43,9 @@ KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on",
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 failures = []
+
+
+SCRAPE_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
 def fail(msg):
@@ -197,7 +201,9 @@ def main():
     served = server_names()
     dispatched = dispatcher_names()
     audited = auditor_names()
-    known = served | dispatched | audited
+    # Series Prometheus makes itself for every target it scrapes (the
+    # IdemflowDown rule reads "up").
+    known = served | dispatched | audited | SCRAPE_SERIES
     used_pending = set()
     exprs = dashboard_exprs(dash) + rules_exprs(rules)
     for where, expr in exprs:
