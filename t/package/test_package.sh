@@ -108,10 +108,12 @@ for f in /usr/bin/idemflow /usr/bin/idemflow-dispatch /usr/sbin/idemflow-fcgi \
 	/usr/share/idemflow/sql/roles.sql /usr/share/man/man8/idemflow-fcgi.8.gz \
 	/usr/share/idemflow/prometheus/idemflow-rules.yml \
 	/usr/share/idemflow/grafana/idemflow-dashboard.json \
-	/usr/share/man/man5/idemflow.conf.5.gz /usr/share/doc/idemflow/copyright \
-	/usr/share/doc/idemflow/README.Debian; do
+	/usr/share/man/man5/idemflow.conf.5.gz /usr/share/doc/idemflow/copyright; do
 	check "the package holds $f" grep -qxF "$f" "$WORK/files"
 done
+# dh_compress compresses a document past 4 KiB, as README.Debian now is.
+check "the package holds /usr/share/doc/idemflow/README.Debian (or .gz)" \
+	grep -qxE '/usr/share/doc/idemflow/README\.Debian(\.gz)?' "$WORK/files"
 dpkg-deb -I "$DEB" conffiles >"$WORK/conffiles"
 check "the configuration is a conffile" grep -qxF /etc/idemflow/idemflow.conf "$WORK/conffiles"
 check "nothing is installed under /usr/local" bash -c "! grep -q '^/usr/local' '$WORK/files'"
