@@ -412,6 +412,52 @@ long tstack_pidfile_read(const char *path)
 	return pid;
 }
 
+/* 1 when every thread of pid is stopped (state T or t), else 0. */
+static int all_threads_stopped(pid_t pid)
+{
+	char path[64], buf[512];
+	struct dirent *de;
+	DIR *d;
+	int n = 0, stopped = 0;
+
+	snprintf(path, sizeof(path), "/proc/%ld/task", (long)pid);
+	d = opendir(path);
+	if (d == NULL)
+		return 0;
+	while ((de = readdir(d)) != NULL) {
+		char tpath[sizeof(path) + sizeof(de->d_name) + 8];
+		const char *p;
+		FILE *f;
+
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(tpath, sizeof(tpath), "%s/%s/stat", path, de->d_name);
+		f = fopen(tpath, "r");
+		if (f == NULL)
+			continue;
+		n++;
+		/* "pid (comm) S ...": the state follows the last ')'. */
+		if (fgets(buf, sizeof(buf), f) != NULL && (p = strrchr(buf, ')')) != NULL &&
+		    (p[2] == 'T' || p[2] == 't'))
+			stopped++;
+		fclose(f);
+	}
+	closedir(d);
+	return n > 0 && stopped == n;
+}
+
+void tstack_stop_process(pid_t pid)
+{
+	double until = tstack_now() + 5;
+
+	cr_assert_eq(kill(pid, SIGSTOP), 0, "SIGSTOP %ld: %s", (long)pid, strerror(errno));
+	while (!all_threads_stopped(pid)) {
+		cr_assert(tstack_now() < until, "process %ld not stopped 5 s after SIGSTOP",
+		          (long)pid);
+		usleep(1000);
+	}
+}
+
 /*
  * Sanitizer builds: Criterion's runner (the process that starts one
  * process per test, and runs no test code itself) leaks a 48-byte block

@@ -76,6 +76,15 @@ int tstack_socket_accepts(const char *path);
 /* The pid in path, or 0 while the file is missing or not yet written. */
 long tstack_pidfile_read(const char *path);
 
+/*
+ * Stop pid with SIGSTOP and return once every thread of it is stopped
+ * (/proc/pid/task/N/stat in state T). kill(2) returns when the signal is
+ * sent, not when it took effect: a thread already running may go on
+ * serving a little longer. The test fails if the process is not stopped
+ * within 5 s.
+ */
+void tstack_stop_process(pid_t pid);
+
 /* Run pg_ctl ACTION ("stop", "start", "restart") on the harness's
  * PostgreSQL, as its owner; the test fails if pg_ctl does. */
 void tstack_pg_ctl(const char *action);

@@ -475,7 +475,7 @@ Test(nats_sink, no_acknowledgement_in_time_is_a_retry_and_the_late_copy_is_a_dup
 	cr_assert_gt(pid, 0);
 
 	batch_fill(&b, 2, "silent");
-	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	tstack_stop_process(pid);
 	double t0 = tstack_now();
 	deliver(s, &b);
 	double took = tstack_now() - t0;
@@ -863,7 +863,7 @@ Test(nats_dispatch, a_server_stopped_mid_batch_loses_nothing)
 		cr_assert_lt(tstack_now(), deadline, "nothing published (log: %s)", td.log);
 		tstack_sleep_ms(2);
 	}
-	kill(pid, SIGSTOP);
+	tstack_stop_process(pid);
 	before = tnats_stream_msgs(&nats, stream);
 	cr_assert_lt(before, total, "the batch was over before the stop (%ld)", before);
 	tnats_close(&nats);
