@@ -16,7 +16,10 @@ CREATE TYPE public.idemflow_job_row AS (
 	output text,
 	error text,
 	input text,
-	workflow_state text
+	workflow_state text,
+	steps text,
+	compensates text,
+	priority integer
 );
 
 CREATE TYPE public.idemflow_wf_row AS (
@@ -280,6 +283,16 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_job_compensates(p_tenant bigint, p_wf uuid, p_step integer) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_build_object('step', s.step, 'name', s.name,
+                              'key', p_wf || '.s' || s.step,
+                              'output', s.output::jsonb)::text
+      FROM jobs s
+     WHERE p_step < 0 AND s.tenant_id = p_tenant AND s.workflow_id = p_wf AND s.step = -p_step
+$$;
+
 CREATE FUNCTION public.idemflow_job_complete(p_tenant bigint, p_wf uuid, p_step integer, p_worker text, p_output text) RETURNS SETOF public.idemflow_job_row
     LANGUAGE plpgsql
     AS $$
@@ -373,6 +386,7 @@ CREATE FUNCTION public.idemflow_job_heartbeat(p_tenant bigint, p_wf uuid, p_step
 DECLARE
     l record;
     j jobs;
+    r idemflow_job_row;
 BEGIN
     SELECT * INTO l FROM idemflow_job_lock(p_tenant, p_wf, p_step, p_worker);
     IF l.problem IS NOT NULL THEN
@@ -381,14 +395,20 @@ BEGIN
         IF l.problem = 'job-not-active' AND (l.j).state = 'cancelled' THEN
             l.detail := 'the workflow was cancelled and its job with it: stop working on it; nothing was changed';
         END IF;
-        RETURN QUERY SELECT (idemflow_job_problem(l.problem, l.detail)).*, NULL::text;
+        r := idemflow_job_problem(l.problem, l.detail);
+        RETURN QUERY SELECT r.problem, r.detail, r.workflow_id, r.step, r.name, r.job_type,
+                            r.state, r.worker, r.deadline, r.activations, r.retries, r.output,
+                            r.error, r.input, r.workflow_state, NULL::text;
         RETURN;
     END IF;
     UPDATE jobs SET due_at = now() + p_lease, progress = coalesce(p_progress, jobs.progress),
                     heartbeat_at = now(), updated_at = now()
      WHERE jobs.tenant_id = p_tenant AND jobs.workflow_id = p_wf AND jobs.step = p_step
     RETURNING * INTO j;
-    RETURN QUERY SELECT (idemflow_job_result(j, NULL, NULL)).*, j.progress;
+    r := idemflow_job_result(j, NULL, NULL);
+    RETURN QUERY SELECT r.problem, r.detail, r.workflow_id, r.step, r.name, r.job_type,
+                        r.state, r.worker, r.deadline, r.activations, r.retries, r.output,
+                        r.error, r.input, r.workflow_state, j.progress;
 END
 $$;
 
@@ -414,21 +434,27 @@ CREATE TABLE public.jobs (
     progress text,
     heartbeat_at timestamp with time zone,
     actor text DEFAULT NULLIF(current_setting('idemflow.actor'::text, true), ''::text),
+    priority smallint DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT jobs_check CHECK (((job_type IS NULL) <> (wait_for IS NULL))),
+    CONSTRAINT jobs_priority_check CHECK (((priority >= 0) AND (priority <= 9))),
     CONSTRAINT jobs_progress_check CHECK ((octet_length(progress) <= 4096)),
     CONSTRAINT jobs_retries_check CHECK ((retries >= 0)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['activatable'::text, 'active'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
-    CONSTRAINT jobs_step_check CHECK ((step >= 1)),
+    CONSTRAINT jobs_step_check CHECK ((step <> 0)),
     CONSTRAINT jobs_traceparent_check CHECK ((octet_length(traceparent) = 55)),
     CONSTRAINT jobs_tracestate_check CHECK ((octet_length(tracestate) <= 512))
 );
+
+COMMENT ON COLUMN public.jobs.step IS 'the step, 1-based; -k for the job that compensates step k';
 
 COMMENT ON COLUMN public.jobs.traceparent IS 'W3C traceparent passed on from the request that began the step; NULL when none';
 
 COMMENT ON COLUMN public.jobs.tracestate IS 'the caller''s W3C tracestate, passed on as received';
 
 COMMENT ON COLUMN public.jobs.actor IS 'who began the step: token:<api_tokens.id>, or system:reaper after a timer; NULL before 014_actor.sql';
+
+COMMENT ON COLUMN public.jobs.priority IS '0 to 9, higher first: the step''s, else its workflow''s';
 
 CREATE FUNCTION public.idemflow_job_lock(p_tenant bigint, p_wf uuid, p_step integer, p_worker text, OUT j public.jobs, OUT problem text, OUT detail text) RETURNS record
     LANGUAGE plpgsql
@@ -463,7 +489,7 @@ CREATE FUNCTION public.idemflow_job_problem(p_problem text, p_detail text) RETUR
     AS $$
     SELECT p_problem, p_detail, NULL::uuid, NULL::integer, NULL::text, NULL::text, NULL::text,
            NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::text, NULL::text,
-           NULL::text, NULL::text
+           NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer
 $$;
 
 CREATE FUNCTION public.idemflow_job_result(j public.jobs, p_input text, p_wf_state text) RETURNS public.idemflow_job_row
@@ -471,7 +497,8 @@ CREATE FUNCTION public.idemflow_job_result(j public.jobs, p_input text, p_wf_sta
     AS $$
     SELECT NULL::text, NULL::text, j.workflow_id, j.step, j.name, j.job_type, j.state,
            j.worker, CASE WHEN j.state = 'active' THEN idemflow_ts(j.due_at) END,
-           j.activations, j.retries, j.output, j.error, p_input, p_wf_state
+           j.activations, j.retries, j.output, j.error, p_input, p_wf_state,
+           NULL::text, NULL::text, j.priority::integer
 $$;
 
 CREATE FUNCTION public.idemflow_jobs_activate(p_tenant bigint, p_type text, p_worker text, p_max integer, p_lease interval) RETURNS SETOF public.idemflow_job_row
@@ -511,6 +538,9 @@ CREATE FUNCTION public.idemflow_jobs_activate(p_tenant bigint, p_type text, p_wo
 DECLARE
     c record;
     j jobs;
+    r idemflow_job_row;
+    v_steps text;
+    v_comp text;
     used bigint := 0;
 BEGIN
     FOR c IN
@@ -527,11 +557,14 @@ BEGIN
          LIMIT p_max
            FOR UPDATE OF jb, w SKIP LOCKED
     LOOP
-        IF used > 0 AND used + c.size > p_budget THEN
+        v_steps := idemflow_step_outputs(p_tenant, c.workflow_id, abs(c.step))::text;
+        v_comp := idemflow_job_compensates(p_tenant, c.workflow_id, c.step);
+        IF used > 0 AND used + c.size + octet_length(v_steps)
+                        + coalesce(octet_length(v_comp), 0) > p_budget THEN
             RETURN NEXT idemflow_job_problem(NULL, 'max_answer');
             RETURN;
         END IF;
-        used := used + c.size;
+        used := used + c.size + octet_length(v_steps) + coalesce(octet_length(v_comp), 0);
         UPDATE jobs SET state = 'active', worker = p_worker, due_at = now() + p_lease,
                         activations = activations + 1, updated_at = now()
          WHERE tenant_id = p_tenant AND workflow_id = c.workflow_id AND step = c.step
@@ -541,7 +574,12 @@ BEGIN
             PERFORM idemflow_event(p_tenant, c.workflow_id, 'workflow.started',
                                    jsonb_build_object('state', 'running'));
         END IF;
-        RETURN NEXT idemflow_job_result(j, c.input, 'running');
+        r := idemflow_job_result(j, c.input,
+                                 CASE WHEN c.wf_state = 'pending' THEN 'running'
+                                      ELSE c.wf_state END);
+        r.steps := v_steps;
+        r.compensates := v_comp;
+        RETURN NEXT r;
     END LOOP;
 END
 $$;
@@ -652,6 +690,15 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
+$$;
+
+CREATE FUNCTION public.idemflow_step_outputs(p_tenant bigint, p_wf uuid, p_before integer) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(jsonb_object_agg(name, output::jsonb ORDER BY step), '{}'::jsonb)
+      FROM jobs
+     WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step BETWEEN 1 AND p_before - 1
+       AND state = 'completed' AND output IS NOT NULL
 $$;
 
 CREATE FUNCTION public.idemflow_timer_incident(p_tenant bigint, p_wf uuid, p_step integer, p_error text) RETURNS void
@@ -803,9 +850,11 @@ CREATE TABLE public.workflows (
     traceparent text DEFAULT NULLIF(current_setting('idemflow.traceparent'::text, true), ''::text),
     tracestate text DEFAULT NULLIF(current_setting('idemflow.tracestate'::text, true), ''::text),
     actor text DEFAULT NULLIF(current_setting('idemflow.actor'::text, true), ''::text),
+    priority smallint DEFAULT 0 NOT NULL,
     CONSTRAINT workflows_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT workflows_business_key_check CHECK (((octet_length(business_key) >= 1) AND (octet_length(business_key) <= 255))),
-    CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT workflows_priority_check CHECK (((priority >= 0) AND (priority <= 9))),
+    CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'compensating'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'compensated'::text]))),
     CONSTRAINT workflows_traceparent_check CHECK ((octet_length(traceparent) = 55)),
     CONSTRAINT workflows_tracestate_check CHECK ((octet_length(tracestate) <= 512))
 );
@@ -815,6 +864,8 @@ COMMENT ON COLUMN public.workflows.traceparent IS 'W3C traceparent passed on fro
 COMMENT ON COLUMN public.workflows.tracestate IS 'the caller''s W3C tracestate, passed on as received';
 
 COMMENT ON COLUMN public.workflows.actor IS 'who created it: token:<api_tokens.id>; NULL before 014_actor.sql';
+
+COMMENT ON COLUMN public.workflows.priority IS 'the priority of its steps'' jobs that name none: 0 to 9, higher first';
 
 CREATE FUNCTION public.idemflow_wf_result(p_problem text, p_detail text, p_outcome text, w public.workflows) RETURNS public.idemflow_wf_row
     LANGUAGE sql STABLE
@@ -1146,7 +1197,7 @@ CREATE INDEX timers_tenant_due ON public.timers USING btree (tenant_id, due_at) 
 
 CREATE INDEX workflows_active_key ON public.workflows USING btree (tenant_id, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text])));
 
-CREATE UNIQUE INDEX workflows_business_key ON public.workflows USING btree (tenant_id, type, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text])));
+CREATE UNIQUE INDEX workflows_business_key ON public.workflows USING btree (tenant_id, type, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'compensating'::text])));
 
 CREATE INDEX workflows_created ON public.workflows USING btree (created_at, tenant_id);
 

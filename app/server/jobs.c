@@ -6,7 +6,8 @@
  * retries and replays, so a worker can hand it to an external provider as
  * that provider's idempotency key, and a second charge of the same step is
  * refused by the provider even when this service handed the job out twice
- * (after a lease ran out).
+ * (after a lease ran out). The job that compensates step k is
+ * "<workflow id>.c<k>", its row step -k (sql/016_engine.sql).
  */
 #include "server/jobs.h"
 
@@ -53,7 +54,7 @@ int jobs_parse_key(const char *key, size_t len, char *wf, int *step)
 	long n;
 
 	if (len < IDS_UUID_LEN + 3 || len > IDS_UUID_LEN + 4 || key[IDS_UUID_LEN] != '.' ||
-	    key[IDS_UUID_LEN + 1] != 's')
+	    (key[IDS_UUID_LEN + 1] != 's' && key[IDS_UUID_LEN + 1] != 'c'))
 		return -1;
 	memcpy(wf, key, IDS_UUID_LEN);
 	wf[IDS_UUID_LEN] = '\0';
@@ -62,7 +63,7 @@ int jobs_parse_key(const char *key, size_t len, char *wf, int *step)
 	n = strtol(key + IDS_UUID_LEN + 2, &end, 10);
 	if (end != key + len || n > JOBS_STEP_MAX)
 		return -1;
-	*step = (int)n;
+	*step = key[IDS_UUID_LEN + 1] == 'c' ? -(int)n : (int)n;
 	return 0;
 }
 
@@ -80,16 +81,32 @@ static int write_json(struct buf *out, const char *name, const char *text, size_
 	return canon_recanon(out, text, len, e);
 }
 
+/* Append a stored JSON column of row i when res has it and it is not
+ * NULL. */
+static int write_json_column(struct buf *out, const PGresult *res, int i, const char *name,
+                             struct err *e)
+{
+	const int c = PQfnumber(res, name);
+
+	if (c < 0 || PQgetisnull(res, i, c))
+		return 0;
+	return write_json(out, name, PQgetvalue(res, i, c), (size_t)PQgetlength(res, i, c), e);
+}
+
 /* Append the job in row i of res, with its progress when progress is set
  * (the rows of Q_JOB_HEARTBEAT). Its trace context, when res has the
- * columns (an activation) and the job has one, goes with it. */
+ * columns (an activation) and the job has one, goes with it, and so do
+ * the outputs of the steps before it ("steps") and, for a compensating
+ * job, the step it undoes ("compensates"). */
 static int write_job(struct buf *out, const PGresult *res, int i, int progress, struct err *e)
 {
 	const char *wf = PQgetvalue(res, i, C_WORKFLOW);
 	const int tp = PQfnumber(res, "traceparent"), ts = PQfnumber(res, "tracestate");
+	const int pr = PQfnumber(res, "priority");
+	const long step = strtol(PQgetvalue(res, i, C_STEP), NULL, 10);
 
-	buf_printf(out, "{\"key\":\"%s.s%s\",\"workflow_id\":\"%s\",\"step\":%s", wf,
-	           PQgetvalue(res, i, C_STEP), wf, PQgetvalue(res, i, C_STEP));
+	buf_printf(out, "{\"key\":\"%s.%c%ld\",\"workflow_id\":\"%s\",\"step\":%ld", wf,
+	           step < 0 ? 'c' : 's', labs(step), wf, labs(step));
 	write_text(out, "name", PQgetvalue(res, i, C_NAME));
 	write_text(out, "job_type", PQgetvalue(res, i, C_JOB_TYPE));
 	write_text(out, "state", PQgetvalue(res, i, C_STATE));
@@ -99,23 +116,29 @@ static int write_job(struct buf *out, const PGresult *res, int i, int progress, 
 		write_text(out, "deadline", PQgetvalue(res, i, C_DEADLINE));
 	buf_printf(out, ",\"activations\":%s,\"retries_left\":%s",
 	           PQgetvalue(res, i, C_ACTIVATIONS), PQgetvalue(res, i, C_RETRIES));
+	if (pr >= 0 && !PQgetisnull(res, i, pr))
+		buf_printf(out, ",\"priority\":%s", PQgetvalue(res, i, pr));
 	if (!PQgetisnull(res, i, C_ERROR))
 		write_text(out, "error", PQgetvalue(res, i, C_ERROR));
 	if (!PQgetisnull(res, i, C_OUTPUT) &&
 	    write_json(out, "output", PQgetvalue(res, i, C_OUTPUT),
 	               (size_t)PQgetlength(res, i, C_OUTPUT), e) < 0)
-		return err_set(e, ERR_INTERNAL, "stored output of job %s.s%s is not valid JSON", wf,
-		               PQgetvalue(res, i, C_STEP));
+		return err_set(e, ERR_INTERNAL, "stored output of job %s.%c%ld is not valid JSON",
+		               wf, step < 0 ? 'c' : 's', labs(step));
 	if (!PQgetisnull(res, i, C_INPUT) &&
 	    write_json(out, "input", PQgetvalue(res, i, C_INPUT),
 	               (size_t)PQgetlength(res, i, C_INPUT), e) < 0)
 		return err_set(e, ERR_INTERNAL, "stored input of workflow %s is not valid JSON",
 		               wf);
+	if (write_json_column(out, res, i, "steps", e) < 0 ||
+	    write_json_column(out, res, i, "compensates", e) < 0)
+		return err_set(e, ERR_INTERNAL, "stored outputs of workflow %s are not valid JSON",
+		               wf);
 	if (progress && !PQgetisnull(res, i, C_PROGRESS) &&
 	    write_json(out, "progress", PQgetvalue(res, i, C_PROGRESS),
 	               (size_t)PQgetlength(res, i, C_PROGRESS), e) < 0)
-		return err_set(e, ERR_INTERNAL, "stored progress of job %s.s%s is not valid JSON",
-		               wf, PQgetvalue(res, i, C_STEP));
+		return err_set(e, ERR_INTERNAL, "stored progress of job %s.%c%ld is not valid JSON",
+		               wf, step < 0 ? 'c' : 's', labs(step));
 	if (tp >= 0 && !PQgetisnull(res, i, tp)) {
 		write_text(out, "traceparent", PQgetvalue(res, i, tp));
 		if (ts >= 0 && !PQgetisnull(res, i, ts))

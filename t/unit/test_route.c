@@ -114,6 +114,17 @@ Test(job_key, splits_a_workflow_id_and_a_step)
 	cr_assert_eq(step, 12);
 }
 
+Test(job_key, a_compensating_jobs_key_is_its_steps_negated)
+{
+	const char *k = "01a22825-40a8-7132-bb6f-0624710e4210.c7";
+	char wf[IDS_UUID_LEN + 1];
+	int step = 0;
+
+	cr_assert_eq(jobs_parse_key(k, strlen(k), wf, &step), 0);
+	cr_assert_str_eq(wf, "01a22825-40a8-7132-bb6f-0624710e4210");
+	cr_assert_eq(step, -7);
+}
+
 Test(job_key, refuses_anything_else)
 {
 	static const char *const bad[] = {
@@ -125,6 +136,9 @@ Test(job_key, refuses_anything_else)
 		"01a22825-40a8-7132-bb6f-0624710e4210.s01",
 		"01a22825-40a8-7132-bb6f-0624710e4210.s33",
 		"01a22825-40a8-7132-bb6f-0624710e4210.s1x",
+		"01a22825-40a8-7132-bb6f-0624710e4210.c0",
+		"01a22825-40a8-7132-bb6f-0624710e4210.c33",
+		"01a22825-40a8-7132-bb6f-0624710e4210.c-1",
 		"01a22825-40a8-7132-bb6f-0624710e4210.j1",
 		"01a22825-40a8-7132-bb6f-0624710e4210:s1",
 		"zza22825-40a8-7132-bb6f-0624710e4210.s1",
