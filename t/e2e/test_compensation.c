@@ -157,12 +157,12 @@ static void expect_json(const char *json, const char *path, const char *want)
 	free(v);
 }
 
-/* "wf", in a static buffer. */
-static const char *wf_quoted(const char *wf)
+/* s in double quotes, in a static buffer. */
+static const char *quoted(const char *s)
 {
 	static char q[64];
 
-	snprintf(q, sizeof(q), "\"%s\"", wf);
+	snprintf(q, sizeof(q), "\"%s\"", s);
 	return q;
 }
 
@@ -270,7 +270,7 @@ Test(saga, a_failed_third_step_undoes_the_second_then_the_first_each_once)
 		/* Listed by its state. */
 		struct http_response *r = tstack_get(&t, "/v1/workflows?state=compensating");
 		tstack_expect_status(r, 200);
-		expect_json(r->body, "{workflows,0,id}", wf_quoted(wf));
+		expect_json(r->body, "{workflows,0,id}", quoted(wf));
 		expect_json(r->body, "{workflows,0,state}", "\"compensating\"");
 		http_response_free(r);
 	}
@@ -332,7 +332,7 @@ Test(saga, a_failed_third_step_undoes_the_second_then_the_first_each_once)
 	{
 		struct http_response *r = tstack_get(&t, "/v1/workflows?state=compensated");
 		tstack_expect_status(r, 200);
-		expect_json(r->body, "{workflows,0,id}", wf_quoted(wf));
+		expect_json(r->body, "{workflows,0,id}", quoted(wf));
 		http_response_free(r);
 	}
 	free(wf);
@@ -606,6 +606,13 @@ Test(saga, a_compensating_job_out_of_retries_parks_in_incident_and_a_resume_fini
 	expect_json(v, "{retries_left}", "2");
 	expect_json(v, "{activations}", "3");
 	free(v);
+	/* Its worker extends its lease like any job's. */
+	r = job_post(&t, k, "heartbeat", "{\"worker\":\"u2\",\"lease_seconds\":60}");
+	cr_assert_not_null(r);
+	tstack_expect_status(r, 200);
+	expect_json(r->body, "{key}", quoted(k));
+	expect_json(r->body, "{step}", "2");
+	http_response_free(r);
 	/* A cancel while compensating is refused too. */
 	r = cancel(&t, wf);
 	tstack_expect_problem(r, 409, "/problems/state-conflict", tpath);
