@@ -406,6 +406,47 @@ Test(saga, a_timed_out_wait_after_a_compensable_step_compensates_it)
 	free(wf);
 }
 
+/* A workflow parked in incident by a step's own job (not during its
+ * compensation) may be cancelled: its completed steps are undone. */
+Test(saga, a_cancel_of_an_incident_undoes_the_completed_steps)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char *wf, *k;
+
+	tstack_tenant_create(&t, "cinc2");
+	wf = tstack_create(&t,
+	                   "{\"type\":\"ci\",\"steps\":["
+	                   "{\"name\":\"a\",\"job_type\":\"ci-a\","
+	                   "\"compensate\":{\"job_type\":\"ci-u\"}},"
+	                   "{\"name\":\"b\",\"job_type\":\"ci-b\",\"on_failure\":\"incident\"}]}");
+	k = key_of(wf, 's', 1);
+	free(activate_key(&t, "ci-a", "w", k));
+	finish(&t, k, "complete", "{\"worker\":\"w\",\"output\":{\"a\":1}}", "completed");
+	free(k);
+	k = key_of(wf, 's', 2);
+	free(activate_key(&t, "ci-b", "w", k));
+	finish(&t, k, "fail", "{\"worker\":\"w\",\"error\":\"x\"}", "failed");
+	free(k);
+	expect_state(wf, "incident");
+	r = cancel(&t, wf);
+	tstack_expect_status(r, 200);
+	expect_json(r->body, "{state}", "\"compensating\"");
+	http_response_free(r);
+	expect_event_data(wf, "compensation.started",
+	                  "{\"from\": \"cancelled\", \"step\": null, \"error\": null, "
+	                  "\"state\": \"compensating\", \"steps\": [1]}");
+	k = key_of(wf, 'c', 1);
+	free(activate_key(&t, "ci-u", "u", k));
+	finish(&t, k, "complete", "{\"worker\":\"u\",\"output\":{}}", "completed");
+	free(k);
+	expect_state(wf, "compensated");
+	expect_events(wf, "workflow.created workflow.started job.completed job.failed "
+	                  "workflow.incident compensation.started step.compensated "
+	                  "workflow.compensated");
+	free(wf);
+}
+
 /* --- Cancel racing the last completion ------------------------------------ */
 
 struct racer {
