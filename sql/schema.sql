@@ -36,6 +36,77 @@ CREATE TYPE public.idemflow_wf_row AS (
 	step integer
 );
 
+CREATE FUNCTION public.idemflow_compensate_begin(p_tenant bigint, p_wf uuid, p_from text, p_step integer, p_error text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_steps jsonb;
+BEGIN
+    SELECT jsonb_agg(s.step ORDER BY s.step DESC) INTO v_steps
+      FROM jobs s
+      JOIN workflows w ON w.tenant_id = s.tenant_id AND w.id = s.workflow_id
+     WHERE s.tenant_id = p_tenant AND s.workflow_id = p_wf AND s.step > 0
+       AND s.state = 'completed' AND s.job_type IS NOT NULL
+       AND w.steps -> (s.step - 1) ? 'compensate';
+    IF v_steps IS NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE workflows SET state = 'compensating', ended_at = NULL, updated_at = now()
+     WHERE tenant_id = p_tenant AND id = p_wf;
+    PERFORM idemflow_event(p_tenant, p_wf, 'compensation.started',
+                           jsonb_build_object('state', 'compensating', 'from', p_from,
+                                              'steps', v_steps, 'step', p_step,
+                                              'error', p_error));
+    PERFORM idemflow_compensate_next(p_tenant, p_wf);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION public.idemflow_compensate_next(p_tenant bigint, p_wf uuid) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_step integer;
+    v_name text;
+    v_def jsonb;
+    v_from text;
+BEGIN
+    SELECT s.step, s.name, w.steps -> (s.step - 1) -> 'compensate'
+      INTO v_step, v_name, v_def
+      FROM jobs s
+      JOIN workflows w ON w.tenant_id = s.tenant_id AND w.id = s.workflow_id
+     WHERE s.tenant_id = p_tenant AND s.workflow_id = p_wf AND s.step > 0
+       AND s.state = 'completed' AND s.job_type IS NOT NULL
+       AND w.steps -> (s.step - 1) ? 'compensate'
+       AND NOT EXISTS (SELECT 1 FROM jobs c
+                        WHERE c.tenant_id = s.tenant_id AND c.workflow_id = s.workflow_id
+                          AND c.step = -s.step)
+     ORDER BY s.step DESC
+     LIMIT 1;
+    IF FOUND THEN
+        INSERT INTO jobs (tenant_id, workflow_id, step, name, job_type, state, due_at,
+                          retries, priority, created_at, updated_at)
+        SELECT p_tenant, p_wf, -v_step, v_name, v_def ->> 'job_type', 'activatable', now(),
+               coalesce((v_def ->> 'retries')::integer, 0), w.priority, now(), now()
+          FROM workflows w
+         WHERE w.tenant_id = p_tenant AND w.id = p_wf;
+        RETURN v_step;
+    END IF;
+    -- Whether it failed or was cancelled is in the event that began it
+    -- (a live workflow's history is kept).
+    SELECT o.payload::jsonb #>> '{data,from}' INTO v_from
+      FROM outbox o
+     WHERE o.tenant_id = p_tenant AND o.workflow_id = p_wf AND o.type = 'compensation.started'
+     ORDER BY o.seq DESC
+     LIMIT 1;
+    UPDATE workflows SET state = 'compensated', ended_at = now(), updated_at = now()
+     WHERE tenant_id = p_tenant AND id = p_wf;
+    PERFORM idemflow_event(p_tenant, p_wf, 'workflow.compensated',
+                           jsonb_build_object('state', 'compensated', 'from', v_from));
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.idemflow_due_timers(p_batch integer) RETURNS TABLE(tenant_id bigint, workflow_id uuid, step integer, kind text, due_at timestamp with time zone, state text, wf_step integer, steps jsonb)
     LANGUAGE plpgsql
     AS $$
@@ -215,7 +286,7 @@ BEGIN
           FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS s(d, i)
          WHERE s.d ->> 'name' = v_def ->> 'on_timeout';
         PERFORM idemflow_enter_step(p_tenant, p_wf, v_target);
-    ELSE
+    ELSIF NOT idemflow_compensate_begin(p_tenant, p_wf, 'failed', p_step, 'timed out') THEN
         UPDATE workflows SET state = 'failed', ended_at = now(), updated_at = now()
          WHERE tenant_id = p_tenant AND id = p_wf;
         PERFORM idemflow_event(p_tenant, p_wf, 'workflow.failed',
@@ -316,6 +387,15 @@ BEGIN
     UPDATE jobs SET state = 'completed', output = p_output, due_at = NULL, updated_at = now()
      WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step
     RETURNING * INTO j;
+    IF p_step < 0 THEN
+        PERFORM idemflow_event(p_tenant, p_wf, 'step.compensated',
+                               jsonb_build_object('step', -j.step, 'name', j.name,
+                                                  'job_type', j.job_type, 'worker', p_worker,
+                                                  'output', p_output::jsonb));
+        PERFORM idemflow_compensate_next(p_tenant, p_wf);
+        RETURN NEXT idemflow_job_result(j, NULL, NULL);
+        RETURN;
+    END IF;
     PERFORM idemflow_event(p_tenant, p_wf, 'job.completed',
                            jsonb_build_object('step', j.step, 'name', j.name,
                                               'job_type', j.job_type, 'worker', p_worker,
@@ -332,6 +412,7 @@ DECLARE
     l record;
     j jobs;
     v_incident boolean;
+    v_data jsonb;
 BEGIN
     SELECT * INTO l FROM idemflow_job_lock(p_tenant, p_wf, p_step, p_worker);
     IF l.problem IS NOT NULL THEN
@@ -345,10 +426,13 @@ BEGIN
                         updated_at = now()
          WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step
         RETURNING * INTO j;
-        PERFORM idemflow_event(p_tenant, p_wf, 'job.failed',
-                               jsonb_build_object('step', j.step, 'name', j.name,
-                                                  'worker', p_worker, 'error', p_error,
-                                                  'retries_left', j.retries, 'retrying', true));
+        v_data := jsonb_build_object('step', abs(j.step), 'name', j.name, 'worker', p_worker,
+                                     'error', p_error, 'retries_left', j.retries,
+                                     'retrying', true);
+        IF p_step < 0 THEN
+            v_data := v_data || jsonb_build_object('compensation', true);
+        END IF;
+        PERFORM idemflow_event(p_tenant, p_wf, 'job.failed', v_data);
         RETURN NEXT idemflow_job_result(j, NULL, NULL);
         RETURN;
     END IF;
@@ -356,10 +440,21 @@ BEGIN
                     due_at = NULL, updated_at = now()
      WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = p_step
     RETURNING * INTO j;
-    PERFORM idemflow_event(p_tenant, p_wf, 'job.failed',
-                           jsonb_build_object('step', j.step, 'name', j.name,
-                                              'worker', p_worker, 'error', p_error,
-                                              'retries_left', 0, 'retrying', false));
+    v_data := jsonb_build_object('step', abs(j.step), 'name', j.name, 'worker', p_worker,
+                                 'error', p_error, 'retries_left', 0, 'retrying', false);
+    IF p_step < 0 THEN
+        PERFORM idemflow_event(p_tenant, p_wf, 'job.failed',
+                               v_data || jsonb_build_object('compensation', true));
+        UPDATE workflows SET state = 'incident', updated_at = now()
+         WHERE tenant_id = p_tenant AND id = p_wf;
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.incident',
+                               jsonb_build_object('state', 'incident', 'step', -j.step,
+                                                  'name', j.name, 'error', p_error,
+                                                  'compensation', true));
+        RETURN NEXT idemflow_job_result(j, NULL, NULL);
+        RETURN;
+    END IF;
+    PERFORM idemflow_event(p_tenant, p_wf, 'job.failed', v_data);
     SELECT coalesce(steps -> (p_step - 1) ->> 'on_failure', 'fail') = 'incident'
       INTO v_incident FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
     IF v_incident THEN
@@ -368,7 +463,7 @@ BEGIN
         PERFORM idemflow_event(p_tenant, p_wf, 'workflow.incident',
                                jsonb_build_object('state', 'incident', 'step', j.step,
                                                   'name', j.name, 'error', p_error));
-    ELSE
+    ELSIF NOT idemflow_compensate_begin(p_tenant, p_wf, 'failed', j.step, p_error) THEN
         UPDATE workflows SET state = 'failed', ended_at = now(), updated_at = now()
          WHERE tenant_id = p_tenant AND id = p_wf;
         PERFORM idemflow_event(p_tenant, p_wf, 'workflow.failed',
@@ -896,6 +991,26 @@ BEGIN
             NULL, w);
         RETURN;
     END IF;
+    IF w.state = 'incident' THEN
+        SELECT * INTO j FROM jobs
+         WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step < 0 AND state = 'failed';
+        IF FOUND THEN
+            v_def := w.steps -> (-j.step - 1) -> 'compensate';
+            v_retries := coalesce(p_retries, (v_def ->> 'retries')::integer, 0);
+            UPDATE workflows SET state = 'compensating', updated_at = now()
+             WHERE tenant_id = p_tenant AND id = p_wf;
+            UPDATE jobs SET state = 'activatable', retries = v_retries, worker = NULL,
+                            due_at = now(), updated_at = now()
+             WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step = j.step;
+            PERFORM idemflow_event(p_tenant, p_wf, 'workflow.resumed',
+                                   jsonb_build_object('state', 'compensating', 'from', w.state,
+                                                      'step', -j.step, 'retries', v_retries,
+                                                      'compensation', true));
+            SELECT * INTO w FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
+            RETURN NEXT idemflow_wf_result(NULL, NULL, 'resumed', w);
+            RETURN;
+        END IF;
+    END IF;
     v_def := w.steps -> (w.step - 1);
     v_timer := w.state = 'incident' AND EXISTS (
         SELECT 1 FROM timers
@@ -962,6 +1077,17 @@ BEGIN
             NULL, w);
         RETURN;
     END IF;
+    IF p_to = 'cancelled' AND (w.state = 'compensating' OR (w.state = 'incident' AND EXISTS (
+           SELECT 1 FROM jobs
+            WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step < 0
+              AND state <> 'completed'))) THEN
+        RETURN NEXT idemflow_wf_result('state-conflict',
+            format('the workflow is %s: it is undoing its completed steps and cannot be '
+                   'cancelled; nothing was changed (a compensation in incident goes on '
+                   'with a resume)', w.state),
+            NULL, w);
+        RETURN;
+    END IF;
     IF p_to <> 'cancelled' OR w.state NOT IN ('pending', 'running', 'incident') THEN
         RETURN NEXT idemflow_wf_result('invalid-transition',
             CASE WHEN p_to <> 'cancelled'
@@ -970,13 +1096,15 @@ BEGIN
             NULL, w);
         RETURN;
     END IF;
-    UPDATE workflows SET state = 'cancelled', ended_at = now(), updated_at = now()
-     WHERE tenant_id = p_tenant AND id = p_wf;
     UPDATE jobs SET state = 'cancelled', updated_at = now()
      WHERE tenant_id = p_tenant AND workflow_id = p_wf
        AND state IN ('activatable', 'active', 'waiting');
-    PERFORM idemflow_event(p_tenant, p_wf, 'workflow.cancelled',
-                           jsonb_build_object('state', 'cancelled', 'from', w.state));
+    IF NOT idemflow_compensate_begin(p_tenant, p_wf, 'cancelled', NULL, NULL) THEN
+        UPDATE workflows SET state = 'cancelled', ended_at = now(), updated_at = now()
+         WHERE tenant_id = p_tenant AND id = p_wf;
+        PERFORM idemflow_event(p_tenant, p_wf, 'workflow.cancelled',
+                               jsonb_build_object('state', 'cancelled', 'from', w.state));
+    END IF;
     SELECT * INTO w FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
     RETURN NEXT idemflow_wf_result(NULL, NULL, 'changed', w);
 END

@@ -447,8 +447,8 @@ void wf_get(struct handler_ctx *ctx, struct http_req *req, const char *id, struc
 
 static int is_state(const char *s)
 {
-	static const char *const states[] = { "pending",   "running", "incident",
-		                              "completed", "failed",  "cancelled" };
+	static const char *const states[] = { "pending",   "running", "incident",  "compensating",
+		                              "completed", "failed",  "cancelled", "compensated" };
 
 	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
 		if (strcmp(s, states[i]) == 0)
@@ -505,8 +505,8 @@ void wf_list(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	if (state[0] != '\0' && !is_state(state)) {
 		handler_problem(
 		    resp, req, P_INVALID_REQUEST,
-		    "state must be one of pending, running, incident, completed, failed, "
-		    "cancelled");
+		    "state must be one of pending, running, incident, compensating, completed, "
+		    "failed, cancelled, compensated");
 		return;
 	}
 	if (after[0] != '\0' && !ids_is_uuid(after)) {
@@ -612,8 +612,8 @@ void wf_transition(struct handler_ctx *ctx, struct http_req *req, const char *id
 	if (!is_state(to) || (from != NULL && !is_state(from))) {
 		snprintf(
 		    detail, sizeof(detail),
-		    "unknown state \"%s\": a workflow is pending, running, incident, completed, "
-		    "failed or cancelled",
+		    "unknown state \"%s\": a workflow is pending, running, incident, compensating, "
+		    "completed, failed, cancelled or compensated",
 		    is_state(to) ? from : to);
 		handler_problem(resp, req, P_INVALID_REQUEST, detail);
 		goto out;

@@ -39,6 +39,33 @@ static int validate_failure(struct json_object *st, const char **on_failure, cha
 	return 0;
 }
 
+/* A job step's "compensate": an object {"job_type": t, "retries": 0..100}
+ * naming the job that undoes the step once it completed, when the
+ * workflow fails or is cancelled later. */
+static int validate_compensate(struct json_object *st, char *why, size_t wlen)
+{
+	static const char *const members[] = { "job_type", "retries", NULL };
+	struct json_object *c;
+	const char *job_type;
+	char inner[160];
+	long retries;
+
+	if (!json_object_object_get_ex(st, "compensate", &c))
+		return 0;
+	if (!json_object_is_type(c, json_type_object)) {
+		snprintf(why, wlen,
+		         "\"compensate\" must be an object {\"job_type\": ..., \"retries\": ...}");
+		return -1;
+	}
+	if (cmd_members(c, members, inner, sizeof(inner)) < 0 ||
+	    cmd_text(c, "job_type", 1, WF_TYPE_MAX, &job_type, inner, sizeof(inner)) < 0 ||
+	    cmd_int(c, "retries", 0, WF_RETRIES_MAX, 0, &retries, inner, sizeof(inner)) < 0) {
+		snprintf(why, wlen, "\"compensate\": %s", inner);
+		return -1;
+	}
+	return 0;
+}
+
 /*
  * A duration of at most WF_DURATION_MAX_DAYS (whole days: P3650DT23H
  * passes), or an RFC 3339 time: what iso8601.h reads, which PostgreSQL
@@ -86,9 +113,10 @@ int wf_steps_time_member(struct json_object *st, const char *name, int is_time, 
 static int validate_step(struct json_object *steps, size_t i, enum problem_kind *kind, char *detail,
                          size_t dlen)
 {
-	static const char *const members[] = { "name",       "job_type",  "wait_for", "retries",
-		                               "sleep",      "until",     "timeout",  "on_timeout",
-		                               "on_failure", "resumable", NULL };
+	static const char *const members[] = { "name",      "job_type",   "wait_for",
+		                               "retries",   "sleep",      "until",
+		                               "timeout",   "on_timeout", "on_failure",
+		                               "resumable", "compensate", NULL };
 	struct json_object *st = json_object_array_get_idx(steps, i);
 	const char *name, *job_type, *wait_for, *on_timeout, *on_failure, *v;
 	char why[200], where[24];
@@ -105,7 +133,8 @@ static int validate_step(struct json_object *steps, size_t i, enum problem_kind 
 	    cmd_text(st, "wait_for", 0, WF_TYPE_MAX, &wait_for, why, sizeof(why)) < 0 ||
 	    cmd_text(st, "on_timeout", 0, WF_NAME_MAX, &on_timeout, why, sizeof(why)) < 0 ||
 	    cmd_int(st, "retries", 0, WF_RETRIES_MAX, 0, &retries, why, sizeof(why)) < 0 ||
-	    validate_failure(st, &on_failure, why, sizeof(why)) < 0)
+	    validate_failure(st, &on_failure, why, sizeof(why)) < 0 ||
+	    validate_compensate(st, why, sizeof(why)) < 0)
 		goto bad;
 	snprintf(where, sizeof(where), "step %zu", i + 1);
 	if (wf_steps_time_member(st, "sleep", 0, where, &v, detail, dlen) < 0 ||
@@ -131,6 +160,12 @@ static int validate_step(struct json_object *steps, size_t i, enum problem_kind 
 	    (on_failure != NULL || json_object_object_get_ex(st, "resumable", NULL))) {
 		snprintf(why, sizeof(why),
 		         "only a job step has \"on_failure\" and \"resumable\": only a job fails");
+		goto bad;
+	}
+	if (job_type == NULL && json_object_object_get_ex(st, "compensate", NULL)) {
+		snprintf(
+		    why, sizeof(why),
+		    "only a job step has \"compensate\": a wait or a timer has nothing to undo");
 		goto bad;
 	}
 	if (wait_for == NULL && (json_object_object_get_ex(st, "timeout", NULL) ||

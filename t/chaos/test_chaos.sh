@@ -9,8 +9,11 @@
 # recorded attempts for it, every event a killed dispatcher had delivered
 # without recording it was delivered again, the clients never saw an error
 # besides 503 (and 409 in-flight), a replay of every request is
-# byte-identical, and 20 simultaneous same-key requests over both
-# instances made 1 creation and 19 replays. Two checks test the harness,
+# byte-identical, 20 simultaneous same-key requests over both
+# instances made 1 creation and 19 replays, and every saga run beside the
+# load (some failing, some cancelled, some with a compensating job's
+# lease running out) undid exactly its completed compensable steps, each
+# once, latest first. Two checks test the harness,
 # and say so: the consumers' inbox applied each event once, and every
 # fault kind hit what it names (a worker still serving when killed, a
 # reload that replaced every worker, a dispatcher that died holding events

@@ -9,10 +9,12 @@
  * statement of app/server/queries.c (creates, replays, conflicts, expired keys,
  * unkeyed creates, reads, readiness, metrics, key counts, NOTIFY) and
  * every route of app/server/route.h (heartbeats, incidents and resumes,
- * messages by id and by business key, sleep and wait-timeout steps; each
- * route's 2xx seen in /metrics) without one permission error; idemflow
- * reap and prune as a member of idemflow_maintenance hand back an expired
- * lease, fire a sleep, time out two waits, drop a cancelled workflow's
+ * messages by id and by business key, sleep and wait-timeout steps, a
+ * saga's compensation through incident and resume; each route's 2xx seen
+ * in /metrics) without one permission error; idemflow reap and prune as a
+ * member of idemflow_maintenance hand back an expired lease, fire a sleep,
+ * time out three waits (one beginning a compensation), drop a cancelled
+ * workflow's
  * timer and delete an expired message, and idemflow audit as that role
  * reads one tenant and every tenant; idemflow-dispatch as a member of
  * idemflow_dispatcher delivers; and neither role can change the schema,
@@ -504,7 +506,7 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 	struct tstack_tenant t;
 	struct http_response *r;
 	char key[128], path[160], out[512], aout[8192], *hb, *inc, *paid, *kept, *nap, *late, *lost,
-	    *gone, *log;
+	    *gone, *saga, *undo, *log;
 
 	own_start();
 	own_wait_worker();
@@ -574,6 +576,48 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 	snprintf(path, sizeof(path), COLLECTION "/%s", inc);
 	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "read");
 
+	/* A saga (sql/017_compensation.sql): step b fails, a is undone; the
+	 * undo fails into an incident, a cancel is refused, a resume and a
+	 * completion end it compensated. */
+	saga =
+	    create_as_server(&t, "{\"type\":\"saga\",\"steps\":["
+	                         "{\"name\":\"a\",\"job_type\":\"rsa\",\"compensate\":"
+	                         "{\"job_type\":\"rsu\"}},{\"name\":\"b\",\"job_type\":\"rsb\"}]}");
+	expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+	                  "{\"job_type\":\"rsa\",\"worker\":\"w\"}"),
+	              200, "activation");
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", saga);
+	expect_status(req("POST", path, t.auth, NULL, "{\"worker\":\"w\"}"), 200, "complete");
+	expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+	                  "{\"job_type\":\"rsb\",\"worker\":\"w\"}"),
+	              200, "activation");
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s2/fail", saga);
+	expect_status(req("POST", path, t.auth, NULL, "{\"worker\":\"w\",\"error\":\"e\"}"), 200,
+	              "fail into a compensation");
+	expect_wf(saga, "compensating/2");
+	for (int i = 0; i < 2; i++) {
+		expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+		                  "{\"job_type\":\"rsu\",\"worker\":\"w\"}"),
+		              200, "activation of the undo");
+		snprintf(path, sizeof(path), "/v1/jobs/%s.c1/%s", saga,
+		         i == 0 ? "fail" : "complete");
+		expect_status(req("POST", path, t.auth, NULL, "{\"worker\":\"w\"}"), 200,
+		              i == 0 ? "the undo fails" : "the undo completes");
+		if (i > 0)
+			break;
+		expect_wf(saga, "incident/2");
+		snprintf(path, sizeof(path), COLLECTION "/%s/transitions", saga);
+		expect_status(req("POST", path, t.auth, NULL, "{\"to\":\"cancelled\"}"), 409,
+		              "no cancel while undoing");
+		snprintf(path, sizeof(path), COLLECTION "/%s/resume", saga);
+		expect_status(req("POST", path, t.auth, NULL, "{}"), 200, "resume the undo");
+	}
+	expect_wf(saga, "compensated/2");
+	expect_events_of(saga, "workflow.created,workflow.started,job.completed,job.failed,"
+	                       "compensation.started,job.failed,workflow.incident,workflow.resumed,"
+	                       "step.compensated,workflow.compensated");
+	free(saga);
+
 	/* A message by id, to a waiting workflow. */
 	paid = create_as_server(&t, "{\"type\":\"byid\",\"steps\":["
 	                            "{\"name\":\"w\",\"wait_for\":\"byid\"}]}");
@@ -629,22 +673,33 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 	lost =
 	    create_as_server(&t, "{\"type\":\"lost\",\"steps\":["
 	                         "{\"name\":\"w\",\"wait_for\":\"never\",\"timeout\":\"PT1H\"}]}");
+	/* A saga whose wait times out: the reaper begins its compensation. */
+	undo =
+	    create_as_server(&t, "{\"type\":\"undo\",\"steps\":["
+	                         "{\"name\":\"a\",\"job_type\":\"rua\",\"compensate\":"
+	                         "{\"job_type\":\"ruu\"}},"
+	                         "{\"name\":\"w\",\"wait_for\":\"never\",\"timeout\":\"PT1H\"}]}");
+	expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+	                  "{\"job_type\":\"rua\",\"worker\":\"w\"}"),
+	              200, "activation");
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", undo);
+	expect_status(req("POST", path, t.auth, NULL, "{\"worker\":\"w\"}"), 200, "complete");
 	gone = create_as_server(&t, "{\"type\":\"gone\",\"steps\":["
 	                            "{\"name\":\"nap\",\"until\":\"2020-01-01T00:00:00Z\"}]}");
 	snprintf(path, sizeof(path), COLLECTION "/%s/transitions", gone);
 	expect_status(req("POST", path, t.auth, NULL, "{\"to\":\"cancelled\"}"), 200, "cancel");
 	tstack_exec(tstack_db(),
 	            "UPDATE timers SET due_at = now() - interval '1 second'"
-	            " WHERE workflow_id IN ($1, $2)",
-	            late, lost);
+	            " WHERE workflow_id IN ($1, $2, $3)",
+	            late, lost, undo);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE tenant_id = $1"
 	                          " AND fired_at IS NULL AND due_at <= now()",
 	                          t.id_text),
-	             4);
+	             5);
 
 	/* The reaper, as cron runs it: every one of them. */
 	cr_assert_eq(cli_as_maint(out, sizeof(out), "reap"), 0, "reap: %s", out);
-	cr_assert_str_eq(out, "reap: jobs=1\nreap: timers=1 timeouts=2 incidents=0\n");
+	cr_assert_str_eq(out, "reap: jobs=1\nreap: timers=1 timeouts=3 incidents=0\n");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step = 1"
 	                          " AND state = 'activatable'",
 	                          hb),
@@ -656,6 +711,15 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 	expect_wf(lost, "failed/1");
 	expect_events_of(lost, "workflow.created,workflow.started,step.timed_out,workflow.failed");
 	expect_wf(gone, "cancelled/1");
+	expect_wf(undo, "compensating/2");
+	expect_events_of(undo, "workflow.created,workflow.started,job.completed,step.timed_out,"
+	                       "compensation.started");
+	expect_status(req("POST", "/v1/jobs/activate", t.auth, NULL,
+	                  "{\"job_type\":\"ruu\",\"worker\":\"w\"}"),
+	              200, "activation of the undo");
+	snprintf(path, sizeof(path), "/v1/jobs/%s.c1/complete", undo);
+	expect_status(req("POST", path, t.auth, NULL, "{\"worker\":\"w\"}"), 200, "the undo");
+	expect_wf(undo, "compensated/2");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM timers WHERE tenant_id = $1"
 	                          " AND fired_at IS NULL",
 	                          t.id_text),
@@ -696,6 +760,7 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 	free(late);
 	free(lost);
 	free(gone);
+	free(undo);
 }
 
 /* Run sql as user; its SQLSTATE ("" when it succeeded). */

@@ -760,9 +760,43 @@ def run(c, api):
     if psql(f"SELECT state FROM workflows WHERE id = '{wt['id']}'") != "failed":
         fail("the timer workflow did not sleep, time out and fail")
 
+    # A saga: its second step fails, the first is undone. The compensating
+    # job fails (incident), a cancel is refused, a resume lets it finish:
+    # compensation.started, job.failed and workflow.incident of a
+    # compensating job, workflow.resumed, step.compensated,
+    # workflow.compensated.
+    _, _, ws = call(WFS, "POST", WFS, 201, token=T, key=uid(),
+                    body={"type": "ct-saga", "steps": [
+                        {"name": "hold", "job_type": "ct-hold",
+                         "compensate": {"job_type": "ct-release"}},
+                        {"name": "pay", "job_type": "ct-pay"}]})
+    for jt, verb in (("ct-hold", "complete"), ("ct-pay", "fail")):
+        _, _, a = call(ACT, "POST", ACT, 200, token=T, body={"job_type": jt, "worker": "w"})
+        call(COMP if verb == "complete" else FAIL, "POST",
+             f"/v1/jobs/{a['jobs'][0]['key']}/{verb}", 200, token=T,
+             body={"worker": "w", "output": {"held": 1}} if verb == "complete"
+             else {"worker": "w", "error": "declined"})
+    _, _, a = call(ACT, "POST", ACT, 200, token=T, body={"job_type": "ct-release", "worker": "w"})
+    cj = a["jobs"][0]
+    if cj["key"] != f"{ws['id']}.c1" or cj["compensates"]["output"] != {"held": 1}:
+        fail(f"the compensating job is not the one of step 1: {cj}")
+    call(FAIL, "POST", f"/v1/jobs/{cj['key']}/fail", 200, token=T,
+         body={"worker": "w", "error": "bank down"})
+    call(TR, "POST", f"{WFS}/{ws['id']}/transitions", 409, "state-conflict", token=T,
+         body={"to": "cancelled"})
+    _, _, wv = call(RES, "POST", f"{WFS}/{ws['id']}/resume", 200, token=T, body={})
+    if wv["state"] != "compensating":
+        fail(f"a resumed compensation is {wv['state']}")
+    _, _, a = call(ACT, "POST", ACT, 200, token=T, body={"job_type": "ct-release", "worker": "w"})
+    call(COMP, "POST", f"/v1/jobs/{a['jobs'][0]['key']}/complete", 200, token=T,
+         body={"worker": "w"})
+    _, _, wv = call(WF, "GET", f"{WFS}/{ws['id']}", 200, token=T)
+    if wv["state"] != "compensated":
+        fail(f"the saga ended {wv['state']}, not compensated")
+
     # Every event of these workflows against the webhooks' payload schemas
     # (the history holds the payloads the webhooks carry).
-    for wid in (plain_id, w1id, w2["id"], w3["id"], w4id, w5["id"], wt["id"]):
+    for wid in (plain_id, w1id, w2["id"], w3["id"], w4id, w5["id"], wt["id"], ws["id"]):
         _, _, evs = call(EV, "GET", f"{WFS}/{wid}/events?limit=1000", 200, token=T)
         for ev in evs["events"]:
             hook = c.doc["webhooks"].get(ev["type"])

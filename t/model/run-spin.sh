@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# t/model/run-spin.sh - model-check the key claim and the outbox with spin.
+# t/model/run-spin.sh - model-check the key claim, the outbox and compensation with spin.
 #
 # Every check builds one model with spin -a and some -D options, compiles
 # pan and runs it: a correct build must end with "errors: 0" after a
@@ -83,6 +83,10 @@ CHECKS=(
 	"outbox-no-lease-guard|outbox.pml|lease|-DNE=2 -DSKIP_RECORDING -DNO_LEASE_GUARD|$BFS|"
 	"outbox-same-tx|outbox.pml|recording|$PIPE -DSAME_TX|$BFS|"
 	"outbox-requeue-clears-lease|outbox.pml|lease|-DNE=2 -DSKIP_RECORDING -DREQUEUE_CLEARS_LEASE|$BFS|"
+	"compensation|compensation.pml|ok||$SAFE|"
+	"compensation-stale-cancel|compensation.pml|final|-DSTALE_CANCEL|$BFS|"
+	"compensation-unlocked-complete|compensation.pml|final|-DUNLOCKED_COMPLETE|$BFS|"
+	"compensation-cancel-compensating|compensation.pml|ends|-DCANCEL_COMPENSATING|$BFS|"
 )
 
 if ((list)); then
