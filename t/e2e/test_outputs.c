@@ -296,6 +296,46 @@ Test(bound, a_message_that_would_take_the_next_activation_past_2_MiB_is_refused)
 	free(wf);
 }
 
+/*
+ * An activation's byte budget (max_answer, 4 MiB) counts the outputs each
+ * job carries, not only its workflow's input: five jobs whose "steps"
+ * hold 1 MB each stop after the fourth, "truncated", and the fifth stays
+ * activatable for the next call.
+ */
+Test(bound, an_activations_budget_counts_the_outputs_its_jobs_carry)
+{
+	enum { N = 5, OUT = 1000000 };
+	struct tstack_tenant t;
+	struct http_response *r;
+	char *out = blob(OUT), *wf[N], *n;
+	size_t cap = (size_t)tstack_conf_long("max_answer", 4L * 1024 * 1024);
+
+	cr_assert_eq(cap, 4L * 1024 * 1024, "the test is sized for the default max_answer");
+	tstack_tenant_create(&t, "budget");
+	for (int i = 0; i < N; i++)
+		wf[i] = tstack_create(&t, "{\"type\":\"g\",\"steps\":[{\"name\":\"a\",\"job_type\":"
+		                          "\"g1\"},{\"name\":\"b\",\"job_type\":\"g2\"}]}");
+	http_response_free(activate(&t, "g1", N));
+	for (int i = 0; i < N; i++)
+		complete_ok(&t, wf[i], 1, out);
+
+	r = activate(&t, "g2", N);
+	n = tstack_text("SELECT jsonb_array_length($1::jsonb -> 'jobs') || '/' ||"
+	                "       coalesce($1::jsonb ->> 'truncated', 'false')",
+	                r->body);
+	cr_assert_str_eq(n, "4/true", "answer of %zu bytes", r->body_len);
+	cr_assert(r->body_len < cap, "the answer is within max_answer: %zu bytes", r->body_len);
+	free(n);
+	http_response_free(r);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE tenant_id = $1 AND step = 2"
+	                          " AND state = 'activatable' AND activations = 0",
+	                          t.id_text),
+	             1);
+	for (int i = 0; i < N; i++)
+		free(wf[i]);
+	free(out);
+}
+
 /* --- Priority ---------------------------------------------------------- */
 
 /* A workflow of one job step of type, with the given top-level and step
