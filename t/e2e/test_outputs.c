@@ -252,9 +252,10 @@ Test(bound, a_completion_that_would_take_the_next_activation_past_2_MiB_is_refus
 }
 
 /*
- * The same bound for a message: a wait step's payload that would take the
- * next job's activation past it is refused with 413 before anything is
- * recorded; the wait goes on and a smaller payload completes it.
+ * The same bound for a message, sent to the workflow or published by its
+ * business key: a wait step's payload that would take the next job's
+ * activation past it is refused with 413 and nothing is recorded; the wait
+ * goes on and a smaller payload completes it.
  */
 Test(bound, a_message_that_would_take_the_next_activation_past_2_MiB_is_refused)
 {
@@ -268,8 +269,9 @@ Test(bound, a_message_that_would_take_the_next_activation_past_2_MiB_is_refused)
 	body = malloc(len);
 	cr_assert_not_null(body);
 	snprintf(body, len,
-	         "{\"type\":\"big\",\"input\":%s,\"steps\":[{\"name\":\"a\",\"job_type\":\"m1\"},"
-	         "{\"name\":\"w\",\"wait_for\":\"go\"},{\"name\":\"c\",\"job_type\":\"m2\"}]}",
+	         "{\"type\":\"big\",\"input\":%s,\"business_key\":\"bk-1\",\"steps\":["
+	         "{\"name\":\"a\",\"job_type\":\"m1\"},{\"name\":\"w\",\"wait_for\":\"go\"},"
+	         "{\"name\":\"c\",\"job_type\":\"m2\"}]}",
 	         big);
 	wf = tstack_create(&t, body);
 	free(activate_one(&t, "m1", wf));
@@ -280,6 +282,13 @@ Test(bound, a_message_that_would_take_the_next_activation_past_2_MiB_is_refused)
 	snprintf(body, len, "{\"message_id\":\"big-1\",\"name\":\"go\",\"payload\":%s}", mid);
 	r = tstack_post(&t, path, NULL, body);
 	tstack_expect_problem(r, 413, "/problems/activation-too-large", path);
+	http_response_free(r);
+	snprintf(body, len,
+	         "{\"message_id\":\"big-2\",\"name\":\"go\",\"business_key\":\"bk-1\","
+	         "\"payload\":%s}",
+	         mid);
+	r = tstack_post(&t, "/v1/messages", NULL, body);
+	tstack_expect_problem(r, 413, "/problems/activation-too-large", "/v1/messages");
 	http_response_free(r);
 	after = tenant_snapshot(&t);
 	cr_assert_str_eq(after, before);
