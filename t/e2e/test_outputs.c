@@ -507,3 +507,38 @@ Test(priority, a_priority_outside_0_to_9_or_on_a_step_without_a_job_is_refused)
 	                          t.id_text),
 	             1);
 }
+
+/* --- Business key ------------------------------------------------------ */
+
+TestSuite(business_key, .timeout = 90);
+
+/*
+ * A compensating workflow holds its business key (016's index counts it
+ * as active): a create with the key answers 200 with that workflow and
+ * "existing": true. The state is set in the database: nothing on this
+ * branch of the engine compensates yet.
+ */
+Test(business_key, a_compensating_workflow_is_the_existing_one_for_its_key)
+{
+	static const char body[] = "{\"type\":\"bk\",\"business_key\":\"K-1\","
+	                           "\"steps\":[{\"name\":\"s\",\"job_type\":\"bk\"}]}";
+	struct tstack_tenant t;
+	struct http_response *r;
+	char key[64], *wf, *got;
+
+	tstack_tenant_create(&t, "compkey");
+	wf = tstack_create(&t, body);
+	tstack_exec(tstack_db(), "UPDATE workflows SET state = 'compensating' WHERE id = $1", wf);
+	tstack_key(key, sizeof(key), "compkey");
+	r = tstack_post(&t, "/v1/workflows", key, body);
+	tstack_expect_status(r, 200);
+	got = tstack_json(r->body, "{id}");
+	cr_assert_str_eq(got, wf);
+	expect_in(r->body, "\"state\":\"compensating\"");
+	expect_in(r->body, "\"existing\":true}");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM workflows WHERE tenant_id = $1", t.id_text),
+	             1);
+	free(got);
+	http_response_free(r);
+	free(wf);
+}
