@@ -24,9 +24,9 @@
 --    idemflow_job_rank(due_at, priority) = due_at - priority * 10 s: the
 --    highest priority first among jobs that became due within 10 s of one
 --    another per step of priority, the earliest due otherwise. Priority
---    buys a bounded head start, not precedence forever: a priority-0 job
---    due for 90 s goes before every priority-9 job that became due after
---    it did, so no stream of urgent work starves it longer than that. The
+--    buys a bounded head start, not precedence forever: once a job has
+--    been due for 90 s, no job that becomes due later goes before it,
+--    whatever its priority, so no stream of urgent work starves it. The
 --    index jobs_rank serves the order in one range scan; it replaces
 --    jobs_due, whose columns it begins with.
 -- 3. idemflow_wf_create counts a compensating workflow as active, as
@@ -248,8 +248,8 @@ END
 $$;
 
 -- Due jobs by rank (idemflow_job_rank): the highest priority first, the
--- earliest due among equals, and no job left behind more than 90 s of
--- fresher urgent work.
+-- earliest due among equals, and no job passed by work that became due
+-- more than 90 s after it.
 CREATE OR REPLACE FUNCTION idemflow_jobs_activate(p_tenant bigint, p_type text, p_worker text,
                                                   p_max integer, p_lease interval,
                                                   p_budget bigint)

@@ -418,9 +418,9 @@ Test(priority, a_high_priority_job_is_activated_ahead_of_a_backlog_of_low_priori
 
 /*
  * The head start is bounded: priority p moves a job's place 10 s * p
- * earlier, so a priority-0 job due for 91 s goes before every priority-9
- * job that became due after it, and one due for 60 s still waits behind
- * fresh priority-9 work (30 s of head start left). The ages are made by
+ * earlier, so a priority-0 job due for 91 s goes before priority-9 jobs
+ * that become due now, and one due for 60 s still waits behind them (they
+ * have 30 s of head start on it). The ages are made by
  * moving due_at back rather than by waiting.
  */
 Test(priority, a_stream_of_high_priority_work_cannot_starve_a_low_priority_job)
