@@ -36,6 +36,12 @@ CREATE TYPE public.idemflow_wf_row AS (
 	step integer
 );
 
+CREATE FUNCTION public.idemflow_activation_max() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT 2097152::bigint
+$$;
+
 CREATE FUNCTION public.idemflow_compensate_begin(p_tenant bigint, p_wf uuid, p_from text, p_step integer, p_error text) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -139,12 +145,16 @@ CREATE FUNCTION public.idemflow_enter_step(p_tenant bigint, p_wf uuid, p_step in
 DECLARE
     v_steps jsonb;
     v_key text;
+    v_input_size bigint;
+    v_priority smallint;
     v_def jsonb;
     v_msg_id text;
     v_payload text;
+    v_size bigint;
     v_step integer := p_step;
 BEGIN
-    SELECT steps, business_key INTO v_steps, v_key
+    SELECT steps, business_key, octet_length(input::text), priority
+      INTO v_steps, v_key, v_input_size, v_priority
       FROM workflows WHERE tenant_id = p_tenant AND id = p_wf;
     LOOP
         IF v_step > jsonb_array_length(v_steps) THEN
@@ -154,6 +164,19 @@ BEGIN
             PERFORM idemflow_event(p_tenant, p_wf, 'workflow.completed',
                                    jsonb_build_object('state', 'completed'));
             RETURN;
+        END IF;
+        -- The next job's activation carries the input and the outputs so
+        -- far: refuse what would take it past the bound.
+        IF EXISTS (SELECT 1 FROM jsonb_array_elements(v_steps) WITH ORDINALITY AS s(d, i)
+                    WHERE s.i >= v_step AND s.d ? 'job_type') THEN
+            v_size := v_input_size
+                      + octet_length(idemflow_step_outputs(p_tenant, p_wf, v_step)::text);
+            IF v_size > idemflow_activation_max() THEN
+                RAISE EXCEPTION USING ERRCODE = 'IDF13',
+                    MESSAGE = format('step %s ("%s") would be entered with %s bytes of workflow input and step outputs, more than the %s an activation carries: nothing was changed',
+                                     v_step, (v_steps -> (v_step - 1)) ->> 'name', v_size,
+                                     idemflow_activation_max());
+            END IF;
         END IF;
         v_def := v_steps -> (v_step - 1);
         UPDATE workflows SET step = v_step, updated_at = now()
@@ -167,12 +190,13 @@ BEGIN
             RETURN;
         END IF;
         INSERT INTO jobs (tenant_id, workflow_id, step, name, job_type, wait_for, state,
-                          due_at, retries, created_at, updated_at)
+                          due_at, retries, priority, created_at, updated_at)
         VALUES (p_tenant, p_wf, v_step, v_def ->> 'name', v_def ->> 'job_type',
                 v_def ->> 'wait_for',
                 CASE WHEN v_def ? 'wait_for' THEN 'waiting' ELSE 'activatable' END,
                 CASE WHEN v_def ? 'wait_for' THEN NULL ELSE now() END,
-                coalesce((v_def ->> 'retries')::integer, 0), now(), now());
+                coalesce((v_def ->> 'retries')::integer, 0),
+                coalesce((v_def ->> 'priority')::smallint, v_priority), now(), now());
         IF NOT v_def ? 'wait_for' THEN
             RETURN;
         END IF;
@@ -587,6 +611,12 @@ CREATE FUNCTION public.idemflow_job_problem(p_problem text, p_detail text) RETUR
            NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer
 $$;
 
+CREATE FUNCTION public.idemflow_job_rank(p_due timestamp with time zone, p_priority smallint) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT p_due - p_priority * interval '10 seconds'
+$$;
+
 CREATE FUNCTION public.idemflow_job_result(j public.jobs, p_input text, p_wf_state text) RETURNS public.idemflow_job_row
     LANGUAGE sql STABLE
     AS $$
@@ -608,8 +638,9 @@ BEGIN
           FROM jobs jb
           JOIN workflows w ON w.tenant_id = jb.tenant_id AND w.id = jb.workflow_id
          WHERE jb.tenant_id = p_tenant AND jb.job_type = p_type
-           AND jb.state IN ('activatable', 'active') AND jb.due_at <= now()
-         ORDER BY jb.due_at
+           AND jb.state IN ('activatable', 'active')
+           AND idemflow_job_rank(jb.due_at, jb.priority) <= now() AND jb.due_at <= now()
+         ORDER BY idemflow_job_rank(jb.due_at, jb.priority), jb.due_at
          LIMIT p_max
            FOR UPDATE OF jb, w SKIP LOCKED
     LOOP
@@ -647,8 +678,9 @@ BEGIN
           FROM jobs jb
           JOIN workflows w ON w.tenant_id = jb.tenant_id AND w.id = jb.workflow_id
          WHERE jb.tenant_id = p_tenant AND jb.job_type = p_type
-           AND jb.state IN ('activatable', 'active') AND jb.due_at <= now()
-         ORDER BY jb.due_at
+           AND jb.state IN ('activatable', 'active')
+           AND idemflow_job_rank(jb.due_at, jb.priority) <= now() AND jb.due_at <= now()
+         ORDER BY idemflow_job_rank(jb.due_at, jb.priority), jb.due_at
          LIMIT p_max
            FOR UPDATE OF jb, w SKIP LOCKED
     LOOP
@@ -831,6 +863,13 @@ CREATE FUNCTION public.idemflow_ts(t timestamp with time zone) RETURNS text
 $$;
 
 CREATE FUNCTION public.idemflow_wf_create(p_tenant bigint, p_id uuid, p_type text, p_input jsonb, p_at timestamp with time zone, p_steps jsonb, p_business_key text, p_payload text) RETURNS SETOF public.idemflow_wf_row
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM idemflow_wf_create(p_tenant, p_id, p_type, p_input, p_at, p_steps,
+                                     p_business_key, p_payload, 0::smallint)
+$$;
+
+CREATE FUNCTION public.idemflow_wf_create(p_tenant bigint, p_id uuid, p_type text, p_input jsonb, p_at timestamp with time zone, p_steps jsonb, p_business_key text, p_payload text, p_priority smallint) RETURNS SETOF public.idemflow_wf_row
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -841,9 +880,9 @@ BEGIN
     END IF;
     LOOP
         INSERT INTO workflows (tenant_id, id, type, state, input, created_at, updated_at,
-                               business_key, steps)
+                               business_key, steps, priority)
         VALUES (p_tenant, p_id, p_type, 'pending', p_input, p_at, p_at, p_business_key,
-                p_steps)
+                p_steps, p_priority)
         ON CONFLICT DO NOTHING
         RETURNING * INTO w;
         EXIT WHEN FOUND;
@@ -851,7 +890,7 @@ BEGIN
         -- waited; if it has ended since, try again.
         SELECT * INTO w FROM workflows
          WHERE tenant_id = p_tenant AND type = p_type AND business_key = p_business_key
-           AND state IN ('pending', 'running', 'incident');
+           AND state IN ('pending', 'running', 'incident', 'compensating');
         IF FOUND THEN
             RETURN NEXT idemflow_wf_result(NULL, NULL, 'existing', w);
             RETURN;
@@ -1299,9 +1338,9 @@ CREATE INDEX idempotency_keys_created ON public.idempotency_keys USING btree (cr
 
 CREATE INDEX idempotency_keys_expires ON public.idempotency_keys USING btree (expires_at);
 
-CREATE INDEX jobs_due ON public.jobs USING btree (tenant_id, job_type, due_at) WHERE (state = ANY (ARRAY['activatable'::text, 'active'::text]));
-
 CREATE INDEX jobs_leases ON public.jobs USING btree (due_at) WHERE (state = 'active'::text);
+
+CREATE INDEX jobs_rank ON public.jobs USING btree (tenant_id, job_type, public.idemflow_job_rank(due_at, priority), due_at) WHERE (state = ANY (ARRAY['activatable'::text, 'active'::text]));
 
 CREATE INDEX messages_buffered ON public.messages USING btree (tenant_id, business_key, name, received_at) WHERE (workflow_id IS NULL);
 

@@ -31,6 +31,7 @@ static struct problem_def defs[P__COUNT] = {
 	[P_MESSAGE_REUSED] = { 409, "message-id-reused", "Message Id Reused" },
 	[P_OUTCOME_UNKNOWN] = { 503, "outcome-unknown", "Outcome Unknown" },
 	[P_INVALID_DURATION] = { 400, "invalid-duration", "Invalid Duration" },
+	[P_ACTIVATION_TOO_LARGE] = { 413, "activation-too-large", "Activation Too Large" },
 };
 
 /* conf.c's default: a process that never calls problem_configure (the

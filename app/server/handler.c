@@ -9,6 +9,11 @@
 
 #include "core/log.h"
 
+/* Raised by idemflow_enter_step (sql/018_outputs_priority.sql): the step
+ * would be entered with more input and step outputs than an activation
+ * carries. */
+#define SQLSTATE_ACTIVATION_TOO_LARGE "IDF13"
+
 void handler_trace_begin(struct handler_ctx *ctx, const struct http_req *req)
 {
 	static const char tp[] = "HTTP_TRACEPARENT=", ts[] = "HTTP_TRACESTATE=";
@@ -80,6 +85,9 @@ void handler_problem(struct http_resp *resp, const struct http_req *req, enum pr
  * - the database is unavailable (down, read-only, shutting down, out of a
  *   resource), a serialization failure or a lock timeout: 503 unavailable,
  *   nothing stored;
+ * - a step entered with more input and outputs than an activation
+ *   carries (SQLSTATE_ACTIVATION_TOO_LARGE): 413 activation-too-large, nothing
+ *   stored;
  * - anything else is a bug: 500, nothing stored (the transaction rolled
  *   back).
  * Every 503 carries Retry-After.
@@ -91,6 +99,12 @@ void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const str
 	char ra[24];
 
 	ctx->err = *e;
+	if (strcmp(e->sqlstate, SQLSTATE_ACTIVATION_TOO_LARGE) == 0) {
+		/* The message is the database's, after its "ERROR:  ". */
+		const char *m = strstr(e->msg, ":  ");
+		handler_problem(resp, req, P_ACTIVATION_TOO_LARGE, m != NULL ? m + 3 : e->msg);
+		return;
+	}
 	if (e->code != ERR_DB_DOWN && e->code != ERR_SERIALIZE && e->code != ERR_LOCK_TIMEOUT) {
 		handler_problem(resp, req, P_INTERNAL, "the request failed; nothing was stored");
 		return;

@@ -139,7 +139,7 @@ const struct db_stmt queries[Q__COUNT] = {
 	/* Pending events are what the partial index outbox_due covers;
 	 * dead ones are few (a dead event is an incident). Three aggregates
 	 * of one row each: the jobs' reads only live jobs (the predicate of
-	 * the jobs_due index), never the finished ones; the workflows in
+	 * the jobs_rank index), never the finished ones; the workflows in
 	 * incident are few too (the partial index workflows_incident). */
 	[Q_METRICS_OUTBOX] = { "metrics_outbox", 0,
 	                       "SELECT o.pending, o.oldest, o.dead,\n"
@@ -191,7 +191,8 @@ const struct db_stmt queries[Q__COUNT] = {
 	[Q_WF_CREATE_RUN] = { "wf_create_run", WF_CREATE_RUN__N,
 	                      "SELECT *\n"
 	                      "  FROM idemflow_wf_create($1::bigint, $2, $3, $4, $5, $6, $7,\n"
-	                      "                          $8::text || $1::bigint || $9::text)\n" },
+	                      "                          $8::text || $1::bigint || $9::text,\n"
+	                      "                          $10::smallint)\n" },
 	[Q_WF_TRANSITION] = { "wf_transition", WF_TRANSITION__N,
 	                      "SELECT *\n"
 	                      "  FROM idemflow_wf_transition($1, $2, $3, $4)\n" },

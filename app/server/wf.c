@@ -3,12 +3,13 @@
  * The steps' checks are wf_steps.c's, the message routes messages.c's,
  * the paging page.c's.
  *
- * A plain keyed create (no steps, no business key) is one SQL statement
+ * A plain keyed create (no steps, business key or priority) is one SQL statement
  * (Q_CREATE_KEYED), so the key row with its stored response, the workflow
  * row and its workflow.created event commit together or not at all, in
  * one round trip. The workflow id and created_at are made here, before the
  * statement, so the response body can be stored by the same statement that
- * creates what it describes. A create with steps or a business key, and
+ * creates what it describes. A create with steps, a business key or a
+ * priority, and
  * every other command, runs a database function through cmd.c.
  */
 #include "server/wf.h"
@@ -129,7 +130,7 @@ struct create {
 	size_t steps_len;
 	const char *fp_text;
 	char id[IDS_UUID_LEN + 1], now[IDS_TS_LEN + 1], tenant[24], ttl[40];
-	char location[64], event_id[IDS_UUID_LEN + 8], stored_headers[96];
+	char location[64], event_id[IDS_UUID_LEN + 8], stored_headers[96], priority[24];
 	struct buf out;                         /* the response body, also stored */
 	struct buf payload;                     /* the workflow.created event */
 	const char *keyed[CREATE_KEYED__N];     /* Q_CREATE_KEYED */
@@ -230,6 +231,8 @@ static int create_prepare(struct handler_ctx *ctx, const struct http_req *req,
 	cr->run[WF_CREATE_RUN_BUSINESS_KEY] = b->business_key;
 	cr->run[WF_CREATE_RUN_PAYLOAD_HEAD] = pl->data;
 	cr->run[WF_CREATE_RUN_PAYLOAD_TAIL] = pl->data + tail;
+	snprintf(cr->priority, sizeof(cr->priority), "%ld", b->priority < 0 ? 0 : b->priority);
+	cr->run[WF_CREATE_RUN_PRIORITY] = cr->priority;
 	return 0;
 }
 
@@ -285,9 +288,10 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
 }
 
 /*
- * A plain create (no steps, no business key) is one statement, keyed or
- * not (CMD_TX_SINGLE); with steps or a business key it is a database
- * function run as a command (CMD_TX_PIPELINE). Either way through the
+ * A plain create (no steps, no business key, no priority) is one
+ * statement, keyed or not (CMD_TX_SINGLE); with steps, a business key or
+ * a priority it is a database function run as a command
+ * (CMD_TX_PIPELINE). Either way through the
  * keyed-command runner (cmd.h), which answers a replay before anything
  * is rendered.
  *
@@ -349,7 +353,7 @@ void wf_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *
 	cr.input = sc->data + input_off;
 	cr.steps = b.steps != NULL ? sc->data + steps_off : NULL;
 
-	if (b.steps != NULL || b.business_key != NULL) {
+	if (b.steps != NULL || b.business_key != NULL || b.priority >= 0) {
 		if (auth_settle(ctx, req, resp) < 0)
 			goto out;
 		const struct cmd cmd = { .tx = CMD_TX_PIPELINE,

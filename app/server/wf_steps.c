@@ -2,8 +2,8 @@
  * wf_steps.c - a create body checked before the create: its members and
  * its step definitions (the members each kind of step may have, their
  * limits, durations and times that PostgreSQL reads alike, core/iso8601.h,
- * names unique, an on_timeout that only moves on). Nothing here reads the
- * database.
+ * names unique, an on_timeout that only moves on, priorities). Nothing
+ * here reads the database.
  */
 #include "server/wf_steps.h"
 
@@ -113,14 +113,14 @@ int wf_steps_time_member(struct json_object *st, const char *name, int is_time, 
 static int validate_step(struct json_object *steps, size_t i, enum problem_kind *kind, char *detail,
                          size_t dlen)
 {
-	static const char *const members[] = { "name",      "job_type",   "wait_for",
-		                               "retries",   "sleep",      "until",
-		                               "timeout",   "on_timeout", "on_failure",
-		                               "resumable", "compensate", NULL };
+	static const char *const members[] = { "name",       "job_type",  "wait_for", "retries",
+		                               "sleep",      "until",     "timeout",  "on_timeout",
+		                               "on_failure", "resumable", "priority", "compensate",
+		                               NULL };
 	struct json_object *st = json_object_array_get_idx(steps, i);
 	const char *name, *job_type, *wait_for, *on_timeout, *on_failure, *v;
 	char why[200], where[24];
-	long retries;
+	long retries, priority;
 	int kinds;
 
 	if (!json_object_is_type(st, json_type_object)) {
@@ -133,6 +133,7 @@ static int validate_step(struct json_object *steps, size_t i, enum problem_kind 
 	    cmd_text(st, "wait_for", 0, WF_TYPE_MAX, &wait_for, why, sizeof(why)) < 0 ||
 	    cmd_text(st, "on_timeout", 0, WF_NAME_MAX, &on_timeout, why, sizeof(why)) < 0 ||
 	    cmd_int(st, "retries", 0, WF_RETRIES_MAX, 0, &retries, why, sizeof(why)) < 0 ||
+	    cmd_int(st, "priority", 0, WF_PRIORITY_MAX, 0, &priority, why, sizeof(why)) < 0 ||
 	    validate_failure(st, &on_failure, why, sizeof(why)) < 0 ||
 	    validate_compensate(st, why, sizeof(why)) < 0)
 		goto bad;
@@ -154,6 +155,11 @@ static int validate_step(struct json_object *steps, size_t i, enum problem_kind 
 	}
 	if (job_type == NULL && json_object_object_get_ex(st, "retries", NULL)) {
 		snprintf(why, sizeof(why), "only a job step has \"retries\"");
+		goto bad;
+	}
+	if (job_type == NULL && json_object_object_get_ex(st, "priority", NULL)) {
+		snprintf(why, sizeof(why),
+		         "only a job step has \"priority\": it orders the activation of jobs");
 		goto bad;
 	}
 	if (job_type == NULL &&
@@ -237,7 +243,8 @@ static int check_steps(struct json_object *steps, enum problem_kind *kind, char 
 int wf_steps_body(struct json_object *root, struct wf_body *b, enum problem_kind *kind,
                   char *detail, size_t dlen)
 {
-	static const char *const members[] = { "type", "input", "steps", "business_key", NULL };
+	static const char *const members[] = { "type",         "input",    "steps",
+		                               "business_key", "priority", NULL };
 	const char *type;
 
 	memset(b, 0, sizeof(*b));
@@ -245,7 +252,8 @@ int wf_steps_body(struct json_object *root, struct wf_body *b, enum problem_kind
 	    cmd_text(root, "type", 1, WF_TYPE_MAX, &type, detail, dlen) < 0 ||
 	    cmd_object(root, "input", &b->input, detail, dlen) < 0 ||
 	    cmd_text(root, "business_key", 0, WF_BUSINESS_KEY_MAX, &b->business_key, detail, dlen) <
-	        0)
+	        0 ||
+	    cmd_int(root, "priority", 0, WF_PRIORITY_MAX, -1, &b->priority, detail, dlen) < 0)
 		return -1;
 	json_object_object_get_ex(root, "type", &b->type);
 	if (!json_object_object_get_ex(root, "steps", &b->steps) || b->steps == NULL)

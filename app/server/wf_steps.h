@@ -18,6 +18,7 @@
 #define WF_STEPS_MAX        32  /* as JOBS_STEP_MAX */
 #define WF_BUSINESS_KEY_MAX 255
 #define WF_RETRIES_MAX      100
+#define WF_PRIORITY_MAX     9 /* a job's priority: 0 to 9, higher first */
 
 /* The longest wait, sleep or message ttl: about ten years. */
 #define WF_DURATION_MAX_DAYS 3650L
@@ -28,11 +29,13 @@ struct wf_body {
 	struct json_object *input; /* or NULL */
 	struct json_object *steps; /* or NULL */
 	const char *business_key;  /* or NULL */
+	long priority;             /* 0 to WF_PRIORITY_MAX, or -1 when absent */
 };
 
 /*
  * Check root, a parsed create body (POST /v1/workflows), into *b: its
- * members, its type and business key within their limits, and its steps,
+ * members, its type and business key within their limits, its priority
+ * (0 to WF_PRIORITY_MAX, -1 when absent), and its steps,
  * an array of 1 to WF_STEPS_MAX step definitions, each valid on its own
  * and against the ones before. Returns 0, or -1 with detail filled; then
  * *kind is P_INVALID_DURATION for a malformed duration or time, else it

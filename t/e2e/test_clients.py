@@ -147,7 +147,8 @@ class PythonClient:
         calls = {
             "create": lambda: c.create_workflow(args["type"], args.get("input"),
                                                 steps=args.get("steps"),
-                                                business_key=args.get("business_key"), **kw),
+                                                business_key=args.get("business_key"),
+                                                priority=args.get("priority"), **kw),
             "activate": lambda: c.activate_jobs(args["job_type"], args["worker"],
                                                 max_jobs=args.get("max_jobs"),
                                                 lease_seconds=args.get("lease_seconds"), **kw),
@@ -408,7 +409,7 @@ def jobs_and_messages(c, proxy):
     bk = f"O-{uuid.uuid4().hex[:8]}"
     steps = [{"name": "pick", "job_type": jt}, {"name": "await", "wait_for": "paid"}]
     r, ex = call(c, proxy, t.token, "create",
-                 {"type": "order", "business_key": bk, "steps": steps}, ["drop"])
+                 {"type": "order", "business_key": bk, "steps": steps, "priority": 4}, ["drop"])
     same_as_first("create with steps", r, ex[0])
     wf = json.loads(r["body"])["id"]
 
@@ -417,8 +418,9 @@ def jobs_and_messages(c, proxy):
     one_key("activate", r, ex)
     same_as_first("activate", r, ex[0])
     jobs = json.loads(r["body"])["jobs"]
-    expect("activate: the lost answer's job, not an empty list",
-           [(j["workflow_id"], j["step"], j["activations"]) for j in jobs], [(wf, 1, 1)])
+    expect("activate: the lost answer's job, not an empty list, of the workflow's priority",
+           [(j["workflow_id"], j["step"], j["activations"], j["priority"]) for j in jobs],
+           [(wf, 1, 1, 4)])
     job = jobs[0]["key"]
 
     r, ex = call(c, proxy, t.token, "heartbeat",

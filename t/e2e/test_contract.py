@@ -557,6 +557,19 @@ def run(c, api):
          body={"worker": "w1"})
     call(FAIL, "POST", f"/v1/jobs/{ghost}.s1/fail", 404, "not-found", token=T,
          body={"worker": "w1"})
+    # A completion whose output would take the next job's activation past
+    # its bound: the workflow's input made large by the test, not sent.
+    _, _, wb = call(WFS, "POST", WFS, 201, token=T, key=uid(),
+                    body={"type": "ct-bound", "priority": 3,
+                          "steps": [{"name": "a", "job_type": "ct-bound"},
+                                    {"name": "b", "job_type": "ct-bound", "priority": 9}]})
+    _, _, got = call(ACT, "POST", ACT, 200, token=T, body={"job_type": "ct-bound", "worker": "w1"})
+    if [(j["priority"], j["steps"]) for j in got["jobs"]] != [(3, {})]:
+        fail(f"the bound's first job: {got}")
+    psql(f"UPDATE workflows SET input = jsonb_build_object('blob', repeat('x', 2100000))"
+         f" WHERE tenant_id = {tenant_id} AND id = '{wb['id']}'")
+    call(COMP, "POST", f"/v1/jobs/{wb['id']}.s1/complete", 413, "activation-too-large",
+         token=T, body={"worker": "w1", "output": {}})
 
     # --- messages ------------------------------------------------------
     m = f"{WFS}/{w1id}/messages"

@@ -16,7 +16,7 @@ import { pathToFileURL } from 'node:url';
 const mod = await import(pathToFileURL(process.argv[2]).href);
 
 const OPS = {
-  create: (c, a, o) => c.createWorkflow({ type: a.type, input: a.input, steps: a.steps, businessKey: a.business_key }, o),
+  create: (c, a, o) => c.createWorkflow({ type: a.type, input: a.input, steps: a.steps, businessKey: a.business_key, priority: a.priority }, o),
   activate: (c, a, o) => c.activateJobs({ jobType: a.job_type, worker: a.worker, maxJobs: a.max_jobs, leaseSeconds: a.lease_seconds }, o),
   complete: (c, a, o) => c.completeJob(a.job_key, { worker: a.worker, output: a.output }, o),
   heartbeat: (c, a, o) => c.heartbeatJob(a.job_key, { worker: a.worker, leaseSeconds: a.lease_seconds, progress: a.progress }, o),

@@ -137,9 +137,10 @@ export class Client {
   // --- workflows ----------------------------------------------------------
   // POST /v1/workflows: 201 (created, or its replay), or 200 with
   // "existing": true for an active workflow with the same business key.
-  createWorkflow({ type, input, steps, businessKey }, { key } = {}) {
+  // priority (0 to 9) is its job steps' unless a step names its own.
+  createWorkflow({ type, input, steps, businessKey, priority }, { key } = {}) {
     return this.request('POST', '/v1/workflows',
-      { type, input, steps, business_key: businessKey }, { key });
+      { type, input, steps, business_key: businessKey, priority }, { key });
   }
 
   getWorkflow(id) {

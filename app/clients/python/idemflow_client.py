@@ -161,9 +161,11 @@ class Client:
         self.sleep = time.sleep  # replaceable, e.g. by a test's clock
 
     # --- workflows ---------------------------------------------------------
-    def create_workflow(self, type, input=None, *, steps=None, business_key=None, key=None):
+    def create_workflow(self, type, input=None, *, steps=None, business_key=None, priority=None,
+                        key=None):
         """POST /v1/workflows: 201 (created, or its replay), or 200 with
-        "existing": true for an active workflow with the same business key."""
+        "existing": true for an active workflow with the same business key.
+        priority (0 to 9) is its job steps' unless a step names its own."""
         body = {"type": type}
         if input is not None:
             body["input"] = input
@@ -171,6 +173,8 @@ class Client:
             body["steps"] = steps
         if business_key is not None:
             body["business_key"] = business_key
+        if priority is not None:
+            body["priority"] = priority
         return self.request("POST", "/v1/workflows", body, key=key)
 
     def get_workflow(self, workflow_id):
