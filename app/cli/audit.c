@@ -6,7 +6,9 @@
  * status EX_DATAERR, 65), over the keys and workflows created in the
  * window:
  *   answers_without_workflow     a stored 2xx answer names a workflow that
- *                                does not exist in its tenant
+ *                                does not exist in its tenant (among the
+ *                                keys younger than workflow_retention:
+ *                                prune may have deleted an older one's)
  *   keys_pointing_nowhere        a key with no answer (status 0: a claim
  *                                committed without its answer), or a 2xx
  *                                answer of a route that names one workflow
@@ -79,49 +81,54 @@
  * names its workflow by the route: POST /v1/workflows in its body (the
  * server writes {"id":"..." first), /v1/workflows/{id}/... in its path,
  * /v1/jobs/{id}.sN/... in the job key. POST /v1/messages and
- * /v1/jobs/activate name none or many: not checked. Each answer's
+ * /v1/jobs/activate name none or many: not checked. A key older than its
+ * tenant's workflow_retention (or $3 ms, the CLI's) may name a workflow
+ * that prune deleted since: its workflow is not asked for. Each answer's
  * workflow is probed in workflows_pkey (a subplan, not a join the planner
  * may turn into a hash of every workflow): the cost follows the window.
  */
-#define AUDIT_KEYS                                                                                 \
-	"WITH k AS MATERIALIZED (\n"                                                               \
-	"  SELECT tenant_id, status,\n"                                                            \
-	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL\n"                            \
-	"              WHEN method = 'POST' AND path = '/v1/workflows' THEN 'create'\n"            \
-	"              WHEN path ~ '^/v1/workflows/[^/]+/[a-z]+$' THEN 'workflow'\n"               \
-	"              WHEN path ~ '^/v1/jobs/[^/]+/[a-z]+$' THEN 'job' END AS route,\n"           \
-	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL\n"                            \
-	"              WHEN method = 'POST' AND path = '/v1/workflows'\n"                          \
-	"              THEN substring(body FROM '^\\{\"id\":\"(" UUID_RE ")\"')\n"                 \
-	"              ELSE substring(path FROM\n"                                                 \
-	"                   '^/v1/(?:workflows|jobs)/(" UUID_RE ")(?:\\.s[0-9]+)?/[a-z]+$')\n"     \
-	"         END AS wf\n"                                                                     \
-	"    FROM idempotency_keys\n"                                                              \
-	"   WHERE created_at >= " AGO_2 " AND " TENANT_IS "\n"                                     \
-	"), s AS (\n"                                                                              \
-	"  SELECT tenant_id, count(*) AS keys,\n"                                                  \
-	"         count(*) FILTER (WHERE route IS NOT NULL) AS answers,\n"                         \
-	"         count(*) FILTER (WHERE status = 0\n"                                             \
-	"                            OR (route IS NOT NULL AND wf IS NULL)) AS nowhere,\n"         \
-	"         count(*) FILTER (WHERE wf IS NOT NULL AND NOT EXISTS (\n"                        \
-	"             SELECT 1\n"                                                                  \
-	"               FROM workflows w\n"                                                        \
-	"              WHERE w.tenant_id = k.tenant_id AND w.id = k.wf::uuid)) AS missing\n"       \
-	"    FROM k\n"                                                                             \
-	"   GROUP BY tenant_id\n"                                                                  \
-	"), d AS (\n"                                                                              \
-	"  SELECT tenant_id, count(*) AS several\n"                                                \
-	"    FROM (SELECT tenant_id\n"                                                             \
-	"            FROM k\n"                                                                     \
-	"           WHERE route = 'create' AND status = 201 AND wf IS NOT NULL\n"                  \
-	"           GROUP BY tenant_id, lower(wf)\n"                                               \
-	"          HAVING count(*) > 1) x\n"                                                       \
-	"   GROUP BY tenant_id\n"                                                                  \
-	")\n"                                                                                      \
-	"SELECT t.name, s.keys, s.answers, s.nowhere, s.missing, coalesce(d.several, 0)\n"         \
-	"  FROM s\n"                                                                               \
-	"  JOIN tenants t ON t.id = s.tenant_id\n"                                                 \
-	"  LEFT JOIN d ON d.tenant_id = s.tenant_id\n"                                             \
+#define AUDIT_KEYS                                                                                  \
+	"WITH k AS MATERIALIZED (\n"                                                                \
+	"  SELECT tenant_id, status, created_at,\n"                                                 \
+	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL\n"                             \
+	"              WHEN method = 'POST' AND path = '/v1/workflows' THEN 'create'\n"             \
+	"              WHEN path ~ '^/v1/workflows/[^/]+/[a-z]+$' THEN 'workflow'\n"                \
+	"              WHEN path ~ '^/v1/jobs/[^/]+/[a-z]+$' THEN 'job' END AS route,\n"            \
+	"         CASE WHEN status NOT BETWEEN 200 AND 299 THEN NULL\n"                             \
+	"              WHEN method = 'POST' AND path = '/v1/workflows'\n"                           \
+	"              THEN substring(body FROM '^\\{\"id\":\"(" UUID_RE ")\"')\n"                  \
+	"              ELSE substring(path FROM\n"                                                  \
+	"                   '^/v1/(?:workflows|jobs)/(" UUID_RE ")(?:\\.s[0-9]+)?/[a-z]+$')\n"      \
+	"         END AS wf\n"                                                                      \
+	"    FROM idempotency_keys\n"                                                               \
+	"   WHERE created_at >= " AGO_2 " AND " TENANT_IS "\n"                                      \
+	"), s AS (\n"                                                                               \
+	"  SELECT tenant_id, count(*) AS keys,\n"                                                   \
+	"         count(*) FILTER (WHERE route IS NOT NULL) AS answers,\n"                          \
+	"         count(*) FILTER (WHERE status = 0\n"                                              \
+	"                            OR (route IS NOT NULL AND wf IS NULL)) AS nowhere,\n"          \
+	"         count(*) FILTER (WHERE wf IS NOT NULL AND NOT EXISTS (\n"                         \
+	"             SELECT 1\n"                                                                   \
+	"               FROM workflows w\n"                                                         \
+	"              WHERE w.tenant_id = k.tenant_id AND w.id = k.wf::uuid)\n"                    \
+	"             AND k.created_at >= now() - coalesce(\n"                                      \
+	"                 (SELECT t.workflow_retention FROM tenants t WHERE t.id = k.tenant_id),\n" \
+	"                 $3::bigint * interval '1 millisecond')) AS missing\n"                     \
+	"    FROM k\n"                                                                              \
+	"   GROUP BY tenant_id\n"                                                                   \
+	"), d AS (\n"                                                                               \
+	"  SELECT tenant_id, count(*) AS several\n"                                                 \
+	"    FROM (SELECT tenant_id\n"                                                              \
+	"            FROM k\n"                                                                      \
+	"           WHERE route = 'create' AND status = 201 AND wf IS NOT NULL\n"                   \
+	"           GROUP BY tenant_id, lower(wf)\n"                                                \
+	"          HAVING count(*) > 1) x\n"                                                        \
+	"   GROUP BY tenant_id\n"                                                                   \
+	")\n"                                                                                       \
+	"SELECT t.name, s.keys, s.answers, s.nowhere, s.missing, coalesce(d.several, 0)\n"          \
+	"  FROM s\n"                                                                                \
+	"  JOIN tenants t ON t.id = s.tenant_id\n"                                                  \
+	"  LEFT JOIN d ON d.tenant_id = s.tenant_id\n"                                              \
 	" ORDER BY t.name\n"
 
 /*
@@ -289,6 +296,7 @@ static int audit_options(struct conf *c, struct audit_opts *o, int argc, char **
 		{ "--tenant", NULL },
 		{ "--textfile", NULL },
 		{ "--outbox-retention", NULL },
+		{ "--workflow-retention", NULL },
 	};
 	struct err e;
 
@@ -321,7 +329,7 @@ static int audit_options(struct conf *c, struct audit_opts *o, int argc, char **
 				return EX_USAGE;
 			}
 			o->textfile = val;
-		} else if (conf_set(c, "outbox_retention", val, "--outbox-retention", &e) < 0) {
+		} else if (conf_set(c, valued[k].name + 2, val, valued[k].name, &e) < 0) {
 			fprintf(stderr, "idemflow: %s\n", e.msg);
 			return EX_USAGE;
 		}
@@ -378,7 +386,7 @@ static int audit_note(struct audit_result *r, const char *name, const long *inv,
 static int audit_run(PGconn *conn, const struct conf *c, const struct audit_opts *o,
                      const char *tenant_id, struct audit_result *r, struct err *e)
 {
-	char since[24], events[24], pending[24], timer[24], lease[24];
+	char since[24], events[24], pending[24], timer[24], lease[24], wf_retention[24];
 	const char *tid = *tenant_id ? tenant_id : NULL;
 	PGresult *res = NULL;
 	int rc = -1;
@@ -391,6 +399,7 @@ static int audit_run(PGconn *conn, const struct conf *c, const struct audit_opts
 	snprintf(pending, sizeof(pending), "%ld", o->pending_ms);
 	snprintf(timer, sizeof(timer), "%ld", o->timer_ms);
 	snprintf(lease, sizeof(lease), "%ld", o->lease_ms);
+	snprintf(wf_retention, sizeof(wf_retention), "%ld", c->workflow_retention);
 
 	res = db_exec(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL, e);
 	if (res == NULL)
@@ -413,8 +422,8 @@ static int audit_run(PGconn *conn, const struct conf *c, const struct audit_opts
 	snprintf(r->events_since, sizeof(r->events_since), "%s", PQgetvalue(res, 0, 2));
 	PQclear(res);
 
-	const char *pk[2] = { tid, since };
-	res = db_exec(conn, AUDIT_KEYS, 2, pk, e);
+	const char *pk[3] = { tid, since, wf_retention };
+	res = db_exec(conn, AUDIT_KEYS, 3, pk, e);
 	if (res == NULL)
 		goto out;
 	for (int i = 0; i < PQntuples(res); i++) {
