@@ -50,6 +50,7 @@
 #include <json-c/json.h>
 
 #include "cli/cli.h"
+#include "cli/rebuild.h"
 #include "core/db.h"
 #include "core/iso8601.h"
 
@@ -197,6 +198,7 @@ struct audit_opts {
 	long pending_ms, timer_ms, lease_ms;
 	const char *textfile; /* NULL: none */
 	int json;
+	int rebuild; /* --rebuild: workflows rebuilt from their events instead */
 };
 
 /* The invariants, in the order they are reported. */
@@ -308,6 +310,10 @@ static int audit_options(struct conf *c, struct audit_opts *o, int argc, char **
 			o->json = 1;
 			continue;
 		}
+		if (strcmp(a, "--rebuild") == 0) {
+			o->rebuild = 1;
+			continue;
+		}
 		for (k = 0; k < sizeof(valued) / sizeof(valued[0]); k++)
 			if (strlen(valued[k].name) == n && strncmp(a, valued[k].name, n) == 0)
 				break;
@@ -333,6 +339,10 @@ static int audit_options(struct conf *c, struct audit_opts *o, int argc, char **
 			fprintf(stderr, "idemflow: %s\n", e.msg);
 			return EX_USAGE;
 		}
+	}
+	if (o->rebuild && (o->json || o->textfile != NULL)) {
+		fprintf(stderr, "idemflow: audit --rebuild takes no --json or --textfile\n");
+		return EX_USAGE;
 	}
 	if (o->since_ms <= 0) {
 		fprintf(stderr, "idemflow: --since must be longer than 0\n");
@@ -684,6 +694,235 @@ fail:
 	return -1;
 }
 
+/*
+ * --rebuild: every workflow (of one tenant, or all), in batches of
+ * REBUILD_BATCH in (tenant_id, id) order, each batch its own REPEATABLE
+ * READ READ ONLY transaction (a workflow, its jobs and its events are
+ * read at one moment; no snapshot is held across the walk). $1 tenant or
+ * NULL, $2 $3 the last (tenant_id, id) of the previous batch, $4 the batch
+ * size.
+ */
+#define REBUILD_BATCH 200
+#define REBUILD_WORKFLOWS                                                                          \
+	"SELECT w.tenant_id, w.id, w.state, w.step, w.last_seq, t.name\n"                          \
+	"  FROM workflows w\n"                                                                     \
+	"  JOIN tenants t ON t.id = w.tenant_id\n"                                                 \
+	" WHERE ($1::bigint IS NULL OR w.tenant_id = $1::bigint)\n"                                \
+	"   AND (w.tenant_id, w.id) > ($2::bigint, $3::uuid)\n"                                    \
+	" ORDER BY w.tenant_id, w.id\n"                                                            \
+	" LIMIT $4::int\n"
+
+/* The batch's jobs and events: $1 the tenant ids, $2 the workflow ids
+ * (one pair per workflow), in the workflows' order. */
+#define REBUILD_JOBS                                                                               \
+	"SELECT j.tenant_id, j.workflow_id, j.step, j.state\n"                                     \
+	"  FROM jobs j\n"                                                                          \
+	"  JOIN unnest($1::bigint[], $2::uuid[]) AS b(tenant_id, id)\n"                            \
+	"    ON j.tenant_id = b.tenant_id AND j.workflow_id = b.id\n"                              \
+	" ORDER BY j.tenant_id, j.workflow_id, j.step\n"
+#define REBUILD_EVENTS                                                                             \
+	"SELECT o.tenant_id, o.workflow_id, o.seq, o.type, (o.payload::jsonb -> 'data')::text\n"   \
+	"  FROM outbox o\n"                                                                        \
+	"  JOIN unnest($1::bigint[], $2::uuid[]) AS b(tenant_id, id)\n"                            \
+	"    ON o.workflow_id = b.id AND o.tenant_id = b.tenant_id\n"                              \
+	" ORDER BY o.tenant_id, o.workflow_id, o.seq\n"
+
+/* What the rebuild found. */
+struct rebuild_counts {
+	long workflows, checked, skipped, differences, events;
+};
+
+/* One difference's line: the workflow and its tenant, set per workflow. */
+struct rebuild_line {
+	const char *tenant, *id;
+	long *differences;
+};
+
+static void rebuild_print(void *arg, const char *field, const char *stored, const char *rebuilt)
+{
+	const struct rebuild_line *l = arg;
+
+	printf("DIFF tenant=%s workflow=%s field=\"%s\" stored=%s rebuilt=%s\n", l->tenant, l->id,
+	       field, stored, rebuilt);
+}
+
+/* (tenant, id) of row i of res against the workflow (tenant, id):
+ * <0, 0, >0. Workflow ids compare as their text: the order of uuid. */
+static int rebuild_order(const PGresult *res, int i, long long tenant, const char *id)
+{
+	long long t = atoll(PQgetvalue(res, i, 0));
+
+	if (t != tenant)
+		return t < tenant ? -1 : 1;
+	return strcmp(PQgetvalue(res, i, 1), id);
+}
+
+/*
+ * One workflow, row w of wf, its jobs and events from *ji and *ei on
+ * (advanced past them). A history that does not start at seq 1 or has a
+ * gap (pruned) is skipped and counted.
+ */
+static void rebuild_one(const PGresult *wf, int w, const PGresult *jobs, int *ji,
+                        const PGresult *events, int *ei, struct rebuild_counts *n)
+{
+	long long tenant = atoll(PQgetvalue(wf, w, 0));
+	const char *id = PQgetvalue(wf, w, 1);
+	struct rebuild_job stored[REBUILD_MAX_JOBS];
+	struct rebuild_line line = { PQgetvalue(wf, w, 5), id, &n->differences };
+	struct rebuild r;
+	char why[160];
+	int njobs = 0, first = *ei, last_seq = atoi(PQgetvalue(wf, w, 4)), whole = 1, seq = 0;
+
+	n->workflows++;
+	while (*ji < PQntuples(jobs) && rebuild_order(jobs, *ji, tenant, id) < 0)
+		(*ji)++;
+	for (; *ji < PQntuples(jobs) && rebuild_order(jobs, *ji, tenant, id) == 0; (*ji)++)
+		if (njobs < REBUILD_MAX_JOBS) {
+			stored[njobs].step = atoi(PQgetvalue(jobs, *ji, 2));
+			snprintf(stored[njobs].state, sizeof(stored[0].state), "%s",
+			         PQgetvalue(jobs, *ji, 3));
+			njobs++;
+		}
+	while (*ei < PQntuples(events) && rebuild_order(events, *ei, tenant, id) < 0)
+		(*ei)++;
+	first = *ei;
+	for (; *ei < PQntuples(events) && rebuild_order(events, *ei, tenant, id) == 0; (*ei)++)
+		whole &= atoi(PQgetvalue(events, *ei, 2)) == ++seq;
+	if (!whole || seq == 0) {
+		n->skipped++;
+		return;
+	}
+	n->checked++;
+	rebuild_init(&r);
+	for (int i = first; i < *ei; i++) {
+		struct json_object *data = json_tokener_parse(PQgetvalue(events, i, 4));
+		int rc = rebuild_apply(&r, atoi(PQgetvalue(events, i, 2)), PQgetvalue(events, i, 3),
+		                       data, why, sizeof(why));
+
+		json_object_put(data);
+		n->events++;
+		if (rc < 0) {
+			printf("DIFF tenant=%s workflow=%s field=\"history\" stored=event-%s "
+			       "rebuilt=\"%s\"\n",
+			       line.tenant, id, PQgetvalue(events, i, 2), why);
+			n->differences++;
+			return;
+		}
+	}
+	if (seq != last_seq) {
+		char a[16], b[16];
+		snprintf(a, sizeof(a), "%d", last_seq);
+		snprintf(b, sizeof(b), "%d", seq);
+		rebuild_print(&line, "last_seq", a, b);
+		n->differences++;
+	}
+	n->differences += rebuild_compare(&r, PQgetvalue(wf, w, 2), atoi(PQgetvalue(wf, w, 3)),
+	                                  stored, njobs, rebuild_print, &line);
+}
+
+/* The walk. Returns 0, or -1 with e; n holds what was done before. */
+static int audit_rebuild_run(PGconn *conn, const char *tenant_id, struct rebuild_counts *n,
+                             struct err *e)
+{
+	char after_tenant[24] = "0", after_id[40] = "00000000-0000-0000-0000-000000000000",
+	     batch[16];
+	const char *tid = *tenant_id ? tenant_id : NULL;
+
+	snprintf(batch, sizeof(batch), "%d", REBUILD_BATCH);
+	for (;;) {
+		PGresult *wf = NULL, *jobs = NULL, *events = NULL, *res;
+		char *tenants = NULL, *ids = NULL;
+		size_t tl = 0, il = 0;
+		FILE *ft = NULL, *fi = NULL;
+		int rows = 0, rc = -1, ji = 0, ei = 0;
+
+		res = db_exec(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL, e);
+		if (res == NULL)
+			return -1;
+		PQclear(res);
+		const char *pw[4] = { tid, after_tenant, after_id, batch };
+		wf = db_exec(conn, REBUILD_WORKFLOWS, 4, pw, e);
+		if (wf == NULL)
+			goto next;
+		rows = PQntuples(wf);
+		/* The batch's ids as two arrays, {1,1,2} and {a,b,c}. */
+		ft = open_memstream(&tenants, &tl);
+		fi = open_memstream(&ids, &il);
+		if (ft == NULL || fi == NULL) {
+			err_set(e, ERR_INTERNAL, "out of memory");
+			goto next;
+		}
+		fputc('{', ft);
+		fputc('{', fi);
+		for (int i = 0; i < rows; i++) {
+			fprintf(ft, "%s%s", i ? "," : "", PQgetvalue(wf, i, 0));
+			fprintf(fi, "%s%s", i ? "," : "", PQgetvalue(wf, i, 1));
+		}
+		fputc('}', ft);
+		fputc('}', fi);
+		fclose(ft);
+		fclose(fi);
+		ft = fi = NULL;
+		const char *pb[2] = { tenants, ids };
+		jobs = db_exec(conn, REBUILD_JOBS, 2, pb, e);
+		if (jobs == NULL)
+			goto next;
+		events = db_exec(conn, REBUILD_EVENTS, 2, pb, e);
+		if (events == NULL)
+			goto next;
+		for (int i = 0; i < rows; i++)
+			rebuild_one(wf, i, jobs, &ji, events, &ei, n);
+		if (rows > 0) {
+			snprintf(after_tenant, sizeof(after_tenant), "%s",
+			         PQgetvalue(wf, rows - 1, 0));
+			snprintf(after_id, sizeof(after_id), "%s", PQgetvalue(wf, rows - 1, 1));
+		}
+		rc = 0;
+	next:
+		if (ft != NULL)
+			fclose(ft);
+		if (fi != NULL)
+			fclose(fi);
+		free(tenants);
+		free(ids);
+		PQclear(wf);
+		PQclear(jobs);
+		PQclear(events);
+		/* Read only: ending it either way changes nothing. */
+		PQclear(PQexec(conn, rc == 0 ? "COMMIT" : "ROLLBACK"));
+		if (rc < 0)
+			return -1;
+		if (rows < REBUILD_BATCH)
+			return 0;
+	}
+}
+
+/*
+ * audit --rebuild [--tenant NAME]: each workflow's state, step and job
+ * states rebuilt from its events alone (rebuild.c) and compared with its
+ * rows; one DIFF line per difference, then a summary. Exits EX_DATAERR
+ * (65) on any difference, as a broken invariant does.
+ */
+static int audit_rebuild(PGconn *conn, const struct audit_opts *o, const char *tenant_id)
+{
+	struct rebuild_counts n = { 0 };
+	struct timespec t0, t1;
+	struct err e;
+	int failed;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	failed = audit_rebuild_run(conn, tenant_id, &n, &e) < 0;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	printf("rebuild: %s%s workflows=%ld checked=%ld skipped=%ld events=%ld differences=%ld "
+	       "duration_s=%.3f\n",
+	       o->tenant ? "tenant=" : "all tenants", o->tenant ? o->tenant : "", n.workflows,
+	       n.checked, n.skipped, n.events, n.differences,
+	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	if (failed)
+		return cli_db_fail(&e);
+	return n.differences > 0 ? EX_DATAERR : EX_OK;
+}
+
 int cli_audit(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	struct audit_opts o = { .since_ms = 24L * 3600 * 1000,
@@ -721,6 +960,10 @@ int cli_audit(PGconn *conn, struct conf *c, int argc, char **argv)
 		}
 		snprintf(tenant_id, sizeof(tenant_id), "%s", PQgetvalue(res, 0, 0));
 		PQclear(res);
+	}
+	if (o.rebuild) {
+		rc = audit_rebuild(conn, &o, tenant_id);
+		goto out;
 	}
 	if (audit_run(conn, c, &o, tenant_id, &r, &e) < 0) {
 		rc = cli_db_fail(&e);

@@ -64,6 +64,11 @@ void cli_usage(FILE *out)
 	    "                                 exit 65 when one is broken; count late events,\n"
 	    "                                 timers and leases (10m, 5m, 10m); --textfile\n"
 	    "                                 writes Prometheus gauges\n"
+	    "  audit --rebuild [--tenant NAME]\n"
+	    "                                 rebuild every workflow's state, step and job\n"
+	    "                                 states from its events alone and compare them\n"
+	    "                                 with its rows: a line per difference, exit 65\n"
+	    "                                 when there is one\n"
 	    "\n"
 	    "The database is --db, else $DATABASE_URL, else the config file's db, else\n"
 	    "libpq's PG* variables.\n\n");
