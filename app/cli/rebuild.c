@@ -165,8 +165,8 @@ static int open_next_compensation(struct rebuild *r, char *why, size_t size)
 	return set_job(r, -r->comp[r->comp_next], "open", why, size);
 }
 
-int rebuild_apply(struct rebuild *r, int seq, const char *type, struct json_object *data,
-                  char *why, size_t size)
+int rebuild_apply(struct rebuild *r, int seq, const char *type, struct json_object *data, char *why,
+                  size_t size)
 {
 	int k, comp = member_bool(data, "compensation");
 	struct json_object *v;

@@ -56,8 +56,8 @@ void rebuild_init(struct rebuild *r);
  * why (size bytes) filled: an unknown type, an event out of order, a
  * member the type needs missing. The rebuild is then of no use.
  */
-int rebuild_apply(struct rebuild *r, int seq, const char *type, struct json_object *data,
-                  char *why, size_t size);
+int rebuild_apply(struct rebuild *r, int seq, const char *type, struct json_object *data, char *why,
+                  size_t size);
 
 /* The class of a stored job state ("activatable" and "active": "open");
  * the state itself for any other. */

@@ -76,7 +76,8 @@ static void make_workflows(const struct tstack_tenant *t, char **ids)
 
 	/* pending, no steps; pending at a job step */
 	ids[n++] = tstack_create(t, "{\"type\":\"r\"}");
-	ids[n++] = tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rz\"}]}");
+	ids[n++] =
+	    tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rz\"}]}");
 	/* completed: started, job.completed twice (one after a retry:
 	 * job.failed retrying), workflow.completed */
 	ids[n] = tstack_create(t, job2);
@@ -92,7 +93,8 @@ static void make_workflows(const struct tstack_tenant *t, char **ids)
 	activate(t, "ra");
 	n++;
 	/* failed: job.failed without retries, workflow.failed */
-	ids[n] = tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rf\"}]}");
+	ids[n] =
+	    tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"a\",\"job_type\":\"rf\"}]}");
 	activate(t, "rf");
 	job(t, ids[n], 1, "fail", "{\"worker\":\"w\",\"error\":\"no\"}", 200);
 	n++;
@@ -115,7 +117,8 @@ static void make_workflows(const struct tstack_tenant *t, char **ids)
 	command(t, ids[n], "transitions", "{\"to\":\"cancelled\"}", 200);
 	n++;
 	/* a wait: a message completes it; another message was recorded before */
-	ids[n] = tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"w\",\"wait_for\":\"go\"}]}");
+	ids[n] =
+	    tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"w\",\"wait_for\":\"go\"}]}");
 	command(t, ids[n], "messages", "{\"message_id\":\"rb-go-1\",\"name\":\"go\"}", 200);
 	n++;
 	/* a wait that took a message recorded before it began */
@@ -127,8 +130,9 @@ static void make_workflows(const struct tstack_tenant *t, char **ids)
 	n++;
 	/* a sleep (timer.fired), a wait that times out to a later step
 	 * (step.timed_out, on_timeout), a wait that times out and fails */
-	ids[n++] = tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"s\",\"until\":"
-	                            "\"2020-01-01T00:00:00Z\"},{\"name\":\"a\",\"job_type\":\"rs\"}]}");
+	ids[n++] =
+	    tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"s\",\"until\":"
+	                     "\"2020-01-01T00:00:00Z\"},{\"name\":\"a\",\"job_type\":\"rs\"}]}");
 	ids[n++] = tstack_create(t, "{\"type\":\"r\",\"steps\":[{\"name\":\"w\",\"wait_for\":\"x\","
 	                            "\"timeout\":\"PT1H\",\"on_timeout\":\"c\"},{\"name\":\"b\","
 	                            "\"job_type\":\"rt\"},{\"name\":\"c\",\"job_type\":\"rt\"}]}");
@@ -158,12 +162,13 @@ Test(rebuild, real_workflows_of_every_state_and_event_rebuild_to_their_rows)
 
 	tstack_tenant_create(&t, "rebuild-clean");
 	make_workflows(&t, ids);
-	cr_assert_eq(tstack_count("SELECT count(DISTINCT type) FROM outbox WHERE tenant_id = $1",
-	                          t.id_text),
-	             11, "every event kind");
-	cr_assert_eq(tstack_count("SELECT count(DISTINCT state) FROM workflows WHERE tenant_id = $1",
-	                          t.id_text),
-	             6, "every state");
+	cr_assert_eq(
+	    tstack_count("SELECT count(DISTINCT type) FROM outbox WHERE tenant_id = $1", t.id_text),
+	    11, "every event kind");
+	cr_assert_eq(
+	    tstack_count("SELECT count(DISTINCT state) FROM workflows WHERE tenant_id = $1",
+	                 t.id_text),
+	    6, "every state");
 	cr_assert_eq(rebuild(&t), 0, "%s%s", out, tstack_cli_stderr());
 	cr_assert(strstr(out, "workflows=13 checked=13 skipped=0 ") != NULL, "%s", out);
 	cr_assert(strstr(out, " differences=0 ") != NULL, "%s", out);
@@ -190,13 +195,15 @@ Test(rebuild, a_changed_row_is_named_and_fails_the_run)
 	/* ids[4]'s history lost its first event: skipped. */
 	tstack_exec(tstack_db(), "DELETE FROM outbox WHERE workflow_id = $1 AND seq = 1", ids[4]);
 	cr_assert_eq(rebuild(&t), 65, "%s%s", out, tstack_cli_stderr());
-	snprintf(want, sizeof(want), "DIFF tenant=%s workflow=%s field=\"state\" stored=failed rebuilt=completed\n",
+	snprintf(want, sizeof(want),
+	         "DIFF tenant=%s workflow=%s field=\"state\" stored=failed rebuilt=completed\n",
 	         t.name, ids[2]);
 	cr_assert(strstr(out, want) != NULL, "%s", out);
-	snprintf(want, sizeof(want), "DIFF tenant=%s workflow=%s field=\"step\" stored=2 rebuilt=1\n",
-	         t.name, ids[3]);
+	snprintf(want, sizeof(want),
+	         "DIFF tenant=%s workflow=%s field=\"step\" stored=2 rebuilt=1\n", t.name, ids[3]);
 	cr_assert(strstr(out, want) != NULL, "%s", out);
-	snprintf(want, sizeof(want), "DIFF tenant=%s workflow=%s field=\"job 1\" stored=completed rebuilt=open\n",
+	snprintf(want, sizeof(want),
+	         "DIFF tenant=%s workflow=%s field=\"job 1\" stored=completed rebuilt=open\n",
 	         t.name, ids[3]);
 	cr_assert(strstr(out, want) != NULL, "%s", out);
 	cr_assert(strstr(out, "workflows=13 checked=12 skipped=1 ") != NULL, "%s", out);
