@@ -147,7 +147,12 @@
  * lock the workflow before its jobs, as this does. -> (workflows deleted,
  * workflows read, jobs, timers, messages, events deleted, workflows held
  * by an undelivered event, the last one read's ended_at, tenant_id and
- * id, NULL when none was read).
+ * id, NULL when none was read). Each DELETE finds its rows through the
+ * index that leads with tenant_id (outbox: workflow_id) by arrays of the
+ * batch's ids, and an undelivered event is probed for each workflow
+ * (LATERAL ... LIMIT 1): joined to the batch, or as an EXISTS, the
+ * planner hashes the batch against a scan of the whole table whenever the
+ * table looks small to it.
  */
 #define PRUNE_WORKFLOWS                                                                            \
 	"WITH c AS (\n"                                                                            \
@@ -165,12 +170,13 @@
 	"   LIMIT $3::int\n"                                                                       \
 	"     FOR UPDATE OF w SKIP LOCKED\n"                                                       \
 	"), u AS (\n"                                                                              \
-	"  SELECT c.tenant_id, c.id,\n"                                                            \
-	"         EXISTS (SELECT 1\n"                                                              \
-	"                   FROM outbox o\n"                                                       \
-	"                  WHERE o.workflow_id = c.id AND o.tenant_id = c.tenant_id\n"             \
-	"                    AND o.published_at IS NULL) AS held\n"                                \
+	"  SELECT c.tenant_id, c.id, h.held IS NOT NULL AS held\n"                                 \
 	"    FROM c\n"                                                                             \
+	"    LEFT JOIN LATERAL (SELECT 1 AS held\n"                                                \
+	"                         FROM outbox o\n"                                                 \
+	"                        WHERE o.workflow_id = c.id AND o.tenant_id = c.tenant_id\n"       \
+	"                          AND o.published_at IS NULL\n"                                   \
+	"                        LIMIT 1) h ON true\n"                                             \
 	"   WHERE c.due\n"                                                                         \
 	"), k AS (\n"                                                                              \
 	"  SELECT tenant_id, id\n"                                                                 \
@@ -178,28 +184,42 @@
 	"   WHERE NOT held\n"                                                                      \
 	"), dj AS (\n"                                                                             \
 	"  DELETE FROM jobs j\n"                                                                   \
-	"   USING k\n"                                                                             \
-	"   WHERE j.tenant_id = k.tenant_id AND j.workflow_id = k.id\n"                            \
+	"   WHERE j.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND j.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = j.tenant_id AND k.id = j.workflow_id)\n"            \
 	"  RETURNING 1\n"                                                                          \
 	"), dt AS (\n"                                                                             \
 	"  DELETE FROM timers t\n"                                                                 \
-	"   USING k\n"                                                                             \
-	"   WHERE t.tenant_id = k.tenant_id AND t.workflow_id = k.id\n"                            \
+	"   WHERE t.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND t.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = t.tenant_id AND k.id = t.workflow_id)\n"            \
 	"  RETURNING 1\n"                                                                          \
 	"), dm AS (\n"                                                                             \
 	"  DELETE FROM messages m\n"                                                               \
-	"   USING k\n"                                                                             \
-	"   WHERE m.tenant_id = k.tenant_id AND m.workflow_id = k.id\n"                            \
+	"   WHERE m.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND m.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = m.tenant_id AND k.id = m.workflow_id)\n"            \
 	"  RETURNING 1\n"                                                                          \
 	"), de AS (\n"                                                                             \
 	"  DELETE FROM outbox o\n"                                                                 \
-	"   USING k\n"                                                                             \
-	"   WHERE o.workflow_id = k.id AND o.tenant_id = k.tenant_id\n"                            \
+	"   WHERE o.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = o.tenant_id AND k.id = o.workflow_id)\n"            \
 	"  RETURNING 1\n"                                                                          \
 	"), dw AS (\n"                                                                             \
 	"  DELETE FROM workflows w\n"                                                              \
-	"   USING k\n"                                                                             \
-	"   WHERE w.tenant_id = k.tenant_id AND w.id = k.id\n"                                     \
+	"   WHERE w.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND w.id = ANY(ARRAY(SELECT id FROM k))\n"                                           \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = w.tenant_id AND k.id = w.id)\n"                     \
 	"  RETURNING 1\n"                                                                          \
 	"), l AS (\n"                                                                              \
 	"  SELECT ended_at, tenant_id, id\n"                                                       \

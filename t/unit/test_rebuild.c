@@ -16,8 +16,8 @@
 /* Three job steps, the first two with a compensating job. */
 #define CREATED                                                                                    \
 	"workflow.created|{\"state\":\"pending\",\"step\":1,\"steps\":["                           \
-	"{\"name\":\"a\",\"job_type\":\"ta\",\"compensate\":{\"job_type\":\"ua\"}},"              \
-	"{\"name\":\"b\",\"job_type\":\"tb\",\"compensate\":{\"job_type\":\"ub\"}},"              \
+	"{\"name\":\"a\",\"job_type\":\"ta\",\"compensate\":{\"job_type\":\"ua\"}},"               \
+	"{\"name\":\"b\",\"job_type\":\"tb\",\"compensate\":{\"job_type\":\"ub\"}},"               \
 	"{\"name\":\"c\",\"job_type\":\"tc\"}]}"
 
 /* Apply events ("type|data", NULL-terminated) from seq 1; returns what
@@ -52,8 +52,8 @@ static void jobs_of(const struct rebuild *r, char *out, size_t size)
 	for (int step = -REBUILD_MAX_STEPS; step <= REBUILD_MAX_STEPS; step++)
 		for (int i = 0; i < r->njobs; i++)
 			if (r->jobs[i].step == step)
-				n += (size_t)snprintf(out + n, size - n, "%s%d:%s", n ? " " : "", step,
-				                      r->jobs[i].state);
+				n += (size_t)snprintf(out + n, size - n, "%s%d:%s", n ? " " : "",
+				                      step, r->jobs[i].state);
 }
 
 static void expect(const char *const *events, const char *state, int step, const char *jobs)
@@ -96,15 +96,11 @@ Test(rebuild, waits_sleeps_and_timeouts_follow_the_definitions)
 		"{\"name\":\"skipped\",\"job_type\":\"x\"},{\"name\":\"d\",\"wait_for\":\"go\"}]}",
 		"workflow.started|{\"state\":\"running\"}",
 		"timer.fired|{\"step\":1,\"name\":\"s\",\"due_at\":\"2026-01-01T00:00:00.000000Z\"}",
-		"step.timed_out|{\"step\":2,\"name\":\"w\",\"on_timeout\":\"d\"}",
-		NULL
+		"step.timed_out|{\"step\":2,\"name\":\"w\",\"on_timeout\":\"d\"}", NULL
 	};
-	const char *msg[] = {
-		"workflow.created|{\"steps\":[{\"name\":\"w\",\"wait_for\":\"go\"}]}",
-		"job.completed|{\"step\":1,\"message_id\":\"m\",\"output\":{}}",
-		"workflow.completed|{\"state\":\"completed\"}",
-		NULL
-	};
+	const char *msg[] = { "workflow.created|{\"steps\":[{\"name\":\"w\",\"wait_for\":\"go\"}]}",
+		              "job.completed|{\"step\":1,\"message_id\":\"m\",\"output\":{}}",
+		              "workflow.completed|{\"state\":\"completed\"}", NULL };
 	const char *none[] = { "workflow.created|{\"state\":\"pending\"}", NULL };
 
 	/* A sleep has no job; step 3 was skipped and never had one. */
@@ -128,15 +124,15 @@ Test(rebuild, failure_incident_resume_and_cancel)
 		                  NULL };
 	const char *timer[] = {
 		"workflow.created|{\"steps\":[{\"name\":\"s\",\"sleep\":\"PT1S\"}]}",
-		"workflow.started|{}",
-		"workflow.incident|{\"state\":\"incident\",\"step\":1}",
+		"workflow.started|{}", "workflow.incident|{\"state\":\"incident\",\"step\":1}",
 		"workflow.resumed|{\"state\":\"running\",\"from\":\"incident\",\"step\":1,"
 		"\"timer\":true}",
 		NULL
 	};
-	const char *cancelled[] = { CREATED, "workflow.started|{}", "job.completed|{\"step\":1}",
-		                    "workflow.cancelled|{\"state\":\"cancelled\",\"from\":\"running\"}",
-		                    NULL };
+	const char *cancelled[] = {
+		CREATED, "workflow.started|{}", "job.completed|{\"step\":1}",
+		"workflow.cancelled|{\"state\":\"cancelled\",\"from\":\"running\"}", NULL
+	};
 
 	expect(failed, "failed", 1, "1:failed");
 	expect(resumed, "running", 1, "1:open");
@@ -149,16 +145,14 @@ Test(rebuild, failure_incident_resume_and_cancel)
  * completed; their failures, incident and resume carry "compensation". */
 Test(rebuild, compensation_opens_each_compensating_job_in_turn)
 {
-	const char *ev[] = {
-		CREATED,
-		"workflow.started|{}",
-		"job.completed|{\"step\":1}",
-		"job.completed|{\"step\":2}",
-		"job.failed|{\"step\":3,\"retrying\":false}",
-		"compensation.started|{\"state\":\"compensating\",\"from\":\"failed\","
-		"\"steps\":[2,1],\"step\":3,\"error\":\"no\"}",
-		NULL
-	};
+	const char *ev[] = { CREATED,
+		             "workflow.started|{}",
+		             "job.completed|{\"step\":1}",
+		             "job.completed|{\"step\":2}",
+		             "job.failed|{\"step\":3,\"retrying\":false}",
+		             "compensation.started|{\"state\":\"compensating\",\"from\":\"failed\","
+		             "\"steps\":[2,1],\"step\":3,\"error\":\"no\"}",
+		             NULL };
 	const char *more[] = {
 		CREATED,
 		"workflow.started|{}",
