@@ -56,7 +56,7 @@
  * a step of its workflow's history (GET /v1/workflows/{id}/events). It
  * goes when neither needs it: delivered (a dead or pending event has no
  * published_at) before $1, the outbox_retention cutoff, and of a workflow
- * that ended (completed, failed or cancelled) before $3, the
+ * that ended (completed, failed, cancelled or compensated) before $3, the
  * history_retention cutoff. A live workflow's events stay however old, so
  * its history is whole. Nothing references an event, and the workflow it
  * announced stays.
@@ -72,7 +72,7 @@
 	"         EXISTS (SELECT 1\n"                                                              \
 	"                   FROM workflows w\n"                                                    \
 	"                  WHERE w.tenant_id = o.tenant_id AND w.id = o.workflow_id\n"             \
-	"                    AND w.state IN ('completed', 'failed', 'cancelled')\n"                \
+	"                    AND w.state IN ('completed', 'failed', 'cancelled', 'compensated')\n" \
 	"                    AND coalesce(w.ended_at, w.updated_at) < $3::timestamptz) AS done\n"  \
 	"    FROM outbox o\n"                                                                      \
 	"   WHERE o.published_at < $1::timestamptz AND o.published_at >= $4::timestamptz\n"        \
