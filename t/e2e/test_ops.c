@@ -728,6 +728,44 @@ Test(prune, a_tenants_workflow_retention_overrides_the_clis)
 }
 
 /*
+ * Workflows are taken FOR UPDATE SKIP LOCKED: one that a command holds at
+ * that moment (here a transaction holding its row) is passed over, not
+ * waited for, and goes in the next run; the others go at once.
+ */
+Test(prune, a_workflow_held_by_a_command_is_skipped_not_waited_for)
+{
+	struct tstack_tenant t;
+	PGconn *holder;
+	char *held, *free_one;
+
+	tstack_tenant_create(&t, "prune-wf-held");
+	held = tstack_create(&t, "{\"type\":\"w\"}");
+	free_one = tstack_create(&t, "{\"type\":\"w\"}");
+	cancel(&t, held);
+	cancel(&t, free_one);
+	ended_and_delivered(held, "31 days");
+	ended_and_delivered(free_one, "31 days");
+	holder = tstack_db_connect();
+	tstack_exec(holder, "BEGIN");
+	tstack_exec(holder, "SELECT 1 FROM workflows WHERE id = $1 FOR UPDATE", held);
+
+	struct prune_wf_report w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1, "the free one only");
+	cr_assert_eq(w.held, 0, "a locked workflow is not read");
+	cr_assert_eq(rows_of("workflows", free_one), 0);
+	cr_assert_eq(rows_of("workflows", held), 1);
+	cr_assert_eq(rows_of("outbox", held), 2);
+
+	tstack_exec(holder, "ROLLBACK");
+	PQfinish(holder);
+	w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1, "the next run takes it");
+	cr_assert_eq(rows_of("workflows", held), 0);
+	free(held);
+	free(free_one);
+}
+
+/*
  * The key that created a workflow may outlive it: a retry of the create
  * under it still gets the stored answer, byte for byte, while a read of
  * the pruned workflow answers 404. The audit does not count the key as
