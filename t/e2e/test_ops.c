@@ -796,6 +796,10 @@ Test(prune, a_key_outlives_its_pruned_workflow_and_still_replays)
 	r = tstack_get(&t, path);
 	tstack_expect_status(r, 404);
 	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/events", id);
+	r = tstack_get(&t, path);
+	tstack_expect_status(r, 404);
+	http_response_free(r);
 
 	r = post(&t, key, BODY);
 	tstack_expect_replay(r, first);
