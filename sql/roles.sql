@@ -145,6 +145,12 @@ GRANT SELECT, INSERT ON jobs TO idemflow_maintenance;
 GRANT UPDATE (output, error) ON jobs TO idemflow_maintenance;
 GRANT INSERT ON outbox TO idemflow_maintenance;
 GRANT SELECT, DELETE ON messages TO idemflow_maintenance;
+-- prune deletes ended workflows past workflow_retention (a tenant's own, or
+-- the CLI's) with their jobs, timers, messages and events
+-- (sql/019_workflow_retention.sql).
+GRANT SELECT (workflow_retention) ON tenants TO idemflow_maintenance;
+GRANT UPDATE (updated_at), DELETE ON workflows TO idemflow_maintenance;
+GRANT DELETE ON jobs TO idemflow_maintenance;
 GRANT UPDATE (workflow_id, step) ON messages TO idemflow_maintenance;
 
 COMMIT;

@@ -1266,9 +1266,13 @@ CREATE TABLE public.tenants (
     name text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     idempotency_ttl interval,
+    workflow_retention interval,
     CONSTRAINT tenants_idempotency_ttl_check CHECK ((idempotency_ttl > '00:00:00'::interval)),
-    CONSTRAINT tenants_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$'::text))
+    CONSTRAINT tenants_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$'::text)),
+    CONSTRAINT tenants_workflow_retention_check CHECK ((workflow_retention > '00:00:00'::interval))
 );
+
+COMMENT ON COLUMN public.tenants.workflow_retention IS 'how long an ended workflow is kept before idemflow prune deletes it; NULL: the CLI''s workflow_retention';
 
 ALTER TABLE public.tenants ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.tenants_id_seq
@@ -1348,6 +1352,8 @@ CREATE INDEX messages_expiry ON public.messages USING btree (expires_at) WHERE (
 
 CREATE INDEX messages_unconsumed ON public.messages USING btree (tenant_id, workflow_id, name, received_at) WHERE (step IS NULL);
 
+CREATE INDEX messages_workflow ON public.messages USING btree (tenant_id, workflow_id) WHERE (workflow_id IS NOT NULL);
+
 CREATE INDEX outbox_dead ON public.outbox USING btree (id) WHERE (dead_at IS NOT NULL);
 
 CREATE INDEX outbox_dead_workflow ON public.outbox USING btree (tenant_id, workflow_id, seq) WHERE (dead_at IS NOT NULL);
@@ -1367,6 +1373,8 @@ CREATE INDEX workflows_active_key ON public.workflows USING btree (tenant_id, bu
 CREATE UNIQUE INDEX workflows_business_key ON public.workflows USING btree (tenant_id, type, business_key) WHERE ((business_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'incident'::text, 'compensating'::text])));
 
 CREATE INDEX workflows_created ON public.workflows USING btree (created_at, tenant_id);
+
+CREATE INDEX workflows_ended ON public.workflows USING btree (ended_at, tenant_id, id) WHERE (ended_at IS NOT NULL);
 
 CREATE INDEX workflows_incident ON public.workflows USING btree (tenant_id, id) WHERE (state = 'incident'::text);
 

@@ -2,7 +2,9 @@
  * prune.c - the CLI's two cron jobs: "idemflow prune" deletes expired
  * idempotency keys (with their counts), delivered outbox events past
  * outbox_retention whose workflow ended more than history_retention ago,
- * and messages published by business key that expired unclaimed; "idemflow reap" hands jobs whose
+ * messages published by business key that expired unclaimed, and
+ * workflows that ended more than workflow_retention ago (a tenant's own,
+ * or the CLI's) with all that is theirs; "idemflow reap" hands jobs whose
  * lease ran out back to activation and fires due timers (sleep steps, wait timeouts), once or, with
  * --loop, every --interval until signalled. Both work in batches of prune_batch rows, one short
  * transaction each, until a batch comes back short, and both print what they did even when a later
@@ -54,7 +56,7 @@
  * a step of its workflow's history (GET /v1/workflows/{id}/events). It
  * goes when neither needs it: delivered (a dead or pending event has no
  * published_at) before $1, the outbox_retention cutoff, and of a workflow
- * that ended (completed, failed or cancelled) before $3, the
+ * that ended (completed, failed, cancelled or compensated) before $3, the
  * history_retention cutoff. A live workflow's events stay however old, so
  * its history is whole. Nothing references an event, and the workflow it
  * announced stays.
@@ -70,7 +72,7 @@
 	"         EXISTS (SELECT 1\n"                                                              \
 	"                   FROM workflows w\n"                                                    \
 	"                  WHERE w.tenant_id = o.tenant_id AND w.id = o.workflow_id\n"             \
-	"                    AND w.state IN ('completed', 'failed', 'cancelled')\n"                \
+	"                    AND w.state IN ('completed', 'failed', 'cancelled', 'compensated')\n" \
 	"                    AND coalesce(w.ended_at, w.updated_at) < $3::timestamptz) AS done\n"  \
 	"    FROM outbox o\n"                                                                      \
 	"   WHERE o.published_at < $1::timestamptz AND o.published_at >= $4::timestamptz\n"        \
@@ -123,6 +125,160 @@
 	")\n"                                                                                      \
 	"SELECT count(*), 0\n"                                                                     \
 	"  FROM d\n"
+
+/*
+ * Ended workflows past their retention, with everything of theirs: the
+ * workflow row, its jobs, timers, messages and the events left of its
+ * history, in one statement (the foreign keys are checked at its end, when
+ * all are gone). A workflow goes when it ended (completed, failed,
+ * cancelled or compensated) before $1 minus its tenant's
+ * workflow_retention, or minus $2 ms (the CLI's) when the tenant has
+ * none, and every one of its events was delivered: one pending or dead
+ * (no published_at) keeps it whole, so that nothing is deleted under the
+ * dispatcher and a dead event can still be requeued. A live workflow has
+ * no ended_at and is never read.
+ *
+ * The ended workflows are walked in (ended_at, tenant_id, id) order
+ * (workflows_ended, sql/019_workflow_retention.sql) from just after ($4,
+ * $5, $6), $3 at a time, up to $7, the earliest cutoff of any tenant:
+ * one kept (its tenant keeps them longer, or an event is undelivered) is
+ * read once per run. Each is taken FOR UPDATE SKIP LOCKED: one a command
+ * holds (a late cancel, a message) is left for the next run. Commands
+ * lock the workflow before its jobs, as this does. -> (workflows deleted,
+ * workflows read, jobs, timers, messages, events deleted, workflows held
+ * by an undelivered event, the last one read's ended_at, tenant_id and
+ * id, NULL when none was read). Each DELETE finds its rows through the
+ * index that leads with tenant_id (outbox: workflow_id) by arrays of the
+ * batch's ids, and an undelivered event is probed for each workflow
+ * (LATERAL ... LIMIT 1): joined to the batch, or as an EXISTS, the
+ * planner hashes the batch against a scan of the whole table whenever the
+ * table looks small to it.
+ */
+#define PRUNE_WORKFLOWS                                                                            \
+	"WITH c AS (\n"                                                                            \
+	"  SELECT w.tenant_id, w.id, w.ended_at,\n"                                                \
+	"         w.state IN ('completed', 'failed', 'cancelled', 'compensated')\n"                \
+	"         AND w.ended_at < $1::timestamptz\n"                                              \
+	"                          - coalesce((SELECT t.workflow_retention\n"                      \
+	"                                        FROM tenants t\n"                                 \
+	"                                       WHERE t.id = w.tenant_id),\n"                      \
+	"                                     $2::bigint * interval '1 millisecond') AS due\n"     \
+	"    FROM workflows w\n"                                                                   \
+	"   WHERE w.ended_at < $7::timestamptz\n"                                                  \
+	"     AND (w.ended_at, w.tenant_id, w.id) > ($4::timestamptz, $5::bigint, $6::uuid)\n"     \
+	"   ORDER BY w.ended_at, w.tenant_id, w.id\n"                                              \
+	"   LIMIT $3::int\n"                                                                       \
+	"     FOR UPDATE OF w SKIP LOCKED\n"                                                       \
+	"), u AS (\n"                                                                              \
+	"  SELECT c.tenant_id, c.id, h.held IS NOT NULL AS held\n"                                 \
+	"    FROM c\n"                                                                             \
+	"    LEFT JOIN LATERAL (SELECT 1 AS held\n"                                                \
+	"                         FROM outbox o\n"                                                 \
+	"                        WHERE o.workflow_id = c.id AND o.tenant_id = c.tenant_id\n"       \
+	"                          AND o.published_at IS NULL\n"                                   \
+	"                        LIMIT 1) h ON true\n"                                             \
+	"   WHERE c.due\n"                                                                         \
+	"), k AS (\n"                                                                              \
+	"  SELECT tenant_id, id\n"                                                                 \
+	"    FROM u\n"                                                                             \
+	"   WHERE NOT held\n"                                                                      \
+	"), dj AS (\n"                                                                             \
+	"  DELETE FROM jobs j\n"                                                                   \
+	"   WHERE j.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND j.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = j.tenant_id AND k.id = j.workflow_id)\n"            \
+	"  RETURNING 1\n"                                                                          \
+	"), dt AS (\n"                                                                             \
+	"  DELETE FROM timers t\n"                                                                 \
+	"   WHERE t.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND t.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = t.tenant_id AND k.id = t.workflow_id)\n"            \
+	"  RETURNING 1\n"                                                                          \
+	"), dm AS (\n"                                                                             \
+	"  DELETE FROM messages m\n"                                                               \
+	"   WHERE m.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND m.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = m.tenant_id AND k.id = m.workflow_id)\n"            \
+	"  RETURNING 1\n"                                                                          \
+	"), de AS (\n"                                                                             \
+	"  DELETE FROM outbox o\n"                                                                 \
+	"   WHERE o.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = o.tenant_id AND k.id = o.workflow_id)\n"            \
+	"  RETURNING 1\n"                                                                          \
+	"), dw AS (\n"                                                                             \
+	"  DELETE FROM workflows w\n"                                                              \
+	"   WHERE w.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
+	"     AND w.id = ANY(ARRAY(SELECT id FROM k))\n"                                           \
+	"     AND EXISTS (SELECT 1\n"                                                              \
+	"                   FROM k\n"                                                              \
+	"                  WHERE k.tenant_id = w.tenant_id AND k.id = w.id)\n"                     \
+	"  RETURNING 1\n"                                                                          \
+	"), l AS (\n"                                                                              \
+	"  SELECT ended_at, tenant_id, id\n"                                                       \
+	"    FROM c\n"                                                                             \
+	"   ORDER BY ended_at DESC, tenant_id DESC, id DESC\n"                                     \
+	"   LIMIT 1\n"                                                                             \
+	")\n"                                                                                      \
+	"SELECT (SELECT count(*) FROM dw), (SELECT count(*) FROM c),\n"                            \
+	"       (SELECT count(*) FROM dj), (SELECT count(*) FROM dt),\n"                           \
+	"       (SELECT count(*) FROM dm), (SELECT count(*) FROM de),\n"                           \
+	"       (SELECT count(*) FROM u WHERE held),\n"                                            \
+	"       (SELECT ended_at FROM l), (SELECT tenant_id FROM l), (SELECT id FROM l)\n"
+
+/* What PRUNE_WORKFLOWS did over a run. */
+struct prune_wf {
+	long workflows; /* deleted */
+	long jobs, timers, messages, events;
+	long held; /* past their retention, kept for an undelivered event */
+};
+
+/*
+ * PRUNE_WORKFLOWS until a batch reads fewer than nbatch workflows: adds
+ * what each did to n. now is the run's start, retention_ms the CLI's
+ * workflow_retention, earliest the earliest cutoff of any tenant.
+ * Returns 0, or -1 with e filled; n then holds what the statements before
+ * it did.
+ */
+static int prune_workflows(PGconn *conn, const char *now, const char *retention_ms,
+                           const char *earliest, const char *batch, int nbatch, struct prune_wf *n,
+                           struct err *e)
+{
+	char after_at[64] = "-infinity", after_tenant[24] = "0",
+	     after_id[40] = "00000000-0000-0000-0000-000000000000";
+
+	for (;;) {
+		const char *p[7] = { now,          retention_ms, batch,   after_at,
+			             after_tenant, after_id,     earliest };
+		PGresult *res = db_exec(conn, PRUNE_WORKFLOWS, 7, p, e);
+		long read;
+
+		if (res == NULL)
+			return -1;
+		n->workflows += atol(PQgetvalue(res, 0, 0));
+		read = atol(PQgetvalue(res, 0, 1));
+		n->jobs += atol(PQgetvalue(res, 0, 2));
+		n->timers += atol(PQgetvalue(res, 0, 3));
+		n->messages += atol(PQgetvalue(res, 0, 4));
+		n->events += atol(PQgetvalue(res, 0, 5));
+		n->held += atol(PQgetvalue(res, 0, 6));
+		if (read > 0) {
+			snprintf(after_at, sizeof(after_at), "%s", PQgetvalue(res, 0, 7));
+			snprintf(after_tenant, sizeof(after_tenant), "%s", PQgetvalue(res, 0, 8));
+			snprintf(after_id, sizeof(after_id), "%s", PQgetvalue(res, 0, 9));
+		}
+		PQclear(res);
+		if (read < nbatch)
+			return 0;
+	}
+}
 
 /*
  * Run sql with its nparams params p until a batch comes back short: the
@@ -228,10 +384,12 @@ static int prune_options(struct conf *c, int argc, char **argv, const char *cons
 int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	static const char *const options[] = { "--outbox-retention", "--history-retention",
-		                               "--prune-batch", NULL };
+		                               "--workflow-retention", "--prune-batch", NULL };
 	long keys = 0, key_stats = 0, events = 0, kept = 0, messages = 0, timers = 0;
+	struct prune_wf wf = { 0 };
 	int statements = 0, rc;
-	char ms[24], hms[24], batch[16], key_cutoff[64], event_cutoff[64], history_cutoff[64];
+	char ms[24], hms[24], wms[24], batch[16], key_cutoff[64], event_cutoff[64],
+	    history_cutoff[64], wf_earliest[64];
 	struct timespec t0, t1;
 	PGresult *res;
 	struct err e;
@@ -242,16 +400,22 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	snprintf(ms, sizeof(ms), "%ld", c->outbox_retention);
 	snprintf(hms, sizeof(hms), "%ld", c->history_retention);
-	const char *p[2] = { ms, hms };
+	snprintf(wms, sizeof(wms), "%ld", c->workflow_retention);
+	const char *p[3] = { ms, hms, wms };
+	/* The last column: the earliest cutoff of ended workflows, that of
+	 * the shortest retention, the CLI's or a tenant's. */
 	res = db_exec(conn,
 	              "SELECT now(), now() - $1::bigint * interval '1 millisecond',\n"
-	              "       now() - $2::bigint * interval '1 millisecond'\n",
-	              2, p, &e);
+	              "       now() - $2::bigint * interval '1 millisecond',\n"
+	              "       now() - least($3::bigint * interval '1 millisecond',\n"
+	              "                     (SELECT min(workflow_retention) FROM tenants))\n",
+	              3, p, &e);
 	if (res == NULL)
 		return cli_db_fail(&e);
 	snprintf(key_cutoff, sizeof(key_cutoff), "%s", PQgetvalue(res, 0, 0));
 	snprintf(event_cutoff, sizeof(event_cutoff), "%s", PQgetvalue(res, 0, 1));
 	snprintf(history_cutoff, sizeof(history_cutoff), "%s", PQgetvalue(res, 0, 2));
+	snprintf(wf_earliest, sizeof(wf_earliest), "%s", PQgetvalue(res, 0, 3));
 	PQclear(res);
 
 	snprintf(batch, sizeof(batch), "%d", c->prune_batch);
@@ -263,18 +427,24 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	                 &statements, &e) < 0 ||
 	    prune_batches(conn, PRUNE_MESSAGES, 2, pk, c->prune_batch, &messages, NULL, NULL, &e) <
 	        0 ||
-	    prune_batches(conn, PRUNE_TIMERS, 2, pe, c->prune_batch, &timers, NULL, NULL, &e) < 0;
+	    prune_batches(conn, PRUNE_TIMERS, 2, pe, c->prune_batch, &timers, NULL, NULL, &e) < 0 ||
+	    prune_workflows(conn, key_cutoff, wms, wf_earliest, batch, c->prune_batch, &wf, &e) < 0;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* messages=, timers= and history_kept= last, the first two's
 	 * statements not in statements= (keys and events): readers of the line
 	 * as it was keep their fields. history_kept: delivered events past
 	 * outbox_retention kept as history (their workflow is live, or ended
-	 * within history_retention). */
+	 * within history_retention). Then the workflows: workflows= deleted,
+	 * with their workflow_jobs=, workflow_timers=, workflow_messages= and
+	 * workflow_events=; workflows_held= past their retention but kept for
+	 * an event not delivered yet (pending or dead). */
 	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f "
-	       "messages=%ld timers=%ld history_kept=%ld\n",
+	       "messages=%ld timers=%ld history_kept=%ld workflows=%ld workflow_jobs=%ld "
+	       "workflow_timers=%ld workflow_messages=%ld workflow_events=%ld "
+	       "workflows_held=%ld\n",
 	       keys, key_stats, events, statements,
 	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, messages,
-	       timers, kept);
+	       timers, kept, wf.workflows, wf.jobs, wf.timers, wf.messages, wf.events, wf.held);
 	return failed ? cli_db_fail(&e) : EX_OK;
 }
 

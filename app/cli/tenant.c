@@ -1,7 +1,8 @@
 /*
  * tenant.c - "idemflow tenant": create a tenant, list them, and set how
- * long one tenant's idempotency keys are remembered. Tokens for a tenant
- * are token.c's; what a tenant may do is the server's business.
+ * long one tenant's idempotency keys are remembered and how long its ended
+ * workflows are kept. Tokens for a tenant are token.c's; what a tenant may
+ * do is the server's business.
  */
 #include <stdio.h>
 #include <string.h>
@@ -53,7 +54,8 @@ static int tenant_list(PGconn *conn)
 	struct err e;
 
 	res = db_exec(conn,
-	              "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default')\n"
+	              "SELECT id, name, created_at, coalesce(idempotency_ttl::text, 'default'),\n"
+	              "       coalesce(workflow_retention::text, 'default')\n"
 	              "  FROM tenants\n"
 	              " ORDER BY id\n",
 	              0, NULL, &e);
@@ -117,6 +119,52 @@ out:
 	return rc;
 }
 
+/* tenant set-workflow-retention NAME DURATION|default: read exactly as
+ * the workflow_retention key is (at least 1s). Prune reads it when it
+ * runs: it applies at once, to workflows that ended before it too. */
+static int tenant_set_retention(PGconn *conn, const char *name, const char *value)
+{
+	char ms[24];
+	const char *p[2] = { name, NULL }; /* NULL: the CLI's workflow_retention */
+	long v;
+	PGresult *res = NULL;
+	struct err e;
+	int rc = EX_OK;
+
+	if (strcmp(value, "default") != 0) {
+		if (conf_key_duration("workflow_retention", value, "tenant set-workflow-retention",
+		                      &v, &e) < 0) {
+			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
+			rc = EX_USAGE;
+			goto out;
+		}
+		snprintf(ms, sizeof(ms), "%ld", v);
+		p[1] = ms;
+	}
+	res = db_exec(conn,
+	              "UPDATE tenants\n"
+	              "   SET workflow_retention = $2::bigint * interval '1 millisecond'\n"
+	              " WHERE name = $1\n"
+	              "RETURNING id\n",
+	              2, p, &e);
+	if (res == NULL) {
+		rc = cli_db_fail(&e);
+		goto out;
+	}
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: no tenant named \"%s\"\n", name);
+		rc = EX_DATAERR;
+		goto out;
+	}
+	if (p[1] == NULL)
+		printf("tenant %s: ended workflows kept for prune's workflow_retention\n", name);
+	else
+		printf("tenant %s: ended workflows kept for %s after they ended\n", name, value);
+out:
+	PQclear(res);
+	return rc;
+}
+
 int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	if (argc == 2 && strcmp(argv[0], "create") == 0)
@@ -125,5 +173,7 @@ int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv)
 		return tenant_list(conn);
 	if (argc == 3 && strcmp(argv[0], "set-ttl") == 0)
 		return tenant_set_ttl(conn, c, argv[1], argv[2]);
+	if (argc == 3 && strcmp(argv[0], "set-workflow-retention") == 0)
+		return tenant_set_retention(conn, argv[1], argv[2]);
 	return cli_usage_error();
 }

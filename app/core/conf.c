@@ -188,6 +188,9 @@ static const struct conf_key conf_keys[] = {
 	{ "history_retention", P_CLI, T_DURATION, OFF(history_retention), "7d", 0, 0,
 	  "prune: a workflow's events are kept until it has ended this long ago (never while "
 	  "it runs)" },
+	{ "workflow_retention", P_CLI, T_DURATION, OFF(workflow_retention), "30d", 1000, 0,
+	  "prune: an ended workflow, with its jobs, timers, messages and events, is deleted this "
+	  "long after it ended (a tenant may set its own; never while an event is undelivered)" },
 	{ "prune_batch", P_CLI, T_INT, OFF(prune_batch), "1000", 1, 100000,
 	  "prune: rows deleted per statement, each its own short transaction" },
 #ifdef IDEMFLOW_TEST_HOOKS

@@ -92,9 +92,10 @@ struct conf {
 	char *nats_stream;         /* the stream that must take the events; "" = any */
 
 	/* idemflow prune */
-	long outbox_retention;  /* ms a delivered event is kept, at least */
-	long history_retention; /* ms a workflow's events are kept after it ended */
-	int prune_batch;        /* rows deleted per statement (one short transaction each) */
+	long outbox_retention;   /* ms a delivered event is kept, at least */
+	long history_retention;  /* ms a workflow's events are kept after it ended */
+	long workflow_retention; /* ms an ended workflow is kept (tenants.workflow_retention) */
+	int prune_batch;         /* rows deleted per statement (one short transaction each) */
 
 	/* Only in builds configured with --enable-test-hooks: the create
 	 * statement fails after writing its rows, inside its transaction. */

@@ -17,7 +17,9 @@
 # and say so: the consumers' inbox applied each event once, and every
 # fault kind hit what it names (a worker still serving when killed, a
 # reload that replaced every worker, a dispatcher that died holding events
-# not recorded as delivered, a live process). scripts/chaos checks and
+# not recorded as delivered, a live process). Last, "idemflow audit" and
+# "idemflow audit --rebuild" run on the database: every workflow's rows
+# follow from its events. scripts/chaos checks and
 # prints all of it; its exit status is this test's.
 #
 # scripts/chaos starts and stops its own stack (t/run-test starts nothing

@@ -360,7 +360,8 @@ Test(faults, hostile_session_defaults_leave_the_api_cli_and_dispatcher_working)
 	renew_sessions("idemflow");
 
 	/* The CLI: a tenant, a TTL, and the list that prints both in the
-	 * documented form (ISO time in UTC, postgres-style interval). */
+	 * documented form (ISO time in UTC, postgres-style interval), and its
+	 * workflow retention (the CLI's). */
 	tstack_tenant_create(&t, "hostile");
 	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-ttl", t.name, "90m", NULL), 0,
 	             "%s", tstack_cli_stderr());
@@ -368,7 +369,7 @@ Test(faults, hostile_session_defaults_leave_the_api_cli_and_dispatcher_working)
 	             tstack_cli_stderr());
 	snprintf(line, sizeof(line),
 	         "(^|\n)%ld\t%s\t[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:"
-	         "[0-9]{2}(\\.[0-9]+)?\\+00\t01:30:00(\n|$)",
+	         "[0-9]{2}(\\.[0-9]+)?\\+00\t01:30:00\tdefault(\n|$)",
 	         t.id, t.name);
 	tstack_expect_match(out, line, "tenant list");
 

@@ -495,6 +495,324 @@ Test(prune, deletes_delivered_events_past_the_retention_and_keeps_pending_and_de
 		free(ev[i]);
 }
 
+/* What a prune did to workflows: the fields after history_kept=. */
+struct prune_wf_report {
+	long workflows, jobs, timers, messages, events, held;
+};
+
+/* idemflow prune [FLAG VALUE], and the workflows' part of its report. */
+static struct prune_wf_report prune_wf_run(const char *flag, const char *value)
+{
+	struct prune_wf_report w;
+	const char *tail;
+	char out[512];
+	int n;
+
+	if (flag != NULL)
+		cli_ok(out, "prune", flag, value);
+	else
+		cli_ok(out, "prune");
+	tail = strstr(out, " workflows=");
+	cr_assert_not_null(tail, "no workflows= in \"%s\"", out);
+	n = sscanf(tail,
+	           " workflows=%ld workflow_jobs=%ld workflow_timers=%ld workflow_messages=%ld "
+	           "workflow_events=%ld workflows_held=%ld",
+	           &w.workflows, &w.jobs, &w.timers, &w.messages, &w.events, &w.held);
+	cr_assert_eq(n, 6, "unexpected prune report: \"%s\"", out);
+	return w;
+}
+
+/* Rows of workflow wf in table (jobs, timers, messages, outbox, or
+ * workflows by id). */
+static long rows_of(const char *table, const char *wf)
+{
+	char sql[128];
+
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE %s = $1", table,
+	         strcmp(table, "workflows") == 0 ? "id" : "workflow_id");
+	return tstack_count(sql, wf);
+}
+
+/* Workflow wf ended `ago` ago (its state as it is), every event delivered
+ * a day ago. */
+static void ended_and_delivered(const char *wf, const char *ago)
+{
+	tstack_exec(tstack_db(),
+	            "UPDATE workflows SET ended_at = now() - $2::interval WHERE id = $1", wf, ago);
+	delivered(wf, "1 day");
+}
+
+static void cancel(const struct tstack_tenant *t, const char *wf)
+{
+	char path[160];
+	struct http_response *r;
+
+	snprintf(path, sizeof(path), "/v1/workflows/%s/transitions", wf);
+	r = tstack_post(t, path, NULL, "{\"to\":\"cancelled\"}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+}
+
+/*
+ * An ended workflow goes workflow_retention (30 days) after it ended, with
+ * its jobs, its timers, the messages it received and its events, in one
+ * statement; one with an event not delivered (pending, or dead) stays
+ * whole until it is; a live one stays however old, with its whole
+ * history.
+ */
+Test(prune, deletes_ended_workflows_past_workflow_retention_with_all_theirs)
+{
+	struct tstack_tenant t;
+	struct http_response *r;
+	char path[160], *old, *pending, *dead, *recent, *live;
+
+	tstack_tenant_create(&t, "prune-wf");
+	/* old: a job step done, then waiting with a timeout (its timer), a
+	 * message recorded for later, cancelled: 2 jobs, 1 timer, 1 message,
+	 * 4 events (created, started, job.completed, cancelled). */
+	old = tstack_create(&t, "{\"type\":\"w\",\"steps\":[{\"name\":\"a\",\"job_type\":\"pwf\"},"
+	                        "{\"name\":\"b\",\"wait_for\":\"go\",\"timeout\":\"PT1H\"}]}");
+	r = tstack_post(&t, "/v1/jobs/activate", NULL,
+	                "{\"job_type\":\"pwf\",\"worker\":\"w\",\"max_jobs\":1}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", old);
+	r = tstack_post(&t, path, NULL, "{\"worker\":\"w\"}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/messages", old);
+	r = tstack_post(&t, path, NULL,
+	                "{\"message_id\":\"prune-wf-later\",\"name\":\"later\",\"payload\":{}}");
+	tstack_expect_status(r, 202);
+	http_response_free(r);
+	cancel(&t, old);
+	pending = tstack_create(&t, "{\"type\":\"w\"}");
+	dead = tstack_create(&t, "{\"type\":\"w\"}");
+	recent = tstack_create(&t, "{\"type\":\"w\"}");
+	cancel(&t, pending);
+	cancel(&t, dead);
+	cancel(&t, recent);
+	live = tstack_create(&t, "{\"type\":\"w\",\"steps\":[{\"name\":\"a\",\"job_type\":\"pwf\"},"
+	                         "{\"name\":\"b\",\"job_type\":\"pwf-never\"}]}");
+	r = tstack_post(&t, "/v1/jobs/activate", NULL,
+	                "{\"job_type\":\"pwf\",\"worker\":\"w\",\"max_jobs\":1}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/jobs/%s.s1/complete", live);
+	r = tstack_post(&t, path, NULL, "{\"worker\":\"w\"}");
+	tstack_expect_status(r, 200);
+	http_response_free(r);
+	cr_assert_eq(rows_of("jobs", old), 2);
+	cr_assert_eq(rows_of("timers", old), 1);
+	cr_assert_eq(rows_of("messages", old), 1);
+	cr_assert_eq(rows_of("outbox", old), 4);
+
+	ended_and_delivered(old, "31 days");
+	ended_and_delivered(pending, "31 days");
+	ended_and_delivered(dead, "31 days");
+	ended_and_delivered(recent, "29 days");
+	/* pending: its cancel not delivered yet; dead: dead for a month. */
+	tstack_exec(tstack_db(),
+	            "UPDATE outbox SET published_at = NULL WHERE workflow_id = $1 AND seq = 2",
+	            pending);
+	tstack_exec(tstack_db(),
+	            "UPDATE outbox SET published_at = NULL, dead_at = now() - interval '30 days'"
+	            " WHERE workflow_id = $1 AND seq = 2",
+	            dead);
+	/* live: created a year ago, its events delivered then. */
+	tstack_exec(tstack_db(),
+	            "UPDATE workflows SET created_at = now() - interval '1 year' WHERE id = $1",
+	            live);
+	delivered(live, "360 days");
+
+	struct prune_wf_report w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1, "only old: %ld", w.workflows);
+	cr_assert_eq(w.jobs, 2);
+	cr_assert_eq(w.timers, 1);
+	cr_assert_eq(w.messages, 1);
+	cr_assert_eq(w.events, 4);
+	cr_assert_eq(w.held, 2, "pending and dead");
+	cr_assert_eq(rows_of("workflows", old), 0);
+	cr_assert_eq(rows_of("jobs", old) + rows_of("timers", old) + rows_of("messages", old) +
+	                 rows_of("outbox", old),
+	             0);
+	snprintf(path, sizeof(path), "/v1/workflows/%s", old);
+	r = tstack_get(&t, path);
+	tstack_expect_status(r, 404);
+	http_response_free(r);
+	for (int i = 0; i < 2; i++) {
+		const char *kept = i ? dead : pending;
+		cr_assert_eq(rows_of("workflows", kept), 1, "an undelivered event holds it");
+		cr_assert_eq(rows_of("outbox", kept), 2, "whole");
+	}
+	cr_assert_eq(rows_of("workflows", recent), 1, "ended 29 days ago");
+	cr_assert_eq(rows_of("outbox", recent), 2);
+	cr_assert_eq(rows_of("workflows", live), 1, "a live workflow is never pruned");
+	cr_assert_eq(rows_of("jobs", live), 2);
+	cr_assert_eq(rows_of("outbox", live), 3, "created, started, job.completed");
+
+	/* Delivered at last (the dead one requeued and delivered): both go. */
+	delivered(pending, "1 minute");
+	delivered(dead, "1 minute");
+	w = prune_wf_run("--prune-batch", "1");
+	cr_assert_eq(w.workflows, 2);
+	cr_assert_eq(w.events, 4);
+	cr_assert_eq(w.held, 0);
+	cr_assert_eq(rows_of("workflows", pending) + rows_of("workflows", dead), 0);
+	cr_assert_eq(rows_of("workflows", recent), 1);
+	cr_assert_eq(rows_of("outbox", live), 3);
+	/* Nothing expired left behind for the next test's counts. */
+	delivered(live, "1 minute");
+	free(old);
+	free(pending);
+	free(dead);
+	free(recent);
+	free(live);
+}
+
+/* A tenant's own workflow_retention, shorter or longer than the CLI's;
+ * "default" gives it back the CLI's. */
+Test(prune, a_tenants_workflow_retention_overrides_the_clis)
+{
+	struct tstack_tenant brief, lasting, plain;
+	char out[512], want[512], *b, *l, *p;
+
+	tstack_tenant_create(&brief, "prune-wf-brief");
+	tstack_tenant_create(&lasting, "prune-wf-lasting");
+	tstack_tenant_create(&plain, "prune-wf-plain");
+	cli_ok(out, "tenant", "set-workflow-retention", brief.name, "1h");
+	snprintf(want, sizeof(want), "tenant %s: ended workflows kept for 1h after they ended",
+	         brief.name);
+	cr_assert_str_eq(out, want);
+	cli_ok(out, "tenant", "set-workflow-retention", lasting.name, "90d");
+	b = tstack_create(&brief, "{\"type\":\"w\"}");
+	l = tstack_create(&lasting, "{\"type\":\"w\"}");
+	p = tstack_create(&plain, "{\"type\":\"w\"}");
+	cancel(&brief, b);
+	cancel(&lasting, l);
+	cancel(&plain, p);
+	ended_and_delivered(b, "2 hours");
+	ended_and_delivered(l, "60 days");
+	ended_and_delivered(p, "2 hours");
+
+	struct prune_wf_report w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1, "brief's, ended 2h ago, retention 1h");
+	cr_assert_eq(rows_of("workflows", b), 0);
+	cr_assert_eq(rows_of("workflows", l), 1, "60 days, within its 90");
+	cr_assert_eq(rows_of("workflows", p), 1, "2 hours, within the CLI's 30 days");
+
+	cli_ok(out, "tenant", "set-workflow-retention", lasting.name, "default");
+	snprintf(want, sizeof(want),
+	         "tenant %s: ended workflows kept for prune's workflow_retention", lasting.name);
+	cr_assert_str_eq(out, want);
+	w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1, "lasting's, now past the CLI's 30 days");
+	cr_assert_eq(rows_of("workflows", l), 0);
+	cr_assert_eq(rows_of("workflows", p), 1);
+	/* The flag sets the CLI's for one run. */
+	w = prune_wf_run("--workflow-retention", "1h");
+	cr_assert_eq(w.workflows, 1);
+	cr_assert_eq(rows_of("workflows", p), 0);
+
+	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-workflow-retention", plain.name,
+	                        "soon", NULL),
+	             64);
+	cr_assert(strstr(tstack_cli_stderr(), "workflow_retention") != NULL, "%s",
+	          tstack_cli_stderr());
+	cr_assert_eq(tstack_cli(out, sizeof(out), "tenant", "set-workflow-retention",
+	                        "prune-wf-nobody", "1h", NULL),
+	             65);
+	free(b);
+	free(l);
+	free(p);
+}
+
+/*
+ * Workflows are taken FOR UPDATE SKIP LOCKED: one that a command holds at
+ * that moment (here a transaction holding its row) is passed over, not
+ * waited for, and goes in the next run; the others go at once.
+ */
+Test(prune, a_workflow_held_by_a_command_is_skipped_not_waited_for)
+{
+	struct tstack_tenant t;
+	PGconn *holder;
+	char *held, *free_one;
+
+	tstack_tenant_create(&t, "prune-wf-held");
+	held = tstack_create(&t, "{\"type\":\"w\"}");
+	free_one = tstack_create(&t, "{\"type\":\"w\"}");
+	cancel(&t, held);
+	cancel(&t, free_one);
+	ended_and_delivered(held, "31 days");
+	ended_and_delivered(free_one, "31 days");
+	holder = tstack_db_connect();
+	tstack_exec(holder, "BEGIN");
+	tstack_exec(holder, "SELECT 1 FROM workflows WHERE id = $1 FOR UPDATE", held);
+
+	struct prune_wf_report w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1, "the free one only");
+	cr_assert_eq(w.held, 0, "a locked workflow is not read");
+	cr_assert_eq(rows_of("workflows", free_one), 0);
+	cr_assert_eq(rows_of("workflows", held), 1);
+	cr_assert_eq(rows_of("outbox", held), 2);
+
+	tstack_exec(holder, "ROLLBACK");
+	PQfinish(holder);
+	w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1, "the next run takes it");
+	cr_assert_eq(rows_of("workflows", held), 0);
+	free(held);
+	free(free_one);
+}
+
+/*
+ * The key that created a workflow may outlive it: a retry of the create
+ * under it still gets the stored answer, byte for byte, while a read of
+ * the pruned workflow answers 404. The audit does not count the key as
+ * naming a missing workflow: it is older than the tenant's retention.
+ */
+Test(prune, a_key_outlives_its_pruned_workflow_and_still_replays)
+{
+	struct tstack_tenant t;
+	struct http_response *first, *r;
+	char key[128], path[160], out[4096], *id;
+
+	tstack_tenant_create(&t, "prune-wf-key");
+	cli_ok(out, "tenant", "set-workflow-retention", t.name, "1s");
+	tstack_key(key, sizeof(key), "outlives");
+	first = post(&t, key, BODY);
+	id = tstack_expect_created(first, "ops", "{\"n\":1}");
+	cancel(&t, id);
+	ended_and_delivered(id, "2 seconds");
+	tstack_exec(tstack_db(),
+	            "UPDATE idempotency_keys SET created_at = now() - interval '2 seconds'"
+	            " WHERE tenant_id = $1",
+	            t.id_text);
+
+	struct prune_wf_report w = prune_wf_run(NULL, NULL);
+	cr_assert_eq(w.workflows, 1);
+	cr_assert_eq(rows_of("workflows", id), 0);
+	snprintf(path, sizeof(path), "/v1/workflows/%s", id);
+	r = tstack_get(&t, path);
+	tstack_expect_status(r, 404);
+	http_response_free(r);
+	snprintf(path, sizeof(path), "/v1/workflows/%s/events", id);
+	r = tstack_get(&t, path);
+	tstack_expect_status(r, 404);
+	http_response_free(r);
+
+	r = post(&t, key, BODY);
+	tstack_expect_replay(r, first);
+	http_response_free(r);
+	cr_assert_eq(count_for(&t, "workflows"), 0, "the replay created nothing");
+
+	cr_assert_eq(tstack_cli(out, sizeof(out), "audit", "--tenant", t.name, NULL), 0,
+	             "audit: %s%s", out, tstack_cli_stderr());
+	forget_keys(&t);
+	free(id);
+	http_response_free(first);
+}
+
 Test(prune, refuses_bad_flags_with_a_usage_error)
 {
 	char out[256];

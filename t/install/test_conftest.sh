@@ -116,6 +116,7 @@ nats_stream = ""
 exec = ""
 outbox_retention = 7d
 history_retention = 7d
+workflow_retention = 30d
 prune_batch = 1000
 DUMP
 # Builds with --enable-test-hooks have one key more.

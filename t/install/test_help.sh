@@ -46,7 +46,7 @@ expect_keys idemflow-dispatch "config db statement_timeout log_level application
 	poll_interval sink url secret secret_previous timeout dead_on_4xx parallel amqp_url exchange routing_key
 	nats_url nats_subject_prefix nats_stream exec"
 expect_keys idemflow "config db idempotency_ttl replay_cache_ttl idempotency_wait
-	statement_timeout outbox_retention history_retention prune_batch"
+	statement_timeout outbox_retention history_retention workflow_retention prune_batch"
 
 # The issue this guards, said plainly: the server names no sink's key.
 if grep -E '^(amqp_|nats_|sink$|exchange$|routing_key$|exec$)' "$TMP/idemflow-fcgi.keys" >&2; then
