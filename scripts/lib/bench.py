@@ -811,7 +811,7 @@ def _div(a, b):
 def build_results(recs, facts):
     res = {"date": facts.get("date"), "machine": facts.get("machine", {}),
            "settings": facts.get("settings", {}), "creates": [], "replays": [],
-           "replays_nocache": [], "storm": [], "overload": [],
+           "replays_nocache": [], "storm": [], "overload": [], "commit_delay": [],
            "memory": None, "scale": None, "dispatch": None, "targets": []}
     rows = {r["tag"]: r["rows"] for r in recs if r.get("measure") == "rows"}
     for r in recs:
@@ -892,6 +892,21 @@ def build_results(recs, facts):
                                                      h and h.get("p50_ms")),
                                 "clean": _only_status(h, ("201", "503", "429")) and
                                 _transport_errors(h) == 0})
+
+    # Group commit: each commit_delay setting's creates against pgbench
+    # under the same setting.
+    fs = next((r for r in recs if r.get("measure") == "fsync"), None)
+    sets = sorted({r["measure"] for r in recs if r.get("measure", "").startswith("commit-")},
+                  key=lambda m: int(m.split("-")[1]))
+    for m in sets:
+        _, delay, sib = m.split("-")
+        for c in sorted({r["conns"] for r in recs if r.get("measure") == m}):
+            h, p = _side(recs, m, "http", c), _side(recs, m, "pgbench", c)
+            res["commit_delay"].append({"commit_delay_us": int(delay),
+                                        "commit_siblings": int(sib), "conns": c,
+                                        "fdatasync_us": fs and fs["fdatasync_us"],
+                                        "http": _slim(h), "ceiling": _slim(p),
+                                        "ratio": _ratio(h, p), "clean": _clean(h, p)})
 
     mem = [r for r in recs if r.get("measure") == "memory"]
     if mem:
@@ -1209,6 +1224,21 @@ def render_table(res):
                              _status_text(x.get("status")) +
                              ("; %d socket errors/timeouts" % _transport_errors(h)
                               if _transport_errors(h) else "")))
+
+    if res.get("commit_delay"):
+        cd = res["commit_delay"]
+        L.append("")
+        L.append("group commit: one 8 kB WAL flush (fdatasync) takes %s us on this disk; creates "
+                 "and pgbench under each commit_delay" % cd[0].get("fdatasync_us"))
+        dfmt = "%9s %9s %5s %9s %8s %9s %8s %6s %6s"
+        L.append(dfmt % ("delay us", "siblings", "conns", "creates/s", "p99 ms", "pgbench/s",
+                         "p99 ms", "ratio", "errors"))
+        for x in cd:
+            h, c = x["http"] or {}, x["ceiling"] or {}
+            L.append(dfmt % (x["commit_delay_us"], x["commit_siblings"], x["conns"],
+                             _f(h.get("rate")), _f(h.get("p99_ms"), "%.2f"), _f(c.get("rate")),
+                             _f(c.get("p99_ms"), "%.2f"), _r(x["ratio"]),
+                             _errors(x["http"]) + _errors(x["ceiling"])))
 
     mem = res.get("memory")
     if mem:
