@@ -1459,6 +1459,18 @@ def doc_section(res, table, pngs, doc=None):
         "| replays | `wrk`, one key created beforehand, 4/16/64 connections; at 16 also "
         "with `replay_cache_ttl = 0` (every replay asks PostgreSQL) | `GET /healthz` "
         "(204, no database) through the same nginx |",
+        "| retry storm | `wrk` replaying 100,000 keys created beforehand through the service, "
+        "each at most once per point, at 16 and 64 connections: no replay finds its answer in "
+        "a worker's replay cache | `pgbench` replaying keys it created with the same statement, "
+        "at its best over 16, 64 and the pool's size clients, combined with `GET /healthz` at "
+        "the same connections |",
+        "| overload | `wrk` creates at 128 and 256 connections, past the pool's size, every "
+        "answer counted by status; the 64-connection creates' p99 against their p50 | a 201, "
+        "or a fast 503 or 429, for every request: no timeout, no socket error |",
+        "| group commit (`--commit-delay`) | creates at 16 and 64 connections with "
+        "`commit_delay` 0 (the default), half and all of one 8 kB `fdatasync` as "
+        "`pg_test_fsync` times it in the cluster's directory (`commit_siblings` 5) | `pgbench` "
+        "under the same setting, at its best count |",
         "| memory | RSS of each worker of a fresh pool, and the requests it served, after "
         "2,500 and 25,000 requests per worker: 4,096 keys with 6 KB inputs, then creates, replays and reuse "
         "conflicts of them (fills the replay cache and the per-key statistics) | no growth "
@@ -1480,8 +1492,9 @@ def doc_section(res, table, pngs, doc=None):
         "per request by process, for creates, pgbench and `/healthz` side by side.",
         "",
         "```sh",
-        "scripts/bench                  # ~7 minutes: var/bench/results.json, var/bench/*.png",
+        "scripts/bench                  # ~10 minutes: var/bench/results.json, var/bench/*.png",
         "scripts/bench --quick          # 3 s per point, smaller memory run: a smoke test",
+        "scripts/bench --commit-delay   # adds the group commit measure (~3 minutes)",
         "scripts/bench --large          # adds the 5M-key measures (~12 minutes, ~8 GB of disk;",
         "                               # BENCH_LARGE_ROWS=100000 for a small one)",
         "scripts/bench --update-doc     # also rewrites this section",
