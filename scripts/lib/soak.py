@@ -130,6 +130,10 @@ def table(setup, ivs, end):
              "%.0f%% of it; intervals of %s s" % (s.get("capacity"), s.get("conns"),
                                                   100 * float(s.get("load", 0)),
                                                   s.get("interval")))
+    if ivs:
+        m = mean([rate(iv) for iv in ivs])
+        L.append("sent on average %.0f requests/s, %.0f%% of the capacity" % (
+            m, 100.0 * m / float(s.get("capacity") or 1)))
     L.append("workflows with one %s sleep step; 20%% replays, 1%% conflicts; key TTL %s, "
              "outbox retention %s, history retention %s, workflow retention %s; prune every "
              "interval, reap --loop, dispatch --loop to a local receiver" % (
