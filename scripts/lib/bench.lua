@@ -13,6 +13,20 @@
 --              (409) of the keys SEED-1 .. SEED-N, chosen at random,
 --              created beforehand with the body {"type":"order-flow",
 --              "input":{"pad":"<PAD x's>"}}; extra arguments SEED N PAD
+--      storm   a retry storm: POST /v1/workflows replaying the keys SEED-1 ..
+--              SEED-N (created beforehand with bench.py seed's body), each
+--              once, in order from OFFSET: thread t of THREADS takes the
+--              keys OFFSET + t, OFFSET + t + THREADS, ... (modulo N), so no
+--              key is sent twice in a run and no worker has the answer in
+--              its replay cache; extra arguments SEED N PAD OFFSET THREADS
+--      create-status  create, counting the answers by status (the
+--              overload points: 503s and 429s are answers, not errors)
+--      soak    scripts/soak's traffic: creates of workflows with one short
+--              sleep step (they end by themselves once the reaper fires the
+--              timer), 20% replays of the thread's recent keys and 1% reuse
+--              conflicts (409) of them, each connection pausing DELAY ms
+--              before each request; extra arguments DELAY SLEEP (the step's
+--              ISO 8601 duration)
 --      get     GET of the URL's path, no headers (GET /healthz)
 -- TOKEN  bearer token (create, replay, mix)
 --
@@ -20,7 +34,8 @@
 -- errors and latency percentiles in microseconds, for scripts/lib/bench.py;
 -- "sent" is the number of requests written (create, scatter, mix: the
 -- difference to "requests" are those still unanswered when wrk stopped),
--- and in mode mix "status" counts the answers by status.
+-- and in modes mix, storm, soak and create-status "status" counts the answers by
+-- status.
 
 local BODY = '{"type":"order-flow","input":{"order":42}}'
 
@@ -35,7 +50,9 @@ end
 
 local mode, token, tag
 local prefix
-local seed, nseed, seedbody
+local seed, nseed, seedbody, offset, nthr
+local pause, soakbody, ring, nring = 0, nil, {}, 0
+local RING = 4096
 -- Globals, read by done() through thread:get().
 counter = 0
 statuses = {}
@@ -48,10 +65,21 @@ function init(args)
 	-- wrk gives every thread its own Lua state; seed each one differently.
 	math.randomseed(os.time() * 1000 + t * 7919 + math.floor(os.clock() * 1e6))
 	prefix = string.format("%s-%d-%08x-", tag, t, math.random(0, 0x7fffffff))
-	if mode == "mix" then
+	if mode == "mix" or mode == "storm" then
 		seed = args[4]
 		nseed = tonumber(args[5])
 		seedbody = '{"type":"order-flow","input":{"pad":"' .. string.rep("x", tonumber(args[6])) .. '"}}'
+	end
+	if mode == "storm" then
+		offset = tonumber(args[7])
+		nthr = tonumber(args[8])
+	end
+	if mode == "soak" then
+		pause = tonumber(args[4])
+		soakbody = '{"type":"soak","input":{"order":42},"steps":[{"name":"wait","sleep":"' ..
+		    args[5] .. '"}]}'
+	else
+		delay = nil
 	end
 	if mode ~= "get" then
 		wrk.method = "POST"
@@ -68,19 +96,39 @@ function init(args)
 	-- Only create needs a new request each time. Without a request()
 	-- function wrk formats the request once and sends the same bytes
 	-- again, so replays and GET /healthz cost the load generator alike.
-	if mode ~= "create" and mode ~= "scatter" and mode ~= "mix" then
+	if mode ~= "create" and mode ~= "scatter" and mode ~= "mix" and mode ~= "storm" and
+	    mode ~= "create-status" and mode ~= "soak" then
 		request = nil
 	end
-	-- Parsing answers costs the load generator: only mix counts them.
-	if mode ~= "mix" then
+	-- Parsing answers costs the load generator: only these count them.
+	if mode ~= "mix" and mode ~= "storm" and mode ~= "create-status" and mode ~= "soak" then
 		response = nil
 	end
 end
 
 function request()
 	counter = counter + 1
-	if mode == "create" then
+	if mode == "create" or mode == "create-status" then
 		wrk.headers["Idempotency-Key"] = prefix .. counter
+	elseif mode == "soak" then
+		local r = math.random()
+		if nring > 0 and r < 0.21 then
+			wrk.headers["Idempotency-Key"] = ring[math.random(1, nring)]
+			return wrk.format(nil, nil, nil, r < 0.2 and soakbody or BODY)
+		end
+		local key = prefix .. counter
+		wrk.headers["Idempotency-Key"] = key
+		if nring < RING then
+			nring = nring + 1
+			ring[nring] = key
+		else
+			ring[math.random(1, RING)] = key
+		end
+		return wrk.format(nil, nil, nil, soakbody)
+	elseif mode == "storm" then
+		local i = (offset + (counter - 1) * nthr + (tid or 1) - 1) % nseed + 1
+		wrk.headers["Idempotency-Key"] = seed .. "-" .. i
+		return wrk.format(nil, nil, nil, seedbody)
 	elseif mode == "scatter" then
 		wrk.headers["Idempotency-Key"] = string.format("%08x%08x-%d-%d-%s",
 			math.random(0, 0x7fffffff), math.random(0, 0x7fffffff), tid or 1, counter, tag)
@@ -94,6 +142,10 @@ function request()
 		return wrk.format(nil, nil, nil, r < 0.7 and seedbody or BODY)
 	end
 	return wrk.format()
+end
+
+function delay()
+	return pause
 end
 
 function response(status, headers, body)

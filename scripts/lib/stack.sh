@@ -509,6 +509,35 @@ stack_nginx_upstream_template() {
 	grep -q 'fastcgi_pass idemflow_pool;' "$out" && grep -q 'upstream idemflow_pool' "$out"
 }
 
+# stack_sink_start DIR PORT: a webhook receiver for the dispatcher's HTTP
+# sink: an nginx with prefix DIR on 127.0.0.1:PORT answering every request
+# 204 over keep-alive connections, logging nothing. Stop it with
+# stack_nginx_stop DIR.
+stack_sink_start() {
+	local p=$1 port=$2
+	install -d -m 755 -- "$p" "$p/tmp" || return 1
+	cat >"$p/nginx.conf" <<EOT
+$(stack_is_root && echo "user www-data;")
+daemon on;
+worker_processes 1;
+pid $p/nginx.pid;
+error_log $p/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log off;
+    client_body_temp_path $p/tmp;
+    keepalive_requests 1000000;
+    server {
+        listen 127.0.0.1:$port;
+        location / { return 204; }
+    }
+}
+EOT
+	stack_is_root && chown -R www-data "$p/tmp"
+	"$(stack_nginx_bin)" -p "$p" -c nginx.conf || return 1
+	STACK_NGINX_PREFIX=$p
+}
+
 # stack_nginx_stop [PREFIX]: graceful quit, then TERM, then KILL (workers too).
 stack_nginx_stop() {
 	local prefix=${1:-${STACK_NGINX_PREFIX:-}} pid
