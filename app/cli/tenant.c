@@ -66,6 +66,27 @@ static int tenant_list(PGconn *conn)
 	return EX_OK;
 }
 
+/* Run sql, an UPDATE of tenants taking $1 the tenant's name and $2 a
+ * duration in milliseconds (ms; NULL for the default), RETURNING its id.
+ * Returns EX_OK, or an exit status with the problem printed. */
+static int tenant_update(PGconn *conn, const char *sql, const char *name, const char *ms)
+{
+	const char *p[2] = { name, ms };
+	PGresult *res;
+	struct err e;
+	int rc = EX_OK;
+
+	res = db_exec(conn, sql, 2, p, &e);
+	if (res == NULL)
+		return cli_db_fail(&e);
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: no tenant named \"%s\"\n", name);
+		rc = EX_DATAERR;
+	}
+	PQclear(res);
+	return rc;
+}
+
 /* tenant set-ttl NAME DURATION|default: durations are read exactly as the
  * idempotency_ttl key is, and held to the floor the server holds its own
  * to (conf_check: a key outlives every request that may still hold or
@@ -73,50 +94,38 @@ static int tenant_list(PGconn *conn)
 static int tenant_set_ttl(PGconn *conn, const struct conf *c, const char *name, const char *value)
 {
 	char ms[24];
-	const char *p[2] = { name, NULL }; /* NULL: the server's idempotency_ttl */
+	const char *set = NULL; /* NULL: the server's idempotency_ttl */
 	struct conf chk;
-	PGresult *res = NULL;
 	struct err e;
-	int rc = EX_OK;
+	int rc;
 
 	if (strcmp(value, "default") != 0) {
 		chk = *c; /* the waits of the configuration the CLI reads */
 		if (conf_key_duration("idempotency_ttl", value, "tenant set-ttl",
 		                      &chk.idempotency_ttl, &e) < 0) {
 			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
-			rc = EX_USAGE;
-			goto out;
+			return EX_USAGE;
 		}
 		if (conf_check(&chk, &e) < 0) {
 			fprintf(stderr, "idemflow: %s\n", e.msg);
-			rc = EX_USAGE;
-			goto out;
+			return EX_USAGE;
 		}
 		snprintf(ms, sizeof(ms), "%ld", chk.idempotency_ttl);
-		p[1] = ms;
+		set = ms;
 	}
-	res = db_exec(conn,
-	              "UPDATE tenants\n"
-	              "   SET idempotency_ttl = $2::bigint * interval '1 millisecond'\n"
-	              " WHERE name = $1\n"
-	              "RETURNING id\n",
-	              2, p, &e);
-	if (res == NULL) {
-		rc = cli_db_fail(&e);
-		goto out;
-	}
-	if (PQntuples(res) == 0) {
-		fprintf(stderr, "idemflow: no tenant named \"%s\"\n", name);
-		rc = EX_DATAERR;
-		goto out;
-	}
-	if (p[1] == NULL)
+	rc = tenant_update(conn,
+	                   "UPDATE tenants\n"
+	                   "   SET idempotency_ttl = $2::bigint * interval '1 millisecond'\n"
+	                   " WHERE name = $1\n"
+	                   "RETURNING id\n",
+	                   name, set);
+	if (rc != EX_OK)
+		return rc;
+	if (set == NULL)
 		printf("tenant %s: idempotency keys kept for the server's idempotency_ttl\n", name);
 	else
 		printf("tenant %s: idempotency keys kept for %s (from new keys on)\n", name, value);
-out:
-	PQclear(res);
-	return rc;
+	return EX_OK;
 }
 
 /* tenant set-workflow-retention NAME DURATION|default: read exactly as
@@ -125,44 +134,33 @@ out:
 static int tenant_set_retention(PGconn *conn, const char *name, const char *value)
 {
 	char ms[24];
-	const char *p[2] = { name, NULL }; /* NULL: the CLI's workflow_retention */
+	const char *set = NULL; /* NULL: the CLI's workflow_retention */
 	long v;
-	PGresult *res = NULL;
 	struct err e;
-	int rc = EX_OK;
+	int rc;
 
 	if (strcmp(value, "default") != 0) {
 		if (conf_key_duration("workflow_retention", value, "tenant set-workflow-retention",
 		                      &v, &e) < 0) {
 			fprintf(stderr, "idemflow: %s, or \"default\"\n", e.msg);
-			rc = EX_USAGE;
-			goto out;
+			return EX_USAGE;
 		}
 		snprintf(ms, sizeof(ms), "%ld", v);
-		p[1] = ms;
+		set = ms;
 	}
-	res = db_exec(conn,
-	              "UPDATE tenants\n"
-	              "   SET workflow_retention = $2::bigint * interval '1 millisecond'\n"
-	              " WHERE name = $1\n"
-	              "RETURNING id\n",
-	              2, p, &e);
-	if (res == NULL) {
-		rc = cli_db_fail(&e);
-		goto out;
-	}
-	if (PQntuples(res) == 0) {
-		fprintf(stderr, "idemflow: no tenant named \"%s\"\n", name);
-		rc = EX_DATAERR;
-		goto out;
-	}
-	if (p[1] == NULL)
+	rc = tenant_update(conn,
+	                   "UPDATE tenants\n"
+	                   "   SET workflow_retention = $2::bigint * interval '1 millisecond'\n"
+	                   " WHERE name = $1\n"
+	                   "RETURNING id\n",
+	                   name, set);
+	if (rc != EX_OK)
+		return rc;
+	if (set == NULL)
 		printf("tenant %s: ended workflows kept for prune's workflow_retention\n", name);
 	else
 		printf("tenant %s: ended workflows kept for %s after they ended\n", name, value);
-out:
-	PQclear(res);
-	return rc;
+	return EX_OK;
 }
 
 int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv)

@@ -1523,12 +1523,18 @@ def doc_section(res, table, pngs, doc=None):
     return "\n".join(lines)
 
 
-def update_doc(path, section):
+def update_doc(path, section, begin=None, end=None, heading=None):
+    """Put section (which holds its markers) in place of the text between
+    begin and end (bench's markers by default) in the file at path; without
+    the markers, under the page's title, or at the end under heading."""
+    begin, end = begin or BEGIN, end or END
     text = open(path, encoding="utf-8").read()
-    if BEGIN in text and END in text:
-        a = text.index(BEGIN)
-        b = text.index(END) + len(END)
+    if begin in text and end in text:
+        a = text.index(begin)
+        b = text.index(end) + len(end)
         text = text[:a] + section + text[b:]
+    elif heading:
+        text = text.rstrip("\n") + "\n\n" + heading + "\n\n" + section + "\n"
     else:
         # No markers: the section goes right under the page's title.
         m = re.search(r"^# .*\n", text, re.M)
