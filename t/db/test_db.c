@@ -494,6 +494,7 @@ Test(db, every_row_records_the_token_that_wrote_it_and_timers_the_reaper)
 		[WF_CREATE_RUN_BUSINESS_KEY] = NULL,
 		[WF_CREATE_RUN_PAYLOAD_HEAD] = "{\"tenant_id\":",
 		[WF_CREATE_RUN_PAYLOAD_TAIL] = "}",
+		[WF_CREATE_RUN_PRIORITY] = "0",
 	};
 	const struct db_call calls[4] = { { Q_BEGIN, 0, NULL },
 		                          { Q_TRACE_SET, TRACE_SET__N, ts },
@@ -906,6 +907,7 @@ Test(db, lifetimes_and_due_times_come_from_the_database_clock)
 		[WF_CREATE_RUN_BUSINESS_KEY] = NULL,
 		[WF_CREATE_RUN_PAYLOAD_HEAD] = "{\"tenant_id\":",
 		[WF_CREATE_RUN_PAYLOAD_TAIL] = "}",
+		[WF_CREATE_RUN_PRIORITY] = "0",
 	};
 	res = db_run(db, Q_WF_CREATE_RUN, WF_CREATE_RUN__N, p, &e);
 	cr_assert_not_null(res, "%s", e.msg);

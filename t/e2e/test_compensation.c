@@ -230,7 +230,7 @@ static void run_to_ship(const struct tstack_tenant *t, const char *p, const char
 Test(saga, a_failed_third_step_undoes_the_second_then_the_first_each_once)
 {
 	struct tstack_tenant t;
-	char *wf, *job, *k;
+	char *wf, *job, *k, *v;
 
 	tstack_tenant_create(&t, "saga");
 	wf = create_saga(&t, "a", 0);
@@ -303,18 +303,18 @@ Test(saga, a_failed_third_step_undoes_the_second_then_the_first_each_once)
 	expect_events(wf, "workflow.created workflow.started job.completed job.completed "
 	                  "job.failed compensation.started step.compensated step.compensated "
 	                  "workflow.compensated");
-	cr_assert_str_eq(
-	    tstack_text("SELECT string_agg(payload::jsonb #>> '{data,step}', ',' ORDER BY seq)"
+	v = tstack_text("SELECT string_agg(payload::jsonb #>> '{data,step}', ',' ORDER BY seq)"
 	                "  FROM outbox WHERE workflow_id = $1 AND type = 'step.compensated'",
-	                wf),
-	    "2,1");
-	cr_assert_str_eq(
-	    tstack_text("SELECT (payload::jsonb -> 'data')::text FROM outbox"
+	                wf);
+	cr_assert_str_eq(v, "2,1");
+	free(v);
+	v = tstack_text("SELECT (payload::jsonb -> 'data')::text FROM outbox"
 	                " WHERE workflow_id = $1 AND type = 'step.compensated'"
 	                " ORDER BY seq LIMIT 1",
-	                wf),
-	    "{\"name\": \"charge\", \"step\": 2, \"output\": {\"refund\": \"R1\"}, \"worker\": "
-	    "\"u\", \"job_type\": \"a-refund\"}");
+	                wf);
+	cr_assert_str_eq(v, "{\"name\": \"charge\", \"step\": 2, \"output\": {\"refund\": "
+	                    "\"R1\"}, \"worker\": \"u\", \"job_type\": \"a-refund\"}");
+	free(v);
 	expect_event_data(wf, "workflow.compensated",
 	                  "{\"from\": \"failed\", \"state\": \"compensated\"}");
 	cr_assert_eq(tstack_count("SELECT count(*) FROM jobs WHERE workflow_id = $1 AND step < 0"
