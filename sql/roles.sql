@@ -153,4 +153,19 @@ GRANT UPDATE (updated_at), DELETE ON workflows TO idemflow_maintenance;
 GRANT DELETE ON jobs TO idemflow_maintenance;
 GRANT UPDATE (workflow_id, step) ON messages TO idemflow_maintenance;
 
+-- Tenant endpoints (sql/020_endpoints.sql). Whoever writes an event writes
+-- its deliveries in the same transaction (the trigger on outbox runs as
+-- the writer): the server and the maintenance role (timers) read the
+-- endpoints and insert deliveries.
+GRANT SELECT ON endpoints TO idemflow_server, idemflow_maintenance;
+GRANT INSERT ON deliveries TO idemflow_server, idemflow_maintenance;
+-- The routes read the deliveries and the attempt ledger.
+GRANT SELECT ON deliveries, delivery_attempts TO idemflow_server;
+-- The dispatcher claims deliveries, records their outcomes and every
+-- attempt, and keeps each endpoint's health.
+GRANT SELECT ON endpoints, deliveries TO idemflow_dispatcher;
+GRANT UPDATE (state, attempts, next_attempt_at, lease_owner, lease_until, last_error,
+              updated_at) ON deliveries TO idemflow_dispatcher;
+GRANT INSERT ON delivery_attempts TO idemflow_dispatcher;
+
 COMMIT;

@@ -799,6 +799,20 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_outbox_deliveries() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO deliveries (tenant_id, endpoint_id, workflow_id, seq, outbox_id, state)
+    SELECT NEW.tenant_id, e.id, NEW.workflow_id, NEW.seq, NEW.id,
+           CASE WHEN e.disabled THEN 'skipped' ELSE 'pending' END
+      FROM endpoints e
+     WHERE e.tenant_id = NEW.tenant_id
+       AND idemflow_type_matches(e.filter_types, NEW.type);
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.idemflow_reap(p_batch integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -860,6 +874,17 @@ CREATE FUNCTION public.idemflow_ts(t timestamp with time zone) RETURNS text
     LANGUAGE sql STABLE
     AS $$
     SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+CREATE FUNCTION public.idemflow_type_matches(p_filter text[], p_type text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT p_filter IS NULL
+        OR p_type = ANY (p_filter)
+        OR EXISTS (SELECT 1
+                     FROM unnest(p_filter) AS f
+                    WHERE right(f, 2) = '.*'
+                      AND starts_with(p_type, left(f, -1)))
 $$;
 
 CREATE FUNCTION public.idemflow_wf_create(p_tenant bigint, p_id uuid, p_type text, p_input jsonb, p_at timestamp with time zone, p_steps jsonb, p_business_key text, p_payload text) RETURNS SETOF public.idemflow_wf_row
@@ -1167,6 +1192,89 @@ ALTER TABLE public.api_tokens ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+CREATE TABLE public.deliveries (
+    tenant_id bigint NOT NULL,
+    endpoint_id uuid NOT NULL,
+    workflow_id uuid NOT NULL,
+    seq integer NOT NULL,
+    outbox_id bigint NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_owner text,
+    lease_until timestamp with time zone,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'dead'::text, 'skipped'::text])))
+);
+
+COMMENT ON TABLE public.deliveries IS 'one event to one endpoint; written with the event by outbox_deliveries()';
+
+CREATE TABLE public.delivery_attempts (
+    tenant_id bigint NOT NULL,
+    endpoint_id uuid NOT NULL,
+    id bigint NOT NULL,
+    workflow_id uuid NOT NULL,
+    seq integer NOT NULL,
+    event_id text NOT NULL,
+    trigger text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    duration_ms double precision NOT NULL,
+    status integer NOT NULL,
+    outcome text NOT NULL,
+    response text DEFAULT ''::text NOT NULL,
+    CONSTRAINT delivery_attempts_duration_ms_check CHECK ((duration_ms >= (0)::double precision)),
+    CONSTRAINT delivery_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'http'::text, 'timeout'::text, 'connect'::text, 'tls'::text, 'other'::text]))),
+    CONSTRAINT delivery_attempts_response_check CHECK ((octet_length(response) <= 4096)),
+    CONSTRAINT delivery_attempts_status_check CHECK (((status >= 0) AND (status <= 999))),
+    CONSTRAINT delivery_attempts_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text, 'recover'::text])))
+);
+
+COMMENT ON TABLE public.delivery_attempts IS 'the attempt ledger: one row per attempt to deliver an event to an endpoint';
+
+ALTER TABLE public.delivery_attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.delivery_attempts_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.endpoints (
+    tenant_id bigint NOT NULL,
+    id uuid NOT NULL,
+    url text NOT NULL,
+    filter_types text[],
+    ordering text DEFAULT 'workflow'::text NOT NULL,
+    disabled boolean DEFAULT false NOT NULL,
+    disabled_reason text,
+    disabled_at timestamp with time zone,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    secret text NOT NULL,
+    previous_secret text,
+    previous_secret_until timestamp with time zone,
+    failures integer DEFAULT 0 NOT NULL,
+    failing_since timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text,
+    CONSTRAINT endpoints_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
+    CONSTRAINT endpoints_check CHECK (((previous_secret IS NULL) = (previous_secret_until IS NULL))),
+    CONSTRAINT endpoints_check1 CHECK ((disabled = (disabled_reason IS NOT NULL))),
+    CONSTRAINT endpoints_disabled_reason_check CHECK ((disabled_reason = ANY (ARRAY['manual'::text, 'failing'::text]))),
+    CONSTRAINT endpoints_failures_check CHECK ((failures >= 0)),
+    CONSTRAINT endpoints_filter_types_check CHECK (((cardinality(filter_types) >= 1) AND (cardinality(filter_types) <= 64))),
+    CONSTRAINT endpoints_metadata_check CHECK ((jsonb_typeof(metadata) = 'object'::text)),
+    CONSTRAINT endpoints_ordering_check CHECK ((ordering = ANY (ARRAY['workflow'::text, 'none'::text]))),
+    CONSTRAINT endpoints_previous_secret_check CHECK ((previous_secret ~ '^whsec_[A-Za-z0-9+/]{32,88}={0,2}$'::text)),
+    CONSTRAINT endpoints_secret_check CHECK ((secret ~ '^whsec_[A-Za-z0-9+/]{32,88}={0,2}$'::text)),
+    CONSTRAINT endpoints_url_check CHECK (((url ~ '^https?://[^[:space:]]+$'::text) AND (octet_length(url) <= 2048)))
+);
+
+COMMENT ON TABLE public.endpoints IS 'a tenant''s receivers: every event of the tenant whose type matches filter_types gets a delivery';
+
 CREATE TABLE public.idempotency_key_stats (
     tenant_id bigint NOT NULL,
     key text NOT NULL,
@@ -1302,6 +1410,15 @@ ALTER TABLE ONLY public.api_tokens
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash);
 
+ALTER TABLE ONLY public.deliveries
+    ADD CONSTRAINT deliveries_pkey PRIMARY KEY (tenant_id, endpoint_id, workflow_id, seq);
+
+ALTER TABLE ONLY public.delivery_attempts
+    ADD CONSTRAINT delivery_attempts_pkey PRIMARY KEY (tenant_id, endpoint_id, id);
+
+ALTER TABLE ONLY public.endpoints
+    ADD CONSTRAINT endpoints_pkey PRIMARY KEY (tenant_id, id);
+
 ALTER TABLE ONLY public.idempotency_key_stats
     ADD CONSTRAINT idempotency_key_stats_pkey PRIMARY KEY (tenant_id, key);
 
@@ -1337,6 +1454,10 @@ ALTER TABLE ONLY public.timers
 
 ALTER TABLE ONLY public.workflows
     ADD CONSTRAINT workflows_pkey PRIMARY KEY (tenant_id, id);
+
+CREATE INDEX deliveries_due ON public.deliveries USING btree (next_attempt_at, outbox_id) WHERE (state = 'pending'::text);
+
+CREATE INDEX delivery_attempts_event ON public.delivery_attempts USING btree (tenant_id, workflow_id, seq);
 
 CREATE INDEX idempotency_keys_created ON public.idempotency_keys USING btree (created_at, tenant_id);
 
@@ -1380,17 +1501,19 @@ CREATE INDEX workflows_incident ON public.workflows USING btree (tenant_id, id) 
 
 CREATE INDEX workflows_state ON public.workflows USING btree (tenant_id, state, id);
 
+CREATE TRIGGER outbox_deliveries AFTER INSERT ON public.outbox FOR EACH ROW WHEN (((new.type !~~ 'endpoint.%'::text) AND (new.type !~~ 'delivery.%'::text))) EXECUTE FUNCTION public.idemflow_outbox_deliveries();
+
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.endpoints
+    ADD CONSTRAINT endpoints_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 ALTER TABLE ONLY public.jobs
     ADD CONSTRAINT jobs_tenant_id_workflow_id_fkey FOREIGN KEY (tenant_id, workflow_id) REFERENCES public.workflows(tenant_id, id);
 
 ALTER TABLE ONLY public.messages
     ADD CONSTRAINT messages_tenant_id_workflow_id_fkey FOREIGN KEY (tenant_id, workflow_id) REFERENCES public.workflows(tenant_id, id);
-
-ALTER TABLE ONLY public.outbox
-    ADD CONSTRAINT outbox_tenant_id_workflow_id_fkey FOREIGN KEY (tenant_id, workflow_id) REFERENCES public.workflows(tenant_id, id);
 
 ALTER TABLE ONLY public.timers
     ADD CONSTRAINT timers_tenant_id_workflow_id_fkey FOREIGN KEY (tenant_id, workflow_id) REFERENCES public.workflows(tenant_id, id);
