@@ -43,6 +43,9 @@ CREATE TABLE endpoints (
     -- health: failed attempts in a row, and since when
     failures integer NOT NULL DEFAULT 0 CHECK (failures >= 0),
     failing_since timestamptz,
+    -- the seq of the last operational event about this endpoint (its
+    -- stream in the outbox: workflow_id = the endpoint's id)
+    event_seq integer NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
     actor text CHECK (actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'),
@@ -72,6 +75,9 @@ CREATE TABLE deliveries (
         CHECK (state IN ('pending', 'delivered', 'dead', 'skipped')),
     attempts integer NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    -- what asks for the next attempt, as the ledger records it: the
+    -- dispatcher's own schedule, a resend (manual) or a recover
+    trigger text NOT NULL DEFAULT 'scheduled' CHECK (trigger IN ('scheduled', 'manual', 'recover')),
     lease_owner text,
     lease_until timestamptz,
     last_error text,

@@ -164,8 +164,8 @@ GRANT SELECT ON deliveries, delivery_attempts TO idemflow_server;
 -- The dispatcher claims deliveries, records their outcomes and every
 -- attempt, and keeps each endpoint's health.
 GRANT SELECT ON endpoints, deliveries TO idemflow_dispatcher;
-GRANT UPDATE (state, attempts, next_attempt_at, lease_owner, lease_until, last_error,
-              updated_at) ON deliveries TO idemflow_dispatcher;
+GRANT UPDATE (state, attempts, next_attempt_at, trigger, lease_owner, lease_until,
+              last_error, updated_at) ON deliveries TO idemflow_dispatcher;
 GRANT INSERT ON delivery_attempts TO idemflow_dispatcher;
 
 COMMIT;

@@ -1201,12 +1201,14 @@ CREATE TABLE public.deliveries (
     state text DEFAULT 'pending'::text NOT NULL,
     attempts integer DEFAULT 0 NOT NULL,
     next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    trigger text DEFAULT 'scheduled'::text NOT NULL,
     lease_owner text,
     lease_until timestamp with time zone,
     last_error text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'dead'::text, 'skipped'::text])))
+    CONSTRAINT deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'dead'::text, 'skipped'::text]))),
+    CONSTRAINT deliveries_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text, 'recover'::text])))
 );
 
 COMMENT ON TABLE public.deliveries IS 'one event to one endpoint; written with the event by outbox_deliveries()';
@@ -1257,6 +1259,7 @@ CREATE TABLE public.endpoints (
     previous_secret_until timestamp with time zone,
     failures integer DEFAULT 0 NOT NULL,
     failing_since timestamp with time zone,
+    event_seq integer DEFAULT 0 NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     actor text,
