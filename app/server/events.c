@@ -194,10 +194,9 @@ void events_feed(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 
 /* The rows of a list under one resource: no row is a 404 (what), one row
  * of NULLs an empty page. */
-static void answer_list(struct handler_ctx *ctx, const struct http_req *req,
-                        struct http_resp *resp, PGresult *res, const struct err *e,
-                        const char *what, const char *name, long limit, int within_col,
-                        page_item_fn item)
+static void answer_list(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                        PGresult *res, const struct err *e, const char *what, const char *name,
+                        long limit, int within_col, page_item_fn item)
 {
 	int n;
 
@@ -337,15 +336,15 @@ void events_undelivered(struct handler_ctx *ctx, struct http_req *req, const cha
 	snprintf(seq_text, sizeof(seq_text), "%ld", seq);
 	snprintf(lim, sizeof(lim), "%ld", limit + 1);
 	snprintf(budget, sizeof(budget), "%ld", ctx->conf->max_answer);
-	const char *p[ENDPOINT_UNDELIVERED__N] = {
-		[ENDPOINT_UNDELIVERED_TENANT] = tenant,
-		[ENDPOINT_UNDELIVERED_ENDPOINT] = id,
-		[ENDPOINT_UNDELIVERED_AFTER_STREAM] = after[0] ? stream : NULL,
-		[ENDPOINT_UNDELIVERED_AFTER_SEQ] = after[0] ? seq_text : NULL,
-		[ENDPOINT_UNDELIVERED_STATES] = states,
-		[ENDPOINT_UNDELIVERED_LIMIT] = lim,
-		[ENDPOINT_UNDELIVERED_BUDGET] = budget
-	};
+	const char *p[ENDPOINT_UNDELIVERED__N] = { [ENDPOINT_UNDELIVERED_TENANT] = tenant,
+		                                   [ENDPOINT_UNDELIVERED_ENDPOINT] = id,
+		                                   [ENDPOINT_UNDELIVERED_AFTER_STREAM] =
+		                                       after[0] ? stream : NULL,
+		                                   [ENDPOINT_UNDELIVERED_AFTER_SEQ] =
+		                                       after[0] ? seq_text : NULL,
+		                                   [ENDPOINT_UNDELIVERED_STATES] = states,
+		                                   [ENDPOINT_UNDELIVERED_LIMIT] = lim,
+		                                   [ENDPOINT_UNDELIVERED_BUDGET] = budget };
 	res = db_run(ctx->db, Q_ENDPOINT_UNDELIVERED, ENDPOINT_UNDELIVERED__N, p, &e);
 	answer_list(ctx, req, resp, res, &e, "no such endpoint", "deliveries", limit, 7,
 	            undelivered_item);

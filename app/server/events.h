@@ -20,7 +20,6 @@
  * the outbox. */
 #define EVENTS_SCAN_ROWS 10000
 
-
 /* GET /v1/events?after=&limit=: the tenant's events in the order they
  * were written (their outbox id, the cursor), keyset pages. */
 void events_feed(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp);

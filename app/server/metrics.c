@@ -408,8 +408,9 @@ void metrics_render_deliveries(struct buf *out, const struct metrics_deliveries 
 		           md->top[i].tenant, md->top[i].endpoint, md->top[i].pending);
 		rest -= md->top[i].pending;
 	}
-	buf_printf(out, "idemflow_endpoint_deliveries_pending{tenant=\"other\",endpoint=\"other\"} %ld\n",
-	           rest);
+	buf_printf(
+	    out, "idemflow_endpoint_deliveries_pending{tenant=\"other\",endpoint=\"other\"} %ld\n",
+	    rest);
 }
 
 /* --- Access ------------------------------------------------------------ */

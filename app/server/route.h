@@ -37,7 +37,7 @@ enum route {
 	ROUTE_ENDPOINT_ATTEMPTS,    /* /v1/endpoints/{id}/attempts */
 	ROUTE_ENDPOINT_UNDELIVERED, /* /v1/endpoints/{id}/undelivered */
 	ROUTE_ENDPOINT_RECOVER,     /* /v1/endpoints/{id}/recover */
-	ROUTE_OTHER,          /* no template matched (404s) */
+	ROUTE_OTHER,                /* no template matched (404s) */
 	ROUTE__COUNT
 };
 
