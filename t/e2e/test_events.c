@@ -784,3 +784,71 @@ Test(events_metrics, pending_per_endpoint_bounded)
 	cr_assert_not_null(strstr(r->body, line), "%s: %s", line, r->body);
 	http_response_free(r);
 }
+
+/* --- The CLI ------------------------------------------------------------ */
+
+TestSuite(events_cli, .timeout = 60);
+
+/* idemflow endpoint recover and event resend: the same functions as the
+ * routes, the count and the delivery on stdout, 65 for what is not there,
+ * 64 for a bad argument. */
+Test(events_cli, recover_and_resend)
+{
+	struct tstack_tenant a;
+	char out[512], want[512], *ep, *other, *ev[3];
+
+	tstack_tenant_create(&a, "cli");
+	ep = make_endpoint(&a, "NULL");
+	other = make_endpoint(&a, "ARRAY['billing.*']");
+	for (int i = 0; i < 3; i++) {
+		ev[i] = make_event(&a, "cli.x");
+		set_delivery(ep, ev[i], i == 0 ? "delivered" : i == 1 ? "dead" : "skipped", "7");
+	}
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "recover", "--tenant", a.name, ep,
+	                        "--since", "2000-01-01T00:00:00Z", "--state", "dead", "--type",
+	                        "workflow.*", (char *)NULL),
+	             0, "%s", tstack_cli_stderr());
+	cr_assert_str_eq(out, "1");
+	cr_assert_str_eq(
+	    tstack_text("SELECT string_agg(d.state || '/' || d.attempts || '/' ||"
+	                " d.trigger, ' ' ORDER BY o.id) FROM deliveries d"
+	                " JOIN outbox o ON o.id = d.outbox_id WHERE d.endpoint_id = $1",
+	                ep),
+	    "delivered/7/scheduled pending/0/recover skipped/7/scheduled");
+
+	cr_assert_eq(tstack_cli(out, sizeof(out), "event", "resend", "--tenant", a.name, ev[0],
+	                        "--endpoint", ep, (char *)NULL),
+	             0, "%s", tstack_cli_stderr());
+	snprintf(want, sizeof(want), "%s\t%s\tpending\t0\t", ep, ev[0]);
+	cr_assert(strncmp(out, want, strlen(want)) == 0, "%s", out);
+	cr_assert_str_eq(
+	    delivery_row(ep, ev[0]),
+	    tstack_text("SELECT concat_ws(',', 'pending', 0, 'manual', d.next_attempt_at,"
+	                " d.updated_at) FROM deliveries d JOIN outbox o"
+	                " ON o.id = d.outbox_id WHERE o.event_id = $1"
+	                " AND d.endpoint_id = $2",
+	                ev[0], ep));
+
+	cr_assert_eq(tstack_cli(out, sizeof(out), "event", "resend", "--tenant", a.name, ev[0],
+	                        "--endpoint", other, (char *)NULL),
+	             65);
+	cr_assert_not_null(strstr(tstack_cli_stderr(), "state-conflict"), "%s",
+	                   tstack_cli_stderr());
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "recover", "--tenant", "no-such", ep,
+	                        "--since", "2000-01-01T00:00:00Z", (char *)NULL),
+	             65);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "recover", "--tenant", a.name,
+	                        "01890000-0000-7000-8000-000000000000", "--since",
+	                        "2000-01-01T00:00:00Z", (char *)NULL),
+	             65);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "recover", "--tenant", a.name, ep,
+	                        "--since", "not-a-time", (char *)NULL),
+	             64, "%s", tstack_cli_stderr());
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "recover", "--tenant", a.name, ep,
+	                        "--since", "2000-01-01T00:00:00Z", "--state", "pending",
+	                        (char *)NULL),
+	             64);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "recover", "--tenant", a.name, ep,
+	                        (char *)NULL),
+	             64);
+}
