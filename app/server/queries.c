@@ -299,7 +299,8 @@ const struct db_stmt queries[Q__COUNT] = {
 	 * no index on (tenant_id, id) to keep up on every create); the
 	 * tenant's rows among them paged as Q_WF_EVENTS. When the scan used
 	 * up its $5 rows, a last row (the last id read, NULL) says where the
-	 * next page starts, even when no event of the tenant was among them.
+	 * next page starts, even when no event of the tenant was among them;
+	 * its NULL payload sorts it after an event of the same id.
 	 * The operational events (endpoint.*, delivery.*) are the
 	 * operator's, as in the outbox_deliveries trigger. */
 	[Q_EVENTS_FEED] = { "events_feed", EVENTS_FEED__N,
@@ -329,7 +330,7 @@ const struct db_stmt queries[Q__COUNT] = {
 	                    "SELECT max(id), NULL, true, NULL\n"
 	                    "  FROM s\n"
 	                    "HAVING count(*) = $5::bigint\n"
-	                    " ORDER BY 1\n" },
+	                    " ORDER BY 1, 2\n" },
 	/* One event's deliveries: one primary key probe per endpoint of the
 	 * tenant, in endpoint id order (deliveries have no index by event). */
 	[Q_EVENT_DELIVERIES] = { "event_deliveries", EVENT_DELIVERIES__N,

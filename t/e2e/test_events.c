@@ -233,6 +233,43 @@ Test(feed, a_page_behind_other_tenants_rows_has_a_cursor)
 	http_response_free(r);
 }
 
+/*
+ * The 10000th row a page reads is the tenant's own event: it is shown,
+ * once, as an event, and the next page starts after it (the scan's own
+ * last row has the same id and must come after the event's).
+ */
+Test(feed, the_scans_last_row_is_the_tenants_event)
+{
+	struct tstack_tenant a, b;
+	struct http_response *r;
+	char *wf, *e, *after, *id, path[160];
+
+	tstack_tenant_create(&a, "tie-a");
+	tstack_tenant_create(&b, "tie-b");
+	wf = make_event(&b, "t.bulk");
+	after = tstack_text("SELECT (id - 1)::text FROM outbox WHERE event_id = $1", wf);
+	wf[36] = '\0';
+	tstack_exec(tstack_db(),
+	            "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " SELECT $2 || '.' || g, $1::bigint, $2::uuid, g, 'bulk', '{}'"
+	            "   FROM generate_series(2, 9999) g",
+	            b.id_text, wf);
+	e = make_event(&a, "t.tenth-thousand");
+	id = tstack_text("SELECT id::text FROM outbox WHERE event_id = $1", e);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE id > $1::bigint"
+	                          " AND id <= $2::bigint",
+	                          after, id),
+	             10000);
+
+	snprintf(path, sizeof(path), "/v1/events?after=%s", after);
+	r = tstack_get(&a, path_of(path));
+	tstack_expect_status(r, 200);
+	cr_assert_eq(items(r->body, "events"), 1, "%s", r->body);
+	cr_assert_str_eq(tstack_json(r->body, "{events,0,id}"), e);
+	cr_assert_str_eq(tstack_json(r->body, "{next_cursor}"), id, "%s", r->body);
+	http_response_free(r);
+}
+
 /* --- Deliveries and the ledger ----------------------------------------- */
 
 /* An event's deliveries: one per matching endpoint, none for one whose
