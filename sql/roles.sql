@@ -168,4 +168,11 @@ GRANT UPDATE (state, attempts, next_attempt_at, trigger, lease_owner, lease_unti
               last_error, updated_at) ON deliveries TO idemflow_dispatcher;
 GRANT INSERT ON delivery_attempts TO idemflow_dispatcher;
 
+-- Recover and resend (sql/023_recover.sql): the server's routes and the
+-- CLI's "endpoint recover" and "event resend" set deliveries pending
+-- again, each in one UPDATE.
+GRANT UPDATE (state, attempts, next_attempt_at, trigger, lease_owner, lease_until,
+              updated_at) ON deliveries TO idemflow_server, idemflow_maintenance;
+GRANT SELECT ON deliveries TO idemflow_maintenance;
+
 COMMIT;

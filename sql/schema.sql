@@ -139,6 +139,33 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_endpoint_recover(p_tenant bigint, p_endpoint uuid, p_since timestamp with time zone, p_until timestamp with time zone, p_types text[], p_states text[]) RETURNS TABLE(problem text, detail text, recovered bigint)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM 1 FROM endpoints WHERE tenant_id = p_tenant AND id = p_endpoint;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not-found', 'no such endpoint', NULL::bigint;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH u AS (
+        UPDATE deliveries d
+           SET state = 'pending', attempts = 0, next_attempt_at = now(),
+               trigger = 'recover', lease_owner = NULL, lease_until = NULL,
+               updated_at = now()
+          FROM outbox o
+         WHERE d.tenant_id = p_tenant AND d.endpoint_id = p_endpoint
+           AND d.state = ANY (p_states)
+           AND o.id = d.outbox_id
+           AND o.created_at >= p_since AND o.created_at < p_until
+           AND idemflow_type_matches(p_types, o.type)
+        RETURNING 1
+    )
+    SELECT NULL::text, NULL::text, count(*) FROM u;
+END
+$$;
+
 CREATE FUNCTION public.idemflow_enter_step(p_tenant bigint, p_wf uuid, p_step integer) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -263,6 +290,43 @@ BEGIN
                                WHERE tenant_id = p_tenant AND workflow_id = p_wf
                                  AND dead_at IS NOT NULL)
                  THEN 'infinity'::timestamptz ELSE now() END);
+END
+$$;
+
+CREATE FUNCTION public.idemflow_event_resend(p_tenant bigint, p_event text, p_endpoint uuid) RETURNS TABLE(problem text, detail text, endpoint_id uuid, event_id text, state text, attempts integer, next_attempt_at timestamp with time zone, last_error text, updated_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ev outbox%ROWTYPE;
+BEGIN
+    SELECT * INTO ev FROM outbox o WHERE o.event_id = p_event AND o.tenant_id = p_tenant;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not-found', 'no such event', NULL::uuid, NULL::text, NULL::text,
+                            NULL::integer, NULL::timestamptz, NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM endpoints e WHERE e.tenant_id = p_tenant AND e.id = p_endpoint;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not-found', 'no such endpoint', NULL::uuid, NULL::text, NULL::text,
+                            NULL::integer, NULL::timestamptz, NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE deliveries d
+       SET state = 'pending', attempts = 0, next_attempt_at = now(), trigger = 'manual',
+           lease_owner = NULL, lease_until = NULL, updated_at = now()
+     WHERE d.tenant_id = p_tenant AND d.endpoint_id = p_endpoint
+       AND d.workflow_id = ev.workflow_id AND d.seq = ev.seq
+    RETURNING NULL::text, NULL::text, d.endpoint_id, ev.event_id, d.state, d.attempts,
+              d.next_attempt_at, d.last_error, d.updated_at;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'state-conflict',
+                            format('event %s has no delivery to endpoint %s: it was written '
+                                   'before the endpoint existed, or the endpoint''s '
+                                   'filter_types do not pass its type', p_event, p_endpoint),
+                            NULL::uuid, NULL::text, NULL::text, NULL::integer,
+                            NULL::timestamptz, NULL::text, NULL::timestamptz;
+    END IF;
 END
 $$;
 

@@ -1,6 +1,6 @@
 /*
  * cli.h - the admin CLI's nouns (migrate, tenant, token, outbox, prune,
- * reap, debug, audit) and the little they share: the usage text, how an error
+ * reap, debug, audit, endpoint, event) and the little they share: the usage text, how an error
  * becomes an exit code and a line on stderr, and how a result set is
  * printed. main.c parses the global options, connects and calls one noun.
  *
@@ -42,6 +42,10 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 int cli_reap(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* debug.c: idempotency-check. */
 int cli_debug(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
+/* endpoint.c: recover (a tenant endpoint's dead and skipped deliveries). */
+int cli_endpoint(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
+/* endpoint.c: resend (one event to one endpoint). */
+int cli_event(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* audit.c: the invariants checked on the stored data; EX_DATAERR when one
  * is broken. Only reads. */
 int cli_audit(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;

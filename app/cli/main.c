@@ -1,7 +1,7 @@
 /*
  * idemflow - the admin CLI: migrations, tenants, API tokens, the outbox,
- * retention (prune, reap), idempotency debugging and the audit of the
- * stored data's invariants. This file reads the
+ * retention (prune, reap), idempotency debugging, the audit of the
+ * stored data's invariants, and recover and resend of deliveries. This file reads the
  * global options and the command, connects and hands over to the noun's
  * file (cli.h); what each command does is there.
  *
@@ -27,7 +27,8 @@ static const struct {
 } nouns[] = {
 	{ "migrate", cli_migrate }, { "tenant", cli_tenant }, { "token", cli_token },
 	{ "outbox", cli_outbox },   { "prune", cli_prune },   { "reap", cli_reap },
-	{ "debug", cli_debug },     { "audit", cli_audit },
+	{ "debug", cli_debug },     { "audit", cli_audit },   { "endpoint", cli_endpoint },
+	{ "event", cli_event },
 };
 
 static void quiet_notices(void *arg, const char *msg)

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "server/auth.h"
+#include "server/events.h"
 #include "server/jobs.h"
 #include "server/messages.h"
 #include "server/ops.h"
@@ -87,6 +88,13 @@ static const struct {
 	{ ROUTE_MESSAGES, "POST", TOKEN_KEY, wf_publish, NULL },
 	/* The contract itself: public, like the documentation it is. */
 	{ ROUTE_OPENAPI, "GET", OPEN, ops_openapi, NULL },
+	/* The event feed, deliveries, the attempt ledger (events.h). */
+	{ ROUTE_EVENTS, "GET", TOKEN, events_feed, NULL },
+	{ ROUTE_EVENT_DELIVERIES, "GET", TOKEN, NULL, events_deliveries },
+	{ ROUTE_EVENT_RESEND, "POST", TOKEN_KEY, NULL, events_resend },
+	{ ROUTE_ENDPOINT_ATTEMPTS, "GET", TOKEN, NULL, events_attempts },
+	{ ROUTE_ENDPOINT_UNDELIVERED, "GET", TOKEN, NULL, events_undelivered },
+	{ ROUTE_ENDPOINT_RECOVER, "POST", TOKEN_KEY, NULL, events_recover },
 };
 #define NTABLE (sizeof(table) / sizeof(table[0]))
 

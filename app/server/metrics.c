@@ -390,6 +390,29 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	buf_printf(out, "idemflow_workflows_incident %ld\n", ob->incidents);
 }
 
+void metrics_render_deliveries(struct buf *out, const struct metrics_deliveries *md)
+{
+	long rest = md->pending;
+
+	help(out, "idemflow_endpoints_disabled", "gauge",
+	     "Tenant endpoints disabled, by hand or for failing; their new deliveries are "
+	     "kept as skipped.");
+	buf_printf(out, "idemflow_endpoints_disabled %ld\n", md->disabled);
+	help(out, "idemflow_endpoint_deliveries_pending", "gauge",
+	     "Pending deliveries of the endpoints with the most (at most 10 lines), the "
+	     "rest summed in endpoint=\"other\".");
+	for (int i = 0; i < md->n; i++) {
+		buf_printf(out,
+		           "idemflow_endpoint_deliveries_pending{tenant=\"%ld\",endpoint=\"%s\"} "
+		           "%ld\n",
+		           md->top[i].tenant, md->top[i].endpoint, md->top[i].pending);
+		rest -= md->top[i].pending;
+	}
+	buf_printf(
+	    out, "idemflow_endpoint_deliveries_pending{tenant=\"other\",endpoint=\"other\"} %ld\n",
+	    rest);
+}
+
 /* --- Access ------------------------------------------------------------ */
 
 struct net {

@@ -82,6 +82,26 @@ struct metrics_outbox {
 	long incidents;           /* workflows parked in incident */
 };
 
+/* Endpoints with a line of their own in
+ * idemflow_endpoint_deliveries_pending: the most pending first; the rest
+ * are summed in one line endpoint="other". */
+#define METRICS_ENDPOINTS_TOP 10
+
+/* The tenants' endpoints, as one /metrics statement reads them. */
+struct metrics_deliveries {
+	long disabled; /* endpoints disabled (by hand or for failing) */
+	long pending;  /* pending deliveries, every endpoint */
+	int n;         /* entries of top */
+	struct {
+		long tenant;
+		char endpoint[40];
+		long pending;
+	} top[METRICS_ENDPOINTS_TOP];
+};
+
+/* Append the endpoints' gauges of md to out (after metrics_render()). */
+void metrics_render_deliveries(struct buf *out, const struct metrics_deliveries *md);
+
 /*
  * Append the exposition (Prometheus text format 0.0.4) of the summed
  * counters, the pool's figures from the scoreboard (scoreboard.h) and the

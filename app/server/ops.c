@@ -258,13 +258,35 @@ static int operator_allowed(struct handler_ctx *ctx, struct http_req *req, struc
 	return 1;
 }
 
+/* Q_METRICS_DELIVERIES's rows into md: 1, or 0 when they are not its. */
+static int deliveries_read(const PGresult *res, struct metrics_deliveries *md)
+{
+	int n = PQntuples(res);
+
+	if (n < 1 || n > METRICS_ENDPOINTS_TOP + 1)
+		return 0;
+	md->disabled = atol(PQgetvalue(res, 0, 1));
+	md->pending = atol(PQgetvalue(res, 0, 2));
+	md->n = n - 1;
+	for (int i = 1; i < n; i++) {
+		md->top[i - 1].tenant = atol(PQgetvalue(res, i, 3));
+		snprintf(md->top[i - 1].endpoint, sizeof(md->top[i - 1].endpoint), "%s",
+		         PQgetvalue(res, i, 4));
+		md->top[i - 1].pending = atol(PQgetvalue(res, i, 2));
+	}
+	return 1;
+}
+
 /* For the operator's scraper, not for tenants. */
 void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	struct metrics_outbox ob;
+	struct metrics_deliveries md;
+	char top[8];
+	const char *tp[METRICS_DELIVERIES__N] = { [METRICS_DELIVERIES_TOP] = top };
 	struct err e;
 	PGresult *res;
-	int db_ok;
+	int db_ok, md_ok = 0;
 
 	if (!operator_allowed(ctx, req, resp, "/metrics"))
 		return;
@@ -280,6 +302,10 @@ void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 		ob.jobs_leases_expired = atol(PQgetvalue(res, 0, 5));
 		ob.incidents = atol(PQgetvalue(res, 0, 6));
 		PQclear(res);
+		snprintf(top, sizeof(top), "%d", METRICS_ENDPOINTS_TOP);
+		res = db_run(ctx->db, Q_METRICS_DELIVERIES, METRICS_DELIVERIES__N, tp, &e);
+		md_ok = res != NULL && deliveries_read(res, &md);
+		PQclear(res);
 	} else {
 		ctx->err = e; /* for the request's log line */
 	}
@@ -288,6 +314,8 @@ void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 	resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
 	buf_reset(&resp->body);
 	metrics_render(&resp->body, db_ok ? &ob : NULL);
+	if (md_ok)
+		metrics_render_deliveries(&resp->body, &md);
 	if (resp->body.oom) {
 		err_set(&e, ERR_INTERNAL, "out of memory");
 		handler_db_error(ctx, resp, req, &e);

@@ -54,6 +54,13 @@ void page_answer(struct handler_ctx *ctx, const struct http_req *req, struct htt
                  const char *name, const PGresult *res, int n, long limit, int within_col,
                  page_item_fn item)
 {
+	page_answer_from(ctx, req, resp, name, res, n, limit, within_col, item, NULL);
+}
+
+void page_answer_from(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                      const char *name, const PGresult *res, int n, long limit, int within_col,
+                      page_item_fn item, const char *resume)
+{
 	const size_t cap = (size_t)ctx->conf->max_answer;
 	struct buf *b = &resp->body;
 	int shown = 0;
@@ -76,6 +83,8 @@ void page_answer(struct handler_ctx *ctx, const struct http_req *req, struct htt
 	}
 	if (shown < n)
 		buf_printf(b, "],\"next_cursor\":\"%s\"}", PQgetvalue(res, shown - 1, 0));
+	else if (resume != NULL)
+		buf_printf(b, "],\"next_cursor\":\"%s\"}", resume);
 	else
 		buf_puts(b, "],\"next_cursor\":null}");
 	if (b->oom) {

@@ -44,4 +44,11 @@ void page_answer(struct handler_ctx *ctx, const struct http_req *req, struct htt
                  const char *name, const PGresult *res, int n, long limit, int within_col,
                  page_item_fn item);
 
+/* page_answer(), and when every row is shown, next_cursor resume instead
+ * of null unless resume is NULL: the query stopped before the end of what
+ * it reads (the event feed's scan, events.c). resume borrowed. */
+void page_answer_from(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                      const char *name, const PGresult *res, int n, long limit, int within_col,
+                      page_item_fn item, const char *resume);
+
 #endif

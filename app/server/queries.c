@@ -293,6 +293,167 @@ const struct db_stmt queries[Q__COUNT] = {
 	                        "  FROM idemflow_message_publish(\n"
 	                        "       $1, $2, $3, $4, $5::interval, $6,\n"
 	                        "       $7::bigint * interval '1 millisecond')\n" },
+
+	/* The event feed (events.c): the outbox's ids in order, at most $5
+	 * rows of every tenant read per page (only their ids and tenants:
+	 * no index on (tenant_id, id) to keep up on every create); the
+	 * tenant's rows among them paged as Q_WF_EVENTS. When the scan used
+	 * up its $5 rows, a last row (the last id read, NULL) says where the
+	 * next page starts, even when no event of the tenant was among them;
+	 * its NULL payload sorts it after an event of the same id.
+	 * The operational events (endpoint.*, delivery.*) are the
+	 * operator's, as in the outbox_deliveries trigger. */
+	[Q_EVENTS_FEED] = { "events_feed", EVENTS_FEED__N,
+	                    "WITH s AS MATERIALIZED (\n"
+	                    "  SELECT id, tenant_id\n"
+	                    "    FROM outbox\n"
+	                    "   WHERE id > $2\n"
+	                    "   ORDER BY id\n"
+	                    "   LIMIT $5\n"
+	                    ")\n"
+	                    "SELECT id, payload, within, actor\n"
+	                    "  FROM (SELECT id, payload, actor, start < $4::bigint AS within,\n"
+	                    "               lag(start, 1, 0::bigint) OVER (ORDER BY id) AS prev\n"
+	                    "          FROM (SELECT id, payload, actor,\n"
+	                    "                       sum(octet_length(payload)::bigint) OVER (ORDER BY id)\n"
+	                    "                       - octet_length(payload) AS start\n"
+	                    "                  FROM (SELECT o.id, o.payload, o.actor\n"
+	                    "                          FROM s\n"
+	                    "                          JOIN outbox o ON o.id = s.id\n"
+	                    "                         WHERE s.tenant_id = $1\n"
+	                    "                           AND o.type NOT LIKE 'endpoint.%'\n"
+	                    "                           AND o.type NOT LIKE 'delivery.%'\n"
+	                    "                         ORDER BY s.id\n"
+	                    "                         LIMIT $3) l) t) f\n"
+	                    " WHERE prev < $4::bigint\n"
+	                    " UNION ALL\n"
+	                    "SELECT max(id), NULL, true, NULL\n"
+	                    "  FROM s\n"
+	                    "HAVING count(*) = $5::bigint\n"
+	                    " ORDER BY 1, 2\n" },
+	/* One event's deliveries: one primary key probe per endpoint of the
+	 * tenant, in endpoint id order (deliveries have no index by event). */
+	[Q_EVENT_DELIVERIES] = { "event_deliveries", EVENT_DELIVERIES__N,
+	                         "SELECT x.endpoint_id, o.event_id, x.state, x.attempts,\n"
+	                         "       " TS_UTC(
+	                             "x.next_attempt_at") ", x.last_error,\n"
+	                                                  "       " TS_UTC(
+	                                                      "x.updated_at") ", x.within\n"
+	                                                                      "  FROM outbox o\n"
+	                                                                      "  LEFT JOIN LATERAL (\n"
+	                                                                      "       SELECT t.*, start < $5::bigint AS within\n"
+	                                                                      "         FROM (SELECT l.*,\n"
+	                                                                      "                      lag(start, 1, 0::bigint) OVER (ORDER BY endpoint_id)\n"
+	                                                                      "                          AS prev\n"
+	                                                                      "                 FROM (SELECT d.endpoint_id, d.state, d.attempts,\n"
+	                                                                      "                              d.next_attempt_at, d.last_error, d.updated_at,\n"
+	                                                                      "                              sum(200 + octet_length(coalesce(d.last_error, ''))::bigint)\n"
+	                                                                      "                                  OVER (ORDER BY d.endpoint_id)\n"
+	                                                                      "                              - 200 - octet_length(coalesce(d.last_error, ''))\n"
+	                                                                      "                                  AS start\n"
+	                                                                      "                         FROM (SELECT e.id\n"
+	                                                                      "                                 FROM endpoints e\n"
+	                                                                      "                                WHERE e.tenant_id = o.tenant_id\n"
+	                                                                      "                                  AND ($3::uuid IS NULL OR e.id > $3)\n"
+	                                                                      "                                ORDER BY e.id) e\n"
+	                                                                      "                         JOIN deliveries d\n"
+	                                                                      "                           ON d.tenant_id = o.tenant_id AND d.endpoint_id = e.id\n"
+	                                                                      "                          AND d.workflow_id = o.workflow_id AND d.seq = o.seq\n"
+	                                                                      "                        ORDER BY d.endpoint_id\n"
+	                                                                      "                        LIMIT $4) l) t\n"
+	                                                                      "        WHERE prev < $5::bigint) x ON true\n"
+	                                                                      " WHERE o.event_id = $2 AND o.tenant_id = $1\n"
+	                                                                      " ORDER BY x.endpoint_id\n" },
+	/* One endpoint's attempts, newest first, backwards along the ledger's
+	 * primary key; a filter is applied to the rows as they are read. */
+	[Q_ENDPOINT_ATTEMPTS] = { "endpoint_attempts", ENDPOINT_ATTEMPTS__N,
+	                          "SELECT x.id, x.event_id, x.trigger, " TS_UTC(
+	                              "x.started_at") ",\n"
+	                                              "       x.duration_ms, x.status, x.outcome, x.response, x.within\n"
+	                                              "  FROM endpoints e\n"
+	                                              "  LEFT JOIN LATERAL (\n"
+	                                              "       SELECT t.*, start < $7::bigint AS within\n"
+	                                              "         FROM (SELECT l.*,\n"
+	                                              "                      lag(start, 1, 0::bigint) OVER (ORDER BY id DESC)\n"
+	                                              "                          AS prev\n"
+	                                              "                 FROM (SELECT a.id, a.event_id, a.trigger, a.started_at,\n"
+	                                              "                              a.duration_ms, a.status, a.outcome, a.response,\n"
+	                                              "                              sum(300 + octet_length(a.response)::bigint)\n"
+	                                              "                                  OVER (ORDER BY a.id DESC)\n"
+	                                              "                              - 300 - octet_length(a.response) AS start\n"
+	                                              "                         FROM delivery_attempts a\n"
+	                                              "                        WHERE a.tenant_id = e.tenant_id AND a.endpoint_id = e.id\n"
+	                                              "                          AND ($3::bigint IS NULL OR a.id < $3)\n"
+	                                              "                          AND ($4::text IS NULL\n"
+	                                              "                               OR ($4 = 'succeeded') = (a.outcome = 'succeeded'))\n"
+	                                              "                          AND ($5::integer IS NULL OR a.status = $5)\n"
+	                                              "                        ORDER BY a.id DESC\n"
+	                                              "                        LIMIT $6) l) t\n"
+	                                              "        WHERE prev < $7::bigint) x ON true\n"
+	                                              " WHERE e.tenant_id = $1 AND e.id = $2\n"
+	                                              " ORDER BY x.id DESC\n" },
+	/* One endpoint's deliveries in the given states, along the
+	 * deliveries' primary key (the event's stream and seq). */
+	[Q_ENDPOINT_UNDELIVERED] = { "endpoint_undelivered", ENDPOINT_UNDELIVERED__N,
+	                             "SELECT x.event_id, x.endpoint_id, x.state, x.attempts,\n"
+	                             "       " TS_UTC(
+	                                 "x.next_attempt_at") ", x.last_error,\n"
+	                                                      "       " TS_UTC(
+	                                                          "x.updated_at") ", x.within\n"
+	                                                                          "  FROM endpoints e\n"
+	                                                                          "  LEFT JOIN LATERAL (\n"
+	                                                                          "       SELECT t.*, start < $7::bigint AS within\n"
+	                                                                          "         FROM (SELECT l.*,\n"
+	                                                                          "                      lag(start, 1, 0::bigint)\n"
+	                                                                          "                          OVER (ORDER BY workflow_id, seq) AS prev\n"
+	                                                                          "                 FROM (SELECT d.workflow_id, d.seq,\n"
+	                                                                          "                              d.workflow_id || '.' || d.seq AS event_id,\n"
+	                                                                          "                              d.endpoint_id, d.state, d.attempts,\n"
+	                                                                          "                              d.next_attempt_at, d.last_error, d.updated_at,\n"
+	                                                                          "                              sum(200 + octet_length(coalesce(d.last_error, ''))::bigint)\n"
+	                                                                          "                                  OVER (ORDER BY d.workflow_id, d.seq)\n"
+	                                                                          "                              - 200 - octet_length(coalesce(d.last_error, ''))\n"
+	                                                                          "                                  AS start\n"
+	                                                                          "                         FROM deliveries d\n"
+	                                                                          "                        WHERE d.tenant_id = e.tenant_id AND d.endpoint_id = e.id\n"
+	                                                                          "                          AND d.state = ANY ($5::text[])\n"
+	                                                                          "                          AND ($3::uuid IS NULL\n"
+	                                                                          "                               OR (d.workflow_id, d.seq) > ($3::uuid, $4::integer))\n"
+	                                                                          "                        ORDER BY d.workflow_id, d.seq\n"
+	                                                                          "                        LIMIT $6) l) t\n"
+	                                                                          "        WHERE prev < $7::bigint) x ON true\n"
+	                                                                          " WHERE e.tenant_id = $1 AND e.id = $2\n"
+	                                                                          " ORDER BY x.workflow_id, x.seq\n" },
+	/* Recover and resend (sql/023_recover.sql). */
+	[Q_ENDPOINT_RECOVER] = { "endpoint_recover", ENDPOINT_RECOVER__N,
+	                         "SELECT *\n"
+	                         "  FROM idemflow_endpoint_recover($1, $2, $3::timestamptz,\n"
+	                         "                                 coalesce($4::timestamptz, now()),\n"
+	                         "                                 $5::text[], $6::text[])\n" },
+	[Q_EVENT_RESEND] = { "event_resend", EVENT_RESEND__N,
+	                     "SELECT problem, detail, endpoint_id, event_id, state, attempts,\n"
+	                     "       " TS_UTC("next_attempt_at") ", last_error, " TS_UTC(
+	                         "updated_at") "\n"
+	                                       "  FROM idemflow_event_resend($1, $2, $3)\n" },
+	/* GET /metrics: the disabled endpoints (endpoints are few), and the
+	 * pending deliveries (the rows of the partial index deliveries_due)
+	 * in total and of the $1 endpoints with the most: a bounded number of
+	 * label values however many endpoints there are. The first row has
+	 * the totals, the others one endpoint each. */
+	[Q_METRICS_DELIVERIES] = { "metrics_deliveries", METRICS_DELIVERIES__N,
+	                           "SELECT 0 AS k, (SELECT count(*) FROM endpoints WHERE disabled),\n"
+	                           "       count(*), NULL::bigint, NULL::uuid\n"
+	                           "  FROM deliveries\n"
+	                           " WHERE state = 'pending'\n"
+	                           " UNION ALL\n"
+	                           "SELECT 1, NULL, n, tenant_id, endpoint_id\n"
+	                           "  FROM (SELECT tenant_id, endpoint_id, count(*) AS n\n"
+	                           "          FROM deliveries\n"
+	                           "         WHERE state = 'pending'\n"
+	                           "         GROUP BY tenant_id, endpoint_id\n"
+	                           "         ORDER BY n DESC, tenant_id, endpoint_id\n"
+	                           "         LIMIT $1) t\n"
+	                           " ORDER BY k, 3 DESC, 4, 5\n" },
 };
 
 int queries_check(struct err *e)

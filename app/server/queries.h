@@ -114,6 +114,32 @@ enum query_id {
 	Q_TRACE_SET,
 	/* -> (problem, detail, outcome, workflow_id, step, expires_at) */
 	Q_MESSAGE_PUBLISH,
+	/* The event feed, deliveries and the attempt ledger (events.c). */
+	/* -> (id, payload, within, actor) rows of the tenant's events, then
+	 * one row (id, NULL, true, NULL) when the scan stopped at
+	 * EVENTS_SCAN_PARAM outbox rows: where the next page starts */
+	Q_EVENTS_FEED,
+	/* -> (endpoint_id, event_id, state, attempts, next_attempt_at,
+	 * last_error, updated_at, within) rows in endpoint id order, one row
+	 * of NULLs when there are none, no row when the event does not exist */
+	Q_EVENT_DELIVERIES,
+	/* -> (id, event_id, trigger, started_at, duration_ms, status,
+	 * outcome, response, within) rows newest first, one row of NULLs
+	 * when there are none, no row when the endpoint does not exist */
+	Q_ENDPOINT_ATTEMPTS,
+	/* -> (event_id, endpoint_id, state, attempts, next_attempt_at,
+	 * last_error, updated_at, within) rows in event stream order, as
+	 * Q_ENDPOINT_ATTEMPTS for none or no endpoint */
+	Q_ENDPOINT_UNDELIVERED,
+	/* -> (problem, detail, recovered) */
+	Q_ENDPOINT_RECOVER,
+	/* -> (problem, detail, endpoint_id, event_id, state, attempts,
+	 * next_attempt_at, last_error, updated_at) */
+	Q_EVENT_RESEND,
+	/* GET /metrics -> (disabled endpoints, pending deliveries) and
+	 * (tenant, endpoint, pending) rows of the METRICS_TOP endpoints with
+	 * the most pending deliveries (the first row's endpoint NULL) */
+	Q_METRICS_DELIVERIES,
 	Q__COUNT
 };
 
@@ -336,6 +362,74 @@ enum wf_resume_param {
 	WF_RESUME_RETRIES, /* or NULL: the step's own */
 	WF_RESUME__N
 };
+
+/* Q_EVENTS_FEED: the tenant's events after outbox id EVENTS_FEED_AFTER,
+ * reading at most EVENTS_FEED_SCAN outbox rows of every tenant; pages as
+ * Q_WF_EVENTS. */
+enum events_feed_param {
+	EVENTS_FEED_TENANT,
+	EVENTS_FEED_AFTER,
+	EVENTS_FEED_LIMIT,
+	EVENTS_FEED_BUDGET,
+	EVENTS_FEED_SCAN,
+	EVENTS_FEED__N
+};
+
+/* Q_EVENT_DELIVERIES: pages as Q_WF_EVENTS. */
+enum event_deliveries_param {
+	EVENT_DELIVERIES_TENANT,
+	EVENT_DELIVERIES_EVENT,
+	EVENT_DELIVERIES_AFTER, /* an endpoint id, or NULL */
+	EVENT_DELIVERIES_LIMIT,
+	EVENT_DELIVERIES_BUDGET,
+	EVENT_DELIVERIES__N
+};
+
+/* Q_ENDPOINT_ATTEMPTS: pages as Q_WF_EVENTS. */
+enum endpoint_attempts_param {
+	ENDPOINT_ATTEMPTS_TENANT,
+	ENDPOINT_ATTEMPTS_ENDPOINT,
+	ENDPOINT_ATTEMPTS_BEFORE,  /* an attempt id, or NULL */
+	ENDPOINT_ATTEMPTS_OUTCOME, /* 'succeeded', 'failed' or NULL */
+	ENDPOINT_ATTEMPTS_STATUS,  /* an HTTP status, or NULL */
+	ENDPOINT_ATTEMPTS_LIMIT,
+	ENDPOINT_ATTEMPTS_BUDGET,
+	ENDPOINT_ATTEMPTS__N
+};
+
+/* Q_ENDPOINT_UNDELIVERED: pages as Q_WF_EVENTS. */
+enum endpoint_undelivered_param {
+	ENDPOINT_UNDELIVERED_TENANT,
+	ENDPOINT_UNDELIVERED_ENDPOINT,
+	ENDPOINT_UNDELIVERED_AFTER_STREAM, /* the cursor's stream uuid, or NULL */
+	ENDPOINT_UNDELIVERED_AFTER_SEQ,    /* and its seq */
+	ENDPOINT_UNDELIVERED_STATES,       /* text[] of pending, dead, skipped */
+	ENDPOINT_UNDELIVERED_LIMIT,
+	ENDPOINT_UNDELIVERED_BUDGET,
+	ENDPOINT_UNDELIVERED__N
+};
+
+/* Q_ENDPOINT_RECOVER */
+enum endpoint_recover_param {
+	ENDPOINT_RECOVER_TENANT,
+	ENDPOINT_RECOVER_ENDPOINT,
+	ENDPOINT_RECOVER_SINCE, /* timestamptz */
+	ENDPOINT_RECOVER_UNTIL, /* timestamptz, or NULL for now */
+	ENDPOINT_RECOVER_TYPES, /* text[], or NULL for every type */
+	ENDPOINT_RECOVER_STATES,
+	ENDPOINT_RECOVER__N
+};
+
+/* Q_EVENT_RESEND */
+enum event_resend_param {
+	EVENT_RESEND_TENANT,
+	EVENT_RESEND_EVENT,
+	EVENT_RESEND_ENDPOINT,
+	EVENT_RESEND__N
+};
+
+/* Q_METRICS_DELIVERIES */
+enum metrics_deliveries_param { METRICS_DELIVERIES_TOP, METRICS_DELIVERIES__N };
 
 /*
  * The key row: what Q_AUTH_KEY, Q_CREATE_KEYED and Q_KEY_GET return for a

@@ -23,6 +23,12 @@ static const struct {
 	[ROUTE_WF_RESUME] = { "/v1/workflows/{id}/resume", 1 },
 	[ROUTE_MESSAGES] = { "/v1/messages", 1 },
 	[ROUTE_OPENAPI] = { "/v1/openapi.json", 0 },
+	[ROUTE_EVENTS] = { "/v1/events", 0 },
+	[ROUTE_EVENT_DELIVERIES] = { "/v1/events/{id}/deliveries", 0 },
+	[ROUTE_EVENT_RESEND] = { "/v1/events/{id}/resend", 1 },
+	[ROUTE_ENDPOINT_ATTEMPTS] = { "/v1/endpoints/{id}/attempts", 0 },
+	[ROUTE_ENDPOINT_UNDELIVERED] = { "/v1/endpoints/{id}/undelivered", 0 },
+	[ROUTE_ENDPOINT_RECOVER] = { "/v1/endpoints/{id}/recover", 1 },
 	[ROUTE_OTHER] = { "other", 0 },
 };
 

@@ -30,7 +30,14 @@ enum route {
 	ROUTE_WF_RESUME,      /* /v1/workflows/{id}/resume */
 	ROUTE_MESSAGES,       /* /v1/messages */
 	ROUTE_OPENAPI,        /* /v1/openapi.json */
-	ROUTE_OTHER,          /* no template matched (404s) */
+	/* The event feed, deliveries and the attempt ledger (events.h). */
+	ROUTE_EVENTS,               /* /v1/events */
+	ROUTE_EVENT_DELIVERIES,     /* /v1/events/{id}/deliveries */
+	ROUTE_EVENT_RESEND,         /* /v1/events/{id}/resend */
+	ROUTE_ENDPOINT_ATTEMPTS,    /* /v1/endpoints/{id}/attempts */
+	ROUTE_ENDPOINT_UNDELIVERED, /* /v1/endpoints/{id}/undelivered */
+	ROUTE_ENDPOINT_RECOVER,     /* /v1/endpoints/{id}/recover */
+	ROUTE_OTHER,                /* no template matched (404s) */
 	ROUTE__COUNT
 };
 

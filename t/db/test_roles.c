@@ -747,6 +747,50 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 	                          t.id_text),
 	             0);
 
+	/* The event routes (app/server/events.c) as the server, recover and
+	 * resend as the CLI (maintenance): an endpoint of the tenant's with
+	 * a dead delivery and an attempt. */
+	char ep[37], *fan, ev[48], body[96];
+	tstack_uuid(ep);
+	tstack_exec(tstack_db(),
+	            "INSERT INTO endpoints (tenant_id, id, url, secret) VALUES ($1, $2,"
+	            " 'http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')",
+	            t.id_text, ep);
+	fan = create_as_server(&t, "{\"type\":\"fan\"}");
+	snprintf(ev, sizeof(ev), "%s.1", fan);
+	tstack_exec(tstack_db(), "UPDATE deliveries SET state = 'dead' WHERE endpoint_id = $1", ep);
+	tstack_exec(
+	    tstack_db(),
+	    "INSERT INTO delivery_attempts (tenant_id, endpoint_id, workflow_id, seq, event_id,"
+	    " trigger, started_at, duration_ms, status, outcome) VALUES ($1, $2, $3, 1, $4,"
+	    " 'scheduled', now(), 1, 500, 'http')",
+	    t.id_text, ep, fan, ev);
+	expect_status(req("GET", "/v1/events", t.auth, NULL, NULL), 200, "the event feed");
+	snprintf(path, sizeof(path), "/v1/events/%s/deliveries", ev);
+	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "an event's deliveries");
+	snprintf(path, sizeof(path), "/v1/endpoints/%s/attempts?status=failed", ep);
+	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "the attempts");
+	snprintf(path, sizeof(path), "/v1/endpoints/%s/undelivered", ep);
+	expect_status(req("GET", path, t.auth, NULL, NULL), 200, "undelivered");
+	snprintf(path, sizeof(path), "/v1/endpoints/%s/recover", ep);
+	tstack_key(key, sizeof(key), "recover");
+	expect_status(req("POST", path, t.auth, key, "{\"since\":\"2000-01-01T00:00:00Z\"}"), 200,
+	              "recover");
+	snprintf(path, sizeof(path), "/v1/events/%s/resend", ev);
+	snprintf(body, sizeof(body), "{\"endpoint_id\":\"%s\"}", ep);
+	tstack_key(key, sizeof(key), "resend");
+	expect_status(req("POST", path, t.auth, key, body), 200, "resend");
+	const char *recover[] = {
+		"endpoint", "recover", "--tenant", t.name, ep, "--since", "2000-01-01T00:00:00Z",
+		NULL
+	};
+	cr_assert_eq(cli_as_maint_args(out, sizeof(out), recover), 0, "recover: %s", out);
+	const char *resend[] = {
+		"event", "resend", "--tenant", t.name, ev, "--endpoint", ep, NULL
+	};
+	cr_assert_eq(cli_as_maint_args(out, sizeof(out), resend), 0, "resend: %s", out);
+	free(fan);
+
 	expect_every_route_served();
 	log = slurp(own.log);
 	cr_assert_null(strstr(log, "permission denied"), "%s", log);

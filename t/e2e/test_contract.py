@@ -807,6 +807,115 @@ def run(c, api):
     if wv["state"] != "compensated":
         fail(f"the saga ended {wv['state']}, not compensated")
 
+    # --- the event feed, deliveries, attempts, recover, resend ------------
+    # (app/server/events.c). The endpoints and the state a dispatcher
+    # leaves are rows of the test's own; they go again at the end.
+    EVS = "/v1/events"
+    EDL = "/v1/events/{id}/deliveries"
+    ERS = "/v1/events/{id}/resend"
+    EAT = "/v1/endpoints/{id}/attempts"
+    EUN = "/v1/endpoints/{id}/undelivered"
+    ERC = "/v1/endpoints/{id}/recover"
+    whsec = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    ep, ep_billing = uid(), uid()
+    psql(f"INSERT INTO endpoints (tenant_id, id, url, secret, filter_types) VALUES"
+         f" ({tenant_id}, '{ep}', 'http://127.0.0.1:9/', '{whsec}', NULL),"
+         f" ({tenant_id}, '{ep_billing}', 'http://127.0.0.1:9/', '{whsec}',"
+         f" ARRAY['billing.*'])")
+    _, _, we = call(WFS, "POST", WFS, 201, token=T, key=uid(), body={"type": "ct-fanout"})
+    ev = f"{we['id']}.1"
+    psql(f"UPDATE deliveries SET state = 'dead', attempts = 3, last_error = 'HTTP 500'"
+         f" WHERE endpoint_id = '{ep}'")
+    psql(f"INSERT INTO delivery_attempts (tenant_id, endpoint_id, workflow_id, seq, event_id,"
+         f" trigger, started_at, duration_ms, status, outcome, response) VALUES"
+         f" ({tenant_id}, '{ep}', '{we['id']}', 1, '{ev}', 'scheduled', now(), 3.5, 500,"
+         f" 'http', 'oops')")
+    _, _, page = call(EVS, "GET", EVS + "?limit=1", 200, token=T)
+    if page["next_cursor"] is None:
+        fail("a feed page of 1 out of several has no next_cursor")
+    call(EVS, "GET", EVS + f"?after={page['next_cursor']}&limit=1000", 200, token=T)
+    call(EVS, "GET", EVS, 401, "unauthorized")
+    call(EVS, "GET", EVS + "?after=x", 422, "invalid-request", token=T)
+    call(EVS, "POST", EVS, 405, "method-not-allowed", token=T, body={})
+    _, _, dl = call(EDL, "GET", f"/v1/events/{ev}/deliveries", 200, token=T)
+    if [d["endpoint_id"] for d in dl["deliveries"]] != [ep]:
+        fail(f"the event's deliveries are {dl}, expected one to {ep}")
+    call(EDL, "GET", f"/v1/events/{ev}/deliveries?after={ep}&limit=5", 200, token=T)
+    call(EDL, "GET", f"/v1/events/{ev}/deliveries", 401, "unauthorized")
+    call(EDL, "GET", f"/v1/events/{ghost}.1/deliveries", 404, "not-found", token=T)
+    call(EDL, "GET", f"/v1/events/{ev}/deliveries?after=x", 422, "invalid-request", token=T)
+    call(EDL, "POST", f"/v1/events/{ev}/deliveries", 405, "method-not-allowed", token=T,
+         body={})
+    _, _, at = call(EAT, "GET", f"/v1/endpoints/{ep}/attempts?status=failed&limit=10", 200,
+                    token=T)
+    if len(at["attempts"]) != 1:
+        fail(f"the endpoint's failed attempts are {at}")
+    call(EAT, "GET", f"/v1/endpoints/{ep}/attempts?status=500&after=999999999", 200, token=T)
+    call(EAT, "GET", f"/v1/endpoints/{ep}/attempts", 401, "unauthorized")
+    call(EAT, "GET", f"/v1/endpoints/{ghost}/attempts", 404, "not-found", token=T)
+    call(EAT, "GET", f"/v1/endpoints/{ep}/attempts?status=bogus", 422, "invalid-request",
+         token=T)
+    call(EAT, "POST", f"/v1/endpoints/{ep}/attempts", 405, "method-not-allowed", token=T,
+         body={})
+    _, _, un = call(EUN, "GET", f"/v1/endpoints/{ep}/undelivered?state=dead", 200, token=T)
+    if [d["event_id"] for d in un["deliveries"]] != [ev]:
+        fail(f"the endpoint's dead deliveries are {un}")
+    call(EUN, "GET", f"/v1/endpoints/{ep}/undelivered?after={ev}&limit=3", 200, token=T)
+    call(EUN, "GET", f"/v1/endpoints/{ep}/undelivered", 401, "unauthorized")
+    call(EUN, "GET", f"/v1/endpoints/{ghost}/undelivered", 404, "not-found", token=T)
+    call(EUN, "GET", f"/v1/endpoints/{ep}/undelivered?state=delivered", 422,
+         "invalid-request", token=T)
+    call(EUN, "DELETE", f"/v1/endpoints/{ep}/undelivered", 405, "method-not-allowed",
+         token=T)
+    rc = f"/v1/endpoints/{ep}/recover"
+    krc = uid()
+    since = {"since": "2000-01-01T00:00:00Z", "types": ["workflow.*"], "states": ["dead"]}
+    _, _, rec = call(ERC, "POST", rc, 200, token=T, key=krc, body=since)
+    if rec != {"recovered": 1}:
+        fail(f"recover answered {rec}, expected 1 recovered")
+    _, h, _ = call(ERC, "POST", rc, 200, token=T, key=krc, body=since)
+    if h.get("idempotent-replayed") != "true":
+        fail("a replayed recover lacks Idempotent-Replayed: true")
+    call(ERC, "POST", rc, 409, "idempotency-key-reused", token=T, key=krc,
+         body={"since": "2001-01-01T00:00:00Z"})
+    call(ERC, "POST", rc, 400, "missing-idempotency-key", token=T, body=since)
+    call(ERC, "POST", rc, 400, "invalid-json", token=T, key=uid(), body="[")
+    call(ERC, "POST", rc, 401, "unauthorized", key=uid(), body=since)
+    call(ERC, "POST", f"/v1/endpoints/{ghost}/recover", 404, "not-found", token=T, key=uid(),
+         body=since)
+    call(ERC, "POST", rc, 413, "body-too-large", token=T, key=uid(), body=big)
+    call(ERC, "POST", rc, 415, "unsupported-media-type", token=T, key=uid(), body=since,
+         ctype="text/plain")
+    call(ERC, "POST", rc, 422, "invalid-request", token=T, key=uid(),
+         body={"since": "2000-01-01T00:00:00Z", "states": ["pending"]})
+    call(ERC, "GET", rc, 405, "method-not-allowed", token=T)
+    rs = f"/v1/events/{ev}/resend"
+    krs = uid()
+    _, _, d1 = call(ERS, "POST", rs, 200, token=T, key=krs, body={"endpoint_id": ep})
+    if d1["state"] != "pending" or d1["attempts"] != 0:
+        fail(f"a resent delivery is {d1}")
+    _, h, _ = call(ERS, "POST", rs, 200, token=T, key=krs, body={"endpoint_id": ep})
+    if h.get("idempotent-replayed") != "true":
+        fail("a replayed resend lacks Idempotent-Replayed: true")
+    call(ERS, "POST", rs, 409, "idempotency-key-reused", token=T, key=krs,
+         body={"endpoint_id": ep_billing})
+    call(ERS, "POST", rs, 409, "state-conflict", token=T, key=uid(),
+         body={"endpoint_id": ep_billing})
+    call(ERS, "POST", rs, 400, "missing-idempotency-key", token=T, body={"endpoint_id": ep})
+    call(ERS, "POST", rs, 400, "invalid-json", token=T, key=uid(), body="{")
+    call(ERS, "POST", rs, 401, "unauthorized", key=uid(), body={"endpoint_id": ep})
+    call(ERS, "POST", f"/v1/events/{ghost}.1/resend", 404, "not-found", token=T, key=uid(),
+         body={"endpoint_id": ep})
+    call(ERS, "POST", rs, 413, "body-too-large", token=T, key=uid(), body=big)
+    call(ERS, "POST", rs, 415, "unsupported-media-type", token=T, key=uid(),
+         body={"endpoint_id": ep}, ctype="text/plain")
+    call(ERS, "POST", rs, 422, "invalid-request", token=T, key=uid(),
+         body={"endpoint_id": "x"})
+    call(ERS, "GET", rs, 405, "method-not-allowed", token=T)
+    psql(f"DELETE FROM delivery_attempts WHERE tenant_id = {tenant_id};"
+         f" DELETE FROM deliveries WHERE tenant_id = {tenant_id};"
+         f" DELETE FROM endpoints WHERE tenant_id = {tenant_id}")
+
     # Every event of these workflows against the webhooks' payload schemas
     # (the history holds the payloads the webhooks carry).
     for wid in (plain_id, w1id, w2["id"], w3["id"], w4id, w5["id"], wt["id"], ws["id"]):
