@@ -877,14 +877,25 @@ CREATE FUNCTION public.idemflow_ts(t timestamp with time zone) RETURNS text
 $$;
 
 CREATE FUNCTION public.idemflow_type_matches(p_filter text[], p_type text) RETURNS boolean
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT p_filter IS NULL
-        OR p_type = ANY (p_filter)
-        OR EXISTS (SELECT 1
-                     FROM unnest(p_filter) AS f
-                    WHERE right(f, 2) = '.*'
-                      AND starts_with(p_type, left(f, -1)))
+DECLARE
+    f text;
+    unknown boolean := false;
+BEGIN
+    -- NULL: every type.
+    IF p_filter IS NULL THEN
+        RETURN true;
+    END IF;
+    -- Exact names, and "prefix.*" globs: the prefix ends with the dot.
+    FOREACH f IN ARRAY p_filter LOOP
+        IF f = p_type OR (right(f, 2) = '.*' AND starts_with(p_type, left(f, -1))) THEN
+            RETURN true;
+        END IF;
+        unknown := unknown OR f IS NULL OR p_type IS NULL;
+    END LOOP;
+    RETURN CASE WHEN unknown THEN NULL ELSE false END;
+END
 $$;
 
 CREATE FUNCTION public.idemflow_wf_create(p_tenant bigint, p_id uuid, p_type text, p_input jsonb, p_at timestamp with time zone, p_steps jsonb, p_business_key text, p_payload text) RETURNS SETOF public.idemflow_wf_row
