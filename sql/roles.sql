@@ -176,5 +176,8 @@ GRANT UPDATE (failures, failing_since, disabled, disabled_reason, disabled_at, u
               actor, event_seq) ON endpoints TO idemflow_dispatcher;
 GRANT UPDATE (exhausted_at) ON deliveries TO idemflow_dispatcher;
 GRANT INSERT ON outbox TO idemflow_dispatcher;
+-- prune deletes an event's deliveries and their attempts with it, and
+-- keeps an event while a delivery of it is pending or dead (app/cli/prune.c).
+GRANT SELECT, DELETE ON deliveries, delivery_attempts TO idemflow_maintenance;
 
 COMMIT;

@@ -362,3 +362,83 @@ Test(endpoints, an_unreachable_endpoint_is_a_connect_failure_with_no_status)
 	PQclear(res);
 }
 
+/* The tenant's rows of a table that match cond. */
+static long rows(const char *table, const char *cond)
+{
+	char q[512];
+
+	snprintf(q, sizeof(q), "SELECT count(*) FROM %s WHERE tenant_id = $1 AND %s", table, cond);
+	return scalar(q);
+}
+
+static void prune(const char *workflow_retention)
+{
+	char out[1024];
+	int st =
+	    tstack_cli(out, sizeof(out), "prune", "--outbox-retention", "1d", "--history-retention",
+	               "1d", "--workflow-retention", workflow_retention, NULL);
+
+	cr_assert_eq(st, 0, "idemflow prune exited %d: %s", st, tstack_cli_stderr());
+}
+
+Test(endpoints, prune_takes_deliveries_and_attempts_with_their_events_and_keeps_the_undelivered)
+{
+	const char *p[1] = { td.tenant };
+	const char *extra[] = { "--max-attempts", "1", NULL };
+
+	/* A takes everything; B fails and takes only workflow.a: its first
+	 * delivery dies and holds the second, pending. */
+	cr_assert_eq(receiver_control(&rb, "{\"fail_rate\": 1.0, \"status\": 500}"), 0, "%s",
+	             rb.error);
+	endpoint(EP_A, &ra, SECRET_A, NULL, "workflow");
+	endpoint(EP_B, &rb, SECRET_B, "{workflow.a}", "workflow");
+	tdispatch_seed(&td, 1, 2, "workflow.a");
+	tdispatch_seed(&td, 1, 2, "workflow.b");
+	run_until_settled(extra, 20);
+	cr_assert_eq(rows("deliveries", "state = 'delivered'"), 4);
+	cr_assert_eq(rows("deliveries", "state = 'dead'"), 1);
+	cr_assert_eq(rows("deliveries", "state = 'pending'"), 1);
+	cr_assert_eq(rows("delivery_attempts", "true"), 5);
+	cr_assert_eq(rows("outbox", "type = 'delivery.exhausted' AND published_at IS NOT NULL"), 1);
+
+	/* Everything ended and was published long ago. */
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE workflows SET state = 'completed',"
+	                      " ended_at = now() - interval '10 days' WHERE tenant_id = $1",
+	                      1, p));
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE outbox SET published_at = now() - interval '10 days'"
+	                      " WHERE tenant_id = $1",
+	                      1, p));
+
+	/* Events: workflow.b's go with their deliveries and attempts; the
+	 * operational event goes; workflow.a's stay, one dead and one
+	 * pending delivery holding them, with every row of theirs. */
+	prune("365d");
+	cr_assert_eq(rows("outbox", "true"), 2);
+	cr_assert_eq(rows("outbox", "type = 'workflow.a'"), 2);
+	cr_assert_eq(rows("deliveries", "true"), 4);
+	cr_assert_eq(rows("deliveries", "endpoint_id = $2::uuid AND state = 'delivered'"), 2);
+	cr_assert_eq(rows("delivery_attempts", "true"), 3);
+	cr_assert_eq(rows("delivery_attempts", "endpoint_id = $3::uuid AND status = 500"), 1);
+
+	/* Workflows: workflow.b's goes; workflow.a's is held by the same
+	 * deliveries. */
+	prune("2d");
+	cr_assert_eq(rows("workflows", "true"), 1);
+	cr_assert_eq(rows("outbox", "true"), 2);
+	cr_assert_eq(rows("deliveries", "true"), 4);
+	cr_assert_eq(rows("delivery_attempts", "true"), 3);
+
+	/* Once B's are settled (skipped, and delivered by a recover), the
+	 * workflow goes with its events, deliveries and attempts. */
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE deliveries SET state = CASE WHEN seq = 1 THEN 'delivered'"
+	                      " ELSE 'skipped' END WHERE tenant_id = $1 AND state <> 'delivered'",
+	                      1, p));
+	prune("2d");
+	cr_assert_eq(rows("workflows", "true"), 0);
+	cr_assert_eq(rows("outbox", "true"), 0);
+	cr_assert_eq(rows("deliveries", "true"), 0);
+	cr_assert_eq(rows("delivery_attempts", "true"), 0);
+}
