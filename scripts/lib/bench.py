@@ -1563,6 +1563,9 @@ def doc_section(res, table, pngs, doc=None):
         "| scale (`--large`) | creates at 16 connections with random keys on a second "
         "database holding 5M keys, as another tenant and as the tenant that owns them | the "
         "same on the first database, emptied; the three alternate |",
+        "| fan-out (`--fanout`) | creates at 16 connections for a tenant with three endpoints "
+        "matching their event | the same for a tenant with none, alternating; CPU per create "
+        "side by side ([The fan-out's cost](#the-fan-outs-cost)) |",
         "| dispatch | `scripts/bench-dispatch -n 25000 -r 2 --no-amqp` | the dispatcher's "
         "`DQ_CLAIM` and `DQ_DONE`, taken from `app/dispatch/queries.c`, alone; alternating rounds |",
         "",
@@ -1582,6 +1585,7 @@ def doc_section(res, table, pngs, doc=None):
         "scripts/bench --commit-delay   # adds the group commit measure (~3 minutes)",
         "scripts/bench --large          # adds the 5M-key measures (~12 minutes, ~8 GB of disk;",
         "                               # BENCH_LARGE_ROWS=100000 for a small one)",
+        "scripts/bench --fanout-only    # the fan-out measure alone (~4 minutes)",
         "scripts/bench --update-doc     # also rewrites this section",
         "```",
         "",
