@@ -62,16 +62,18 @@ static const char *nz(const char *s)
 Test(type_matches, answers)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		char *got = tstack_text("SELECT idemflow_type_matches(NULLIF($1, '" SQL_NULL "')::text[],"
-		                        " NULLIF($2, '" SQL_NULL "'))",
-		                        nz(cases[i].filter), nz(cases[i].type));
+		char *got =
+		    tstack_text("SELECT idemflow_type_matches(NULLIF($1, '" SQL_NULL "')::text[],"
+		                " NULLIF($2, '" SQL_NULL "'))",
+		                nz(cases[i].filter), nz(cases[i].type));
 
-		cr_expect((got == NULL && cases[i].want == NULL) ||
-		              (got != NULL && cases[i].want != NULL && strcmp(got, cases[i].want) == 0),
-		          "idemflow_type_matches(%s, %s) = %s, expected %s",
-		          cases[i].filter ? cases[i].filter : "NULL",
-		          cases[i].type ? cases[i].type : "NULL", got ? got : "NULL",
-		          cases[i].want ? cases[i].want : "NULL");
+		cr_expect(
+		    (got == NULL && cases[i].want == NULL) ||
+		        (got != NULL && cases[i].want != NULL && strcmp(got, cases[i].want) == 0),
+		    "idemflow_type_matches(%s, %s) = %s, expected %s",
+		    cases[i].filter ? cases[i].filter : "NULL",
+		    cases[i].type ? cases[i].type : "NULL", got ? got : "NULL",
+		    cases[i].want ? cases[i].want : "NULL");
 		free(got);
 	}
 }
@@ -83,12 +85,14 @@ static char *tenant(const char *name)
 	return tstack_text("INSERT INTO tenants (name) VALUES ($1) RETURNING id", name);
 }
 
-static void endpoint(const char *tenant_id, const char *id, const char *filter, const char *disabled)
+static void endpoint(const char *tenant_id, const char *id, const char *filter,
+                     const char *disabled)
 {
 	tstack_exec(tstack_db(),
 	            "INSERT INTO endpoints (tenant_id, id, url, filter_types, secret, disabled,"
 	            " disabled_reason)"
-	            " VALUES ($1, $2, 'http://127.0.0.1:9/hook', NULLIF($3, '" SQL_NULL "')::text[],"
+	            " VALUES ($1, $2, 'http://127.0.0.1:9/hook', NULLIF($3, '" SQL_NULL
+	            "')::text[],"
 	            " '" SECRET "',"
 	            " $4::boolean, CASE WHEN $4::boolean THEN 'manual' END)",
 	            tenant_id, id, nz(filter), disabled);
