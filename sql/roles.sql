@@ -173,6 +173,17 @@ GRANT INSERT ON delivery_attempts TO idemflow_dispatcher;
 -- again, each in one UPDATE.
 GRANT UPDATE (state, attempts, next_attempt_at, trigger, lease_owner, lease_until,
               updated_at) ON deliveries TO idemflow_server, idemflow_maintenance;
-GRANT SELECT ON deliveries TO idemflow_maintenance;
+
+-- The dispatcher's record of an attempt (sql/021_delivery_record.sql):
+-- an endpoint's health, its auto-disable, and the operational events it
+-- writes about the endpoint (endpoint.disabled, delivery.exhausted,
+-- delivery.recovered) into the outbox, the endpoint's own stream.
+GRANT UPDATE (failures, failing_since, disabled, disabled_reason, disabled_at, updated_at,
+              actor, event_seq) ON endpoints TO idemflow_dispatcher;
+GRANT UPDATE (exhausted_at) ON deliveries TO idemflow_dispatcher;
+GRANT INSERT ON outbox TO idemflow_dispatcher;
+-- prune deletes an event's deliveries and their attempts with it, and
+-- keeps an event while a delivery of it is pending or dead (app/cli/prune.c).
+GRANT SELECT, DELETE ON deliveries, delivery_attempts TO idemflow_maintenance;
 
 COMMIT;

@@ -113,6 +113,72 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_deliveries_record(p_owner text, p_at timestamp with time zone, p_tenant bigint[], p_endpoint uuid[], p_workflow uuid[], p_seq integer[], p_event_id text[], p_started timestamp with time zone[], p_duration_ms double precision[], p_status integer[], p_outcome text[], p_response text[], p_error text[], p_delay_ms bigint[], p_dead boolean[], p_max_failures integer, p_after interval, OUT recorded integer, OUT disabled integer) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_trigger text;
+    v_attempts integer;
+    v_exhausted timestamptz;
+    v_ok boolean;
+    v_state text;
+BEGIN
+    recorded := 0;
+    disabled := 0;
+    FOR i IN 1 .. coalesce(array_length(p_tenant, 1), 0) LOOP
+        SELECT d.trigger, d.attempts, d.exhausted_at INTO v_trigger, v_attempts, v_exhausted
+          FROM deliveries d
+         WHERE d.tenant_id = p_tenant[i] AND d.endpoint_id = p_endpoint[i]
+           AND d.workflow_id = p_workflow[i] AND d.seq = p_seq[i]
+           AND d.lease_owner = p_owner
+           FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        v_ok := p_outcome[i] = 'succeeded';
+        v_state := CASE WHEN v_ok THEN 'delivered' WHEN p_dead[i] THEN 'dead' ELSE 'pending' END;
+        INSERT INTO delivery_attempts (tenant_id, endpoint_id, workflow_id, seq, event_id,
+                                       trigger, started_at, duration_ms, status, outcome,
+                                       response)
+        VALUES (p_tenant[i], p_endpoint[i], p_workflow[i], p_seq[i], p_event_id[i],
+                v_trigger, p_started[i], greatest(p_duration_ms[i], 0), p_status[i],
+                p_outcome[i], p_response[i]);
+        UPDATE deliveries d
+           SET state = v_state,
+               next_attempt_at = CASE WHEN v_state = 'pending'
+                                      THEN p_at + p_delay_ms[i] * interval '1 millisecond'
+                                      ELSE d.next_attempt_at END,
+               last_error = CASE WHEN v_ok THEN NULL ELSE p_error[i] END,
+               trigger = 'scheduled', lease_owner = NULL, lease_until = NULL,
+               exhausted_at = CASE WHEN v_ok THEN NULL
+                                   WHEN v_state = 'dead' THEN p_at
+                                   ELSE d.exhausted_at END,
+               updated_at = p_at
+         WHERE d.tenant_id = p_tenant[i] AND d.endpoint_id = p_endpoint[i]
+           AND d.workflow_id = p_workflow[i] AND d.seq = p_seq[i];
+        recorded := recorded + 1;
+        IF idemflow_endpoint_attempted(p_tenant[i], p_endpoint[i], v_ok, p_at, p_max_failures,
+                                       p_after) THEN
+            disabled := disabled + 1;
+        END IF;
+        IF v_state = 'dead' THEN
+            PERFORM idemflow_endpoint_event(
+                p_tenant[i], p_endpoint[i], 'delivery.exhausted',
+                jsonb_build_object('endpoint_id', p_endpoint[i], 'event_id', p_event_id[i],
+                                   'workflow_id', p_workflow[i], 'seq', p_seq[i],
+                                   'attempts', v_attempts, 'last_error', p_error[i]),
+                p_at);
+        ELSIF v_ok AND v_exhausted IS NOT NULL THEN
+            PERFORM idemflow_endpoint_event(
+                p_tenant[i], p_endpoint[i], 'delivery.recovered',
+                jsonb_build_object('endpoint_id', p_endpoint[i], 'event_id', p_event_id[i],
+                                   'workflow_id', p_workflow[i], 'seq', p_seq[i],
+                                   'trigger', v_trigger, 'exhausted_at',
+                                   idemflow_ts(v_exhausted)),
+                p_at);
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION public.idemflow_due_timers(p_batch integer) RETURNS TABLE(tenant_id bigint, workflow_id uuid, step integer, kind text, due_at timestamp with time zone, state text, wf_step integer, steps jsonb)
     LANGUAGE plpgsql
     AS $$
@@ -136,6 +202,70 @@ BEGIN
               FOR UPDATE SKIP LOCKED) t
       JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
        FOR UPDATE OF w SKIP LOCKED;
+END
+$$;
+
+CREATE FUNCTION public.idemflow_endpoint_attempted(p_tenant bigint, p_endpoint uuid, p_ok boolean, p_at timestamp with time zone, p_max_failures integer, p_after interval) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_failures integer;
+    v_since timestamptz;
+BEGIN
+    IF p_ok THEN
+        UPDATE endpoints SET failures = 0, failing_since = NULL
+         WHERE tenant_id = p_tenant AND id = p_endpoint AND failures > 0;
+        RETURN false;
+    END IF;
+    UPDATE endpoints SET failures = failures + 1, failing_since = coalesce(failing_since, p_at)
+     WHERE tenant_id = p_tenant AND id = p_endpoint
+    RETURNING failures, failing_since INTO v_failures, v_since;
+    IF NOT FOUND OR NOT idemflow_endpoint_should_disable(v_failures, v_since, p_at,
+                                                         p_max_failures, p_after) THEN
+        RETURN false;
+    END IF;
+    UPDATE endpoints
+       SET disabled = true, disabled_reason = 'failing', disabled_at = p_at,
+           updated_at = p_at, actor = 'system:dispatch'
+     WHERE tenant_id = p_tenant AND id = p_endpoint AND NOT disabled;
+    IF NOT FOUND THEN
+        RETURN false; -- already disabled (by hand, or by another dispatcher)
+    END IF;
+    PERFORM idemflow_endpoint_event(p_tenant, p_endpoint, 'endpoint.disabled',
+                                    jsonb_build_object('endpoint_id', p_endpoint,
+                                                       'reason', 'failing',
+                                                       'failures', v_failures,
+                                                       'failing_since', idemflow_ts(v_since)),
+                                    p_at);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION public.idemflow_endpoint_event(p_tenant bigint, p_endpoint uuid, p_type text, p_data jsonb, p_at timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_seq integer;
+BEGIN
+    UPDATE endpoints SET event_seq = event_seq + 1
+     WHERE tenant_id = p_tenant AND id = p_endpoint
+    RETURNING event_seq INTO v_seq;
+    IF NOT FOUND THEN
+        RETURN; -- deleted meanwhile: nobody to tell about it
+    END IF;
+    INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload, created_at,
+                        next_attempt_at, actor)
+    VALUES (p_endpoint || '.' || v_seq, p_tenant, p_endpoint, v_seq, p_type,
+            jsonb_build_object('id', p_endpoint || '.' || v_seq, 'type', p_type,
+                               'workflow_id', p_endpoint, 'seq', v_seq,
+                               'tenant_id', p_tenant, 'occurred_at', idemflow_ts(p_at),
+                               'data', p_data)::text,
+            p_at,
+            CASE WHEN EXISTS (SELECT 1 FROM outbox
+                               WHERE tenant_id = p_tenant AND workflow_id = p_endpoint
+                                 AND dead_at IS NOT NULL)
+                 THEN 'infinity'::timestamptz ELSE now() END,
+            'system:dispatch');
 END
 $$;
 
@@ -164,6 +294,14 @@ BEGIN
     )
     SELECT NULL::text, NULL::text, count(*) FROM u;
 END
+$$;
+
+CREATE FUNCTION public.idemflow_endpoint_should_disable(p_failures integer, p_failing_since timestamp with time zone, p_at timestamp with time zone, p_max_failures integer, p_after interval) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT p_failing_since IS NOT NULL
+       AND p_failures >= p_max_failures
+       AND p_at - p_failing_since >= p_after
 $$;
 
 CREATE FUNCTION public.idemflow_enter_step(p_tenant bigint, p_wf uuid, p_step integer) RETURNS void
@@ -941,14 +1079,25 @@ CREATE FUNCTION public.idemflow_ts(t timestamp with time zone) RETURNS text
 $$;
 
 CREATE FUNCTION public.idemflow_type_matches(p_filter text[], p_type text) RETURNS boolean
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT p_filter IS NULL
-        OR p_type = ANY (p_filter)
-        OR EXISTS (SELECT 1
-                     FROM unnest(p_filter) AS f
-                    WHERE right(f, 2) = '.*'
-                      AND starts_with(p_type, left(f, -1)))
+DECLARE
+    f text;
+    unknown boolean := false;
+BEGIN
+    -- NULL: every type.
+    IF p_filter IS NULL THEN
+        RETURN true;
+    END IF;
+    -- Exact names, and "prefix.*" globs: the prefix ends with the dot.
+    FOREACH f IN ARRAY p_filter LOOP
+        IF f = p_type OR (right(f, 2) = '.*' AND starts_with(p_type, left(f, -1))) THEN
+            RETURN true;
+        END IF;
+        unknown := unknown OR f IS NULL OR p_type IS NULL;
+    END LOOP;
+    RETURN CASE WHEN unknown THEN NULL ELSE false END;
+END
 $$;
 
 CREATE FUNCTION public.idemflow_wf_create(p_tenant bigint, p_id uuid, p_type text, p_input jsonb, p_at timestamp with time zone, p_steps jsonb, p_business_key text, p_payload text) RETURNS SETOF public.idemflow_wf_row
@@ -1271,11 +1420,14 @@ CREATE TABLE public.deliveries (
     last_error text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    exhausted_at timestamp with time zone,
     CONSTRAINT deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'dead'::text, 'skipped'::text]))),
     CONSTRAINT deliveries_trigger_check CHECK ((trigger = ANY (ARRAY['scheduled'::text, 'manual'::text, 'recover'::text])))
 );
 
 COMMENT ON TABLE public.deliveries IS 'one event to one endpoint; written with the event by outbox_deliveries()';
+
+COMMENT ON COLUMN public.deliveries.exhausted_at IS 'when the delivery last went dead; cleared when it is delivered (delivery.recovered)';
 
 CREATE TABLE public.delivery_attempts (
     tenant_id bigint NOT NULL,

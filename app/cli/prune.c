@@ -58,13 +58,24 @@
  * published_at) before $1, the outbox_retention cutoff, and of a workflow
  * that ended (completed, failed, cancelled or compensated) before $3, the
  * history_retention cutoff. A live workflow's events stay however old, so
- * its history is whole. Nothing references an event, and the workflow it
- * announced stays.
+ * its history is whole. The workflow it announced stays.
+ *
+ * An event is also the payload of its deliveries to tenant endpoints
+ * (sql/020_endpoints.sql): one still pending, or dead (a recover may send
+ * it again; with ordering 'workflow' it holds its endpoint's later
+ * deliveries of the workflow, which deleting it would silently release),
+ * keeps the event, as a dead event of the operator's keeps itself. Its
+ * delivered and skipped deliveries, and the attempt ledger's rows of it,
+ * go with it. The operational events (endpoint.%, delivery.%) have no
+ * workflow and no history: delivered and past $1, they go. Deliveries
+ * are found through their primary key, one probe per endpoint of the
+ * event's tenant.
  *
  * The delivered events are walked in (published_at, id) order from just
  * after ($4, $5), $2 at a time: an event kept is read once per run, not
  * once per batch. -> (events deleted, events read, the last one read's
- * published_at and id, NULL when none was read).
+ * published_at and id, NULL when none was read, events kept for a
+ * delivery, deliveries deleted, attempts deleted).
  */
 #define PRUNE_EVENTS                                                                               \
 	"WITH c AS (\n"                                                                            \
@@ -73,7 +84,15 @@
 	"                   FROM workflows w\n"                                                    \
 	"                  WHERE w.tenant_id = o.tenant_id AND w.id = o.workflow_id\n"             \
 	"                    AND w.state IN ('completed', 'failed', 'cancelled', 'compensated')\n" \
-	"                    AND coalesce(w.ended_at, w.updated_at) < $3::timestamptz) AS done\n"  \
+	"                    AND coalesce(w.ended_at, w.updated_at) < $3::timestamptz)\n"          \
+	"         OR o.type LIKE 'endpoint.%' OR o.type LIKE 'delivery.%' AS done,\n"              \
+	"         EXISTS (SELECT 1\n"                                                              \
+	"                   FROM endpoints e\n"                                                    \
+	"                   JOIN deliveries dl\n"                                                  \
+	"                     ON dl.tenant_id = e.tenant_id AND dl.endpoint_id = e.id\n"           \
+	"                  WHERE e.tenant_id = o.tenant_id\n"                                      \
+	"                    AND dl.workflow_id = o.workflow_id AND dl.seq = o.seq\n"              \
+	"                    AND dl.state IN ('pending', 'dead')) AS held\n"                       \
 	"    FROM outbox o\n"                                                                      \
 	"   WHERE o.published_at < $1::timestamptz AND o.published_at >= $4::timestamptz\n"        \
 	"     AND (o.published_at, o.id) > ($4::timestamptz, $5::bigint)\n"                        \
@@ -82,7 +101,19 @@
 	"     FOR UPDATE SKIP LOCKED\n"                                                            \
 	"), d AS (\n"                                                                              \
 	"  DELETE FROM outbox\n"                                                                   \
-	"   WHERE ctid = ANY(ARRAY(SELECT tid FROM c WHERE done))\n"                               \
+	"   WHERE ctid = ANY(ARRAY(SELECT tid FROM c WHERE done AND NOT held))\n"                  \
+	"  RETURNING tenant_id, workflow_id, seq\n"                                                \
+	"), dd AS (\n"                                                                             \
+	"  DELETE FROM deliveries dl\n"                                                            \
+	"   USING d, endpoints e\n"                                                                \
+	"   WHERE e.tenant_id = d.tenant_id\n"                                                     \
+	"     AND dl.tenant_id = d.tenant_id AND dl.endpoint_id = e.id\n"                          \
+	"     AND dl.workflow_id = d.workflow_id AND dl.seq = d.seq\n"                             \
+	"  RETURNING 1\n"                                                                          \
+	"), da AS (\n"                                                                             \
+	"  DELETE FROM delivery_attempts a\n"                                                      \
+	"   USING d\n"                                                                             \
+	"   WHERE a.tenant_id = d.tenant_id AND a.workflow_id = d.workflow_id AND a.seq = d.seq\n" \
 	"  RETURNING 1\n"                                                                          \
 	"), l AS (\n"                                                                              \
 	"  SELECT published_at, id\n"                                                              \
@@ -91,7 +122,9 @@
 	"   LIMIT 1\n"                                                                             \
 	")\n"                                                                                      \
 	"SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM c),\n"                             \
-	"       (SELECT published_at FROM l), (SELECT id FROM l)\n"
+	"       (SELECT published_at FROM l), (SELECT id FROM l),\n"                               \
+	"       (SELECT count(*) FROM c WHERE done AND held),\n"                                   \
+	"       (SELECT count(*) FROM dd), (SELECT count(*) FROM da)\n"
 
 /* Messages published by business key (sql/010_timers.sql) that no
  * workflow took before they expired; a taken one belongs to its workflow. */
@@ -135,7 +168,10 @@
  * workflow_retention, or minus $2 ms (the CLI's) when the tenant has
  * none, and every one of its events was delivered: one pending or dead
  * (no published_at) keeps it whole, so that nothing is deleted under the
- * dispatcher and a dead event can still be requeued. A live workflow has
+ * dispatcher and a dead event can still be requeued; so does a delivery
+ * of one of its events to a tenant endpoint still pending or dead (as
+ * PRUNE_EVENTS). The deliveries of its events and their attempts go with
+ * it. A live workflow has
  * no ended_at and is never read.
  *
  * The ended workflows are walked in (ended_at, tenant_id, id) order
@@ -154,90 +190,119 @@
  * planner hashes the batch against a scan of the whole table whenever the
  * table looks small to it.
  */
-#define PRUNE_WORKFLOWS                                                                            \
-	"WITH c AS (\n"                                                                            \
-	"  SELECT w.tenant_id, w.id, w.ended_at,\n"                                                \
-	"         w.state IN ('completed', 'failed', 'cancelled', 'compensated')\n"                \
-	"         AND w.ended_at < $1::timestamptz\n"                                              \
-	"                          - coalesce((SELECT t.workflow_retention\n"                      \
-	"                                        FROM tenants t\n"                                 \
-	"                                       WHERE t.id = w.tenant_id),\n"                      \
-	"                                     $2::bigint * interval '1 millisecond') AS due\n"     \
-	"    FROM workflows w\n"                                                                   \
-	"   WHERE w.ended_at < $7::timestamptz\n"                                                  \
-	"     AND (w.ended_at, w.tenant_id, w.id) > ($4::timestamptz, $5::bigint, $6::uuid)\n"     \
-	"   ORDER BY w.ended_at, w.tenant_id, w.id\n"                                              \
-	"   LIMIT $3::int\n"                                                                       \
-	"     FOR UPDATE OF w SKIP LOCKED\n"                                                       \
-	"), u AS (\n"                                                                              \
-	"  SELECT c.tenant_id, c.id, h.held IS NOT NULL AS held\n"                                 \
-	"    FROM c\n"                                                                             \
-	"    LEFT JOIN LATERAL (SELECT 1 AS held\n"                                                \
-	"                         FROM outbox o\n"                                                 \
-	"                        WHERE o.workflow_id = c.id AND o.tenant_id = c.tenant_id\n"       \
-	"                          AND o.published_at IS NULL\n"                                   \
-	"                        LIMIT 1) h ON true\n"                                             \
-	"   WHERE c.due\n"                                                                         \
-	"), k AS (\n"                                                                              \
-	"  SELECT tenant_id, id\n"                                                                 \
-	"    FROM u\n"                                                                             \
-	"   WHERE NOT held\n"                                                                      \
-	"), dj AS (\n"                                                                             \
-	"  DELETE FROM jobs j\n"                                                                   \
-	"   WHERE j.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
-	"     AND j.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
-	"     AND EXISTS (SELECT 1\n"                                                              \
-	"                   FROM k\n"                                                              \
-	"                  WHERE k.tenant_id = j.tenant_id AND k.id = j.workflow_id)\n"            \
-	"  RETURNING 1\n"                                                                          \
-	"), dt AS (\n"                                                                             \
-	"  DELETE FROM timers t\n"                                                                 \
-	"   WHERE t.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
-	"     AND t.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
-	"     AND EXISTS (SELECT 1\n"                                                              \
-	"                   FROM k\n"                                                              \
-	"                  WHERE k.tenant_id = t.tenant_id AND k.id = t.workflow_id)\n"            \
-	"  RETURNING 1\n"                                                                          \
-	"), dm AS (\n"                                                                             \
-	"  DELETE FROM messages m\n"                                                               \
-	"   WHERE m.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
-	"     AND m.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
-	"     AND EXISTS (SELECT 1\n"                                                              \
-	"                   FROM k\n"                                                              \
-	"                  WHERE k.tenant_id = m.tenant_id AND k.id = m.workflow_id)\n"            \
-	"  RETURNING 1\n"                                                                          \
-	"), de AS (\n"                                                                             \
-	"  DELETE FROM outbox o\n"                                                                 \
-	"   WHERE o.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                  \
-	"     AND EXISTS (SELECT 1\n"                                                              \
-	"                   FROM k\n"                                                              \
-	"                  WHERE k.tenant_id = o.tenant_id AND k.id = o.workflow_id)\n"            \
-	"  RETURNING 1\n"                                                                          \
-	"), dw AS (\n"                                                                             \
-	"  DELETE FROM workflows w\n"                                                              \
-	"   WHERE w.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                    \
-	"     AND w.id = ANY(ARRAY(SELECT id FROM k))\n"                                           \
-	"     AND EXISTS (SELECT 1\n"                                                              \
-	"                   FROM k\n"                                                              \
-	"                  WHERE k.tenant_id = w.tenant_id AND k.id = w.id)\n"                     \
-	"  RETURNING 1\n"                                                                          \
-	"), l AS (\n"                                                                              \
-	"  SELECT ended_at, tenant_id, id\n"                                                       \
-	"    FROM c\n"                                                                             \
-	"   ORDER BY ended_at DESC, tenant_id DESC, id DESC\n"                                     \
-	"   LIMIT 1\n"                                                                             \
-	")\n"                                                                                      \
-	"SELECT (SELECT count(*) FROM dw), (SELECT count(*) FROM c),\n"                            \
-	"       (SELECT count(*) FROM dj), (SELECT count(*) FROM dt),\n"                           \
-	"       (SELECT count(*) FROM dm), (SELECT count(*) FROM de),\n"                           \
-	"       (SELECT count(*) FROM u WHERE held),\n"                                            \
-	"       (SELECT ended_at FROM l), (SELECT tenant_id FROM l), (SELECT id FROM l)\n"
+#define PRUNE_WORKFLOWS                                                                              \
+	"WITH c AS (\n"                                                                              \
+	"  SELECT w.tenant_id, w.id, w.ended_at,\n"                                                  \
+	"         w.state IN ('completed', 'failed', 'cancelled', 'compensated')\n"                  \
+	"         AND w.ended_at < $1::timestamptz\n"                                                \
+	"                          - coalesce((SELECT t.workflow_retention\n"                        \
+	"                                        FROM tenants t\n"                                   \
+	"                                       WHERE t.id = w.tenant_id),\n"                        \
+	"                                     $2::bigint * interval '1 millisecond') AS due\n"       \
+	"    FROM workflows w\n"                                                                     \
+	"   WHERE w.ended_at < $7::timestamptz\n"                                                    \
+	"     AND (w.ended_at, w.tenant_id, w.id) > ($4::timestamptz, $5::bigint, $6::uuid)\n"       \
+	"   ORDER BY w.ended_at, w.tenant_id, w.id\n"                                                \
+	"   LIMIT $3::int\n"                                                                         \
+	"     FOR UPDATE OF w SKIP LOCKED\n"                                                         \
+	"), u AS (\n"                                                                                \
+	"  SELECT c.tenant_id, c.id, h.held IS NOT NULL AS held\n"                                   \
+	"    FROM c\n"                                                                               \
+	"    LEFT JOIN LATERAL (SELECT 1 AS held\n"                                                  \
+	"                         FROM outbox o\n"                                                   \
+	"                        WHERE o.workflow_id = c.id AND o.tenant_id = c.tenant_id\n"         \
+	"                          AND o.published_at IS NULL\n"                                     \
+	"                        UNION ALL\n"                                                        \
+	"                       SELECT 1\n"                                                          \
+	"                         FROM endpoints e\n"                                                \
+	"                         JOIN deliveries dl\n"                                              \
+	"                           ON dl.tenant_id = e.tenant_id AND dl.endpoint_id = e.id\n"       \
+	"                        WHERE e.tenant_id = c.tenant_id AND dl.workflow_id = c.id\n"        \
+	"                          AND dl.state IN ('pending', 'dead')\n"                            \
+	"                        LIMIT 1) h ON true\n"                                               \
+	"   WHERE c.due\n"                                                                           \
+	"), k AS (\n"                                                                                \
+	"  SELECT tenant_id, id\n"                                                                   \
+	"    FROM u\n"                                                                               \
+	"   WHERE NOT held\n"                                                                        \
+	"), dj AS (\n"                                                                               \
+	"  DELETE FROM jobs j\n"                                                                     \
+	"   WHERE j.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                      \
+	"     AND j.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                    \
+	"     AND EXISTS (SELECT 1\n"                                                                \
+	"                   FROM k\n"                                                                \
+	"                  WHERE k.tenant_id = j.tenant_id AND k.id = j.workflow_id)\n"              \
+	"  RETURNING 1\n"                                                                            \
+	"), dt AS (\n"                                                                               \
+	"  DELETE FROM timers t\n"                                                                   \
+	"   WHERE t.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                      \
+	"     AND t.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                    \
+	"     AND EXISTS (SELECT 1\n"                                                                \
+	"                   FROM k\n"                                                                \
+	"                  WHERE k.tenant_id = t.tenant_id AND k.id = t.workflow_id)\n"              \
+	"  RETURNING 1\n"                                                                            \
+	"), dm AS (\n"                                                                               \
+	"  DELETE FROM messages m\n"                                                                 \
+	"   WHERE m.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                      \
+	"     AND m.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                    \
+	"     AND EXISTS (SELECT 1\n"                                                                \
+	"                   FROM k\n"                                                                \
+	"                  WHERE k.tenant_id = m.tenant_id AND k.id = m.workflow_id)\n"              \
+	"  RETURNING 1\n"                                                                            \
+	"), de AS (\n"                                                                               \
+	"  DELETE FROM outbox o\n"                                                                   \
+	"   WHERE o.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                    \
+	"     AND EXISTS (SELECT 1\n"                                                                \
+	"                   FROM k\n"                                                                \
+	"                  WHERE k.tenant_id = o.tenant_id AND k.id = o.workflow_id)\n"              \
+	"  RETURNING 1\n"                                                                            \
+	"), dd AS (\n"                                                                               \
+	"  DELETE FROM deliveries dl\n"                                                              \
+	"   WHERE dl.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                     \
+	"     AND dl.endpoint_id = ANY(ARRAY(SELECT e.id\n"                                          \
+	"                                      FROM endpoints e\n"                                   \
+	"                                     WHERE e.tenant_id = ANY(ARRAY(SELECT DISTINCT\n"       \
+	"                                                                    tenant_id FROM k))))\n" \
+	"     AND dl.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                   \
+	"     AND EXISTS (SELECT 1\n"                                                                \
+	"                   FROM k\n"                                                                \
+	"                  WHERE k.tenant_id = dl.tenant_id AND k.id = dl.workflow_id)\n"            \
+	"  RETURNING 1\n"                                                                            \
+	"), da AS (\n"                                                                               \
+	"  DELETE FROM delivery_attempts a\n"                                                        \
+	"   WHERE a.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                      \
+	"     AND a.workflow_id = ANY(ARRAY(SELECT id FROM k))\n"                                    \
+	"     AND EXISTS (SELECT 1\n"                                                                \
+	"                   FROM k\n"                                                                \
+	"                  WHERE k.tenant_id = a.tenant_id AND k.id = a.workflow_id)\n"              \
+	"  RETURNING 1\n"                                                                            \
+	"), dw AS (\n"                                                                               \
+	"  DELETE FROM workflows w\n"                                                                \
+	"   WHERE w.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM k))\n"                      \
+	"     AND w.id = ANY(ARRAY(SELECT id FROM k))\n"                                             \
+	"     AND EXISTS (SELECT 1\n"                                                                \
+	"                   FROM k\n"                                                                \
+	"                  WHERE k.tenant_id = w.tenant_id AND k.id = w.id)\n"                       \
+	"  RETURNING 1\n"                                                                            \
+	"), l AS (\n"                                                                                \
+	"  SELECT ended_at, tenant_id, id\n"                                                         \
+	"    FROM c\n"                                                                               \
+	"   ORDER BY ended_at DESC, tenant_id DESC, id DESC\n"                                       \
+	"   LIMIT 1\n"                                                                               \
+	")\n"                                                                                        \
+	"SELECT (SELECT count(*) FROM dw), (SELECT count(*) FROM c),\n"                              \
+	"       (SELECT count(*) FROM dj), (SELECT count(*) FROM dt),\n"                             \
+	"       (SELECT count(*) FROM dm), (SELECT count(*) FROM de),\n"                             \
+	"       (SELECT count(*) FROM u WHERE held),\n"                                              \
+	"       (SELECT ended_at FROM l), (SELECT tenant_id FROM l), (SELECT id FROM l),\n"          \
+	"       (SELECT count(*) FROM dd), (SELECT count(*) FROM da)\n"
 
 /* What PRUNE_WORKFLOWS did over a run. */
 struct prune_wf {
 	long workflows; /* deleted */
 	long jobs, timers, messages, events;
-	long held; /* past their retention, kept for an undelivered event */
+	long held;                 /* past their retention, kept for an undelivered event */
+	long deliveries, attempts; /* of their events, to tenant endpoints */
 };
 
 /*
@@ -269,6 +334,8 @@ static int prune_workflows(PGconn *conn, const char *now, const char *retention_
 		n->messages += atol(PQgetvalue(res, 0, 4));
 		n->events += atol(PQgetvalue(res, 0, 5));
 		n->held += atol(PQgetvalue(res, 0, 6));
+		n->deliveries += atol(PQgetvalue(res, 0, 10));
+		n->attempts += atol(PQgetvalue(res, 0, 11));
 		if (read > 0) {
 			snprintf(after_at, sizeof(after_at), "%s", PQgetvalue(res, 0, 7));
 			snprintf(after_tenant, sizeof(after_tenant), "%s", PQgetvalue(res, 0, 8));
@@ -315,9 +382,17 @@ static int prune_batches(PGconn *conn, const char *sql, int nparams, const char 
  * to *statements. Returns 0, or -1 with e filled; the sums then hold what
  * the statements before it did.
  */
+/* What PRUNE_EVENTS did beside deleting events. */
+struct prune_ev {
+	long kept;       /* read, kept as history */
+	long held;       /* read, kept for a delivery pending or dead */
+	long deliveries; /* deleted with their events */
+	long attempts;
+};
+
 static int prune_events(PGconn *conn, const char *cutoff, const char *history_cutoff,
-                        const char *batch, int nbatch, long *deleted, long *kept, int *statements,
-                        struct err *e)
+                        const char *batch, int nbatch, long *deleted, struct prune_ev *ev,
+                        int *statements, struct err *e)
 {
 	char after_at[64] = "-infinity", after_id[24] = "0";
 
@@ -331,7 +406,10 @@ static int prune_events(PGconn *conn, const char *cutoff, const char *history_cu
 		n = atol(PQgetvalue(res, 0, 0));
 		read = atol(PQgetvalue(res, 0, 1));
 		*deleted += n;
-		*kept += read - n;
+		ev->held += atol(PQgetvalue(res, 0, 4));
+		ev->kept += read - n - atol(PQgetvalue(res, 0, 4));
+		ev->deliveries += atol(PQgetvalue(res, 0, 5));
+		ev->attempts += atol(PQgetvalue(res, 0, 6));
 		(*statements)++;
 		if (read > 0) {
 			snprintf(after_at, sizeof(after_at), "%s", PQgetvalue(res, 0, 2));
@@ -385,8 +463,9 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 {
 	static const char *const options[] = { "--outbox-retention", "--history-retention",
 		                               "--workflow-retention", "--prune-batch", NULL };
-	long keys = 0, key_stats = 0, events = 0, kept = 0, messages = 0, timers = 0;
+	long keys = 0, key_stats = 0, events = 0, messages = 0, timers = 0;
 	struct prune_wf wf = { 0 };
+	struct prune_ev ev = { 0 };
 	int statements = 0, rc;
 	char ms[24], hms[24], wms[24], batch[16], key_cutoff[64], event_cutoff[64],
 	    history_cutoff[64], wf_earliest[64];
@@ -423,7 +502,7 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	int failed =
 	    prune_batches(conn, PRUNE_KEYS, 2, pk, c->prune_batch, &keys, &key_stats, &statements,
 	                  &e) < 0 ||
-	    prune_events(conn, event_cutoff, history_cutoff, batch, c->prune_batch, &events, &kept,
+	    prune_events(conn, event_cutoff, history_cutoff, batch, c->prune_batch, &events, &ev,
 	                 &statements, &e) < 0 ||
 	    prune_batches(conn, PRUNE_MESSAGES, 2, pk, c->prune_batch, &messages, NULL, NULL, &e) <
 	        0 ||
@@ -437,14 +516,19 @@ int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv)
 	 * within history_retention). Then the workflows: workflows= deleted,
 	 * with their workflow_jobs=, workflow_timers=, workflow_messages= and
 	 * workflow_events=; workflows_held= past their retention but kept for
-	 * an event not delivered yet (pending or dead). */
+	 * an event not delivered yet (pending or dead). Then the tenant
+	 * endpoints' (sql/020_endpoints.sql): deliveries= and
+	 * delivery_attempts= deleted with their events (both passes);
+	 * deliveries_held= events past retention kept for a delivery pending
+	 * or dead. */
 	printf("prune: keys=%ld key_stats=%ld events=%ld statements=%d duration_s=%.3f "
 	       "messages=%ld timers=%ld history_kept=%ld workflows=%ld workflow_jobs=%ld "
 	       "workflow_timers=%ld workflow_messages=%ld workflow_events=%ld "
-	       "workflows_held=%ld\n",
+	       "workflows_held=%ld deliveries=%ld delivery_attempts=%ld deliveries_held=%ld\n",
 	       keys, key_stats, events, statements,
 	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, messages,
-	       timers, kept, wf.workflows, wf.jobs, wf.timers, wf.messages, wf.events, wf.held);
+	       timers, ev.kept, wf.workflows, wf.jobs, wf.timers, wf.messages, wf.events, wf.held,
+	       ev.deliveries + wf.deliveries, ev.attempts + wf.attempts, ev.held);
 	return failed ? cli_db_fail(&e) : EX_OK;
 }
 

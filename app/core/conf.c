@@ -168,6 +168,15 @@ static const struct conf_key conf_keys[] = {
 	  "dispatch (http): a 4xx other than 408/429 makes the event dead at once" },
 	{ "parallel", P_DSP, T_INT, OFF(parallel), "4", 1, 64,
 	  "dispatch (http): requests in flight at once, each on its own keep-alive connection" },
+	{ "endpoints", P_DSP, T_BOOL, OFF(endpoints), "true", 0, 0,
+	  "dispatch: also deliver the tenant endpoints' deliveries (over HTTP, whatever the sink)" },
+	{ "endpoint_disable_failures", P_DSP, T_INT, OFF(endpoint_disable_failures), "10", 1,
+	  1000000,
+	  "dispatch: failed attempts in a row before an endpoint is disabled (with "
+	  "endpoint_disable_after)" },
+	{ "endpoint_disable_after", P_DSP, T_DURATION, OFF(endpoint_disable_after), "5d", 1000, 0,
+	  "dispatch: how long an endpoint fails in a row before it is disabled (with "
+	  "endpoint_disable_failures)" },
 	{ "amqp_url", P_DSP, T_STR, OFF(amqp_url), "amqp://guest:guest@127.0.0.1:5672/", 0, 0,
 	  "dispatch (amqp): broker URL" },
 	{ "exchange", P_DSP, T_STR, OFF(exchange), "idemflow", 0, 0,

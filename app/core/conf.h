@@ -81,10 +81,13 @@ struct conf {
 	long timeout;          /* ms per delivery (http, amqp, nats, exec) */
 	int dead_on_4xx;       /* http: 4xx other than 408/429 is dead at once */
 	int parallel;          /* http: requests in flight at once */
-	char *amqp_url;        /* amqp://user:pass@host:port/vhost */
-	char *exchange;        /* amqp exchange ("" = default exchange) */
-	char *routing_key;     /* amqp routing key; "{type}" is the event type */
-	char *exec;            /* exec: shell command, event JSON on stdin */
+	int endpoints;         /* also deliver to the tenant endpoints */
+	int endpoint_disable_failures; /* failed attempts in a row before auto-disable */
+	long endpoint_disable_after;   /* ms of failing in a row before auto-disable */
+	char *amqp_url;                /* amqp://user:pass@host:port/vhost */
+	char *exchange;                /* amqp exchange ("" = default exchange) */
+	char *routing_key;             /* amqp routing key; "{type}" is the event type */
+	char *exec;                    /* exec: shell command, event JSON on stdin */
 
 	/* idemflow-dispatch, sink = nats (NATS JetStream) */
 	char *nats_url;            /* server URLs, comma-separated, tried in order */

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/utf8.h"
 #include "dispatch/dmetrics.h"
+#include "dispatch/fanout.h"
 #include "dispatch/queries.h"
 
 struct dispatcher {
@@ -31,13 +32,16 @@ struct dispatcher {
 	int chunk; /* events handed to the sink at a time */
 	struct timespec started;
 	unsigned long listening; /* db_reconnects() when LISTEN was last sent, + 1 */
+	struct fanout fan;       /* the tenant endpoints; fan.sink NULL: not ours */
 };
 
 static volatile sig_atomic_t dispatch_stopping;
+static volatile int fanout_stopping; /* dispatch_stopping, as fanout_round reads it */
 
 void dispatch_stop(void)
 {
 	dispatch_stopping = 1;
+	fanout_stopping = 1;
 }
 
 int dispatch_backoff_parse(const char *spec, long *delays, int max, struct err *e)
@@ -95,7 +99,8 @@ static int listen_again(struct dispatcher *d, struct err *e)
 	return 0;
 }
 
-struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err *e)
+struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct sink *es,
+                                struct err *e)
 {
 	struct dispatcher *d = calloc(1, sizeof(*d));
 	char host[64] = "localhost", appname[96];
@@ -144,6 +149,13 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err
 		goto fail;
 	if (c->loop && listen_again(d, e) < 0)
 		goto fail;
+	d->fan = (struct fanout){ .c = c,
+		                  .db = d->db,
+		                  .sink = es,
+		                  .delays = d->delays,
+		                  .ndelays = d->ndelays,
+		                  .seed = &d->seed,
+		                  .owner = d->owner };
 	return d;
 fail:
 	dispatch_free(d);
@@ -717,6 +729,34 @@ out:
 	return rc;
 }
 
+/* The tenant endpoints' due deliveries, batch after batch until none is
+ * due. Returns the number claimed, or -1. */
+static long drain_endpoints(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
+{
+	struct fanout_stats fs = { 0 };
+	long total = 0;
+	int n;
+
+	if (d->fan.sink == NULL)
+		return 0;
+	while (!dispatch_stopping && !out_of_time(d)) {
+		n = fanout_round(&d->fan, &fs, &fanout_stopping, e);
+		if (n < 0) {
+			total = -1;
+			break;
+		}
+		if (n == 0)
+			break;
+		total += n;
+	}
+	st->ep_claimed += fs.claimed;
+	st->ep_delivered += fs.delivered;
+	st->ep_retried += fs.retried;
+	st->ep_dead += fs.dead;
+	st->ep_disabled += fs.disabled;
+	return total;
+}
+
 /* --loop: sleep until a notification, the poll interval, the end of the
  * run or a stop signal. */
 static int wait_for_work(struct dispatcher *d, struct err *e)
@@ -774,6 +814,16 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		int n = d->c->loop ? listen_again(d, e) : 0;
 		if (n == 0)
 			n = drain(d, st, e);
+		/* Then the endpoints: the outbox's own order stays as it was,
+		 * and a receiver of the operator's that is slow or down never
+		 * holds the tenants' deliveries back for longer than a drain. */
+		if (n >= 0) {
+			long m = drain_endpoints(d, st, e);
+			if (m < 0)
+				n = -1;
+			else if (m > 0)
+				n = 1;
+		}
 		if (n < 0 && d->c->loop && e->code == ERR_DB_DOWN) {
 			/* A long-running dispatcher outlives a database restart:
 			 * wait a poll interval (or until stopped), reconnect, and

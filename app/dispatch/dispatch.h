@@ -30,17 +30,27 @@ struct dispatch_stats {
 	long pending;            /* undelivered, not dead, at the end */
 	double oldest_pending_s; /* age of the oldest of them */
 	double duration_s;
+	/* The tenant endpoints' deliveries (fanout.h), when `endpoints` is on. */
+	long ep_claimed;
+	long ep_delivered;
+	long ep_retried;
+	long ep_dead;
+	long ep_disabled; /* endpoints disabled for failing */
 };
 
 struct dispatcher;
 
 /*
- * Connect, prepare, and in loop mode LISTEN. c and s are borrowed and
- * must outlive the dispatcher. Returns NULL with e filled: ERR_CONFIG for
+ * Connect, prepare, and in loop mode LISTEN. c, s and es are borrowed and
+ * must outlive the dispatcher. es is the tenant endpoints' sink
+ * (sink_http_open_endpoints()), or NULL when this dispatcher leaves them
+ * to another (`endpoints = false`): with it, every round drains the
+ * outbox through s, then the due deliveries through es. Returns NULL with e filled: ERR_CONFIG for
  * a bad backoff, ERR_DB_DOWN when the database is unreachable, ERR_DB for
  * other database errors (e.g. not migrated).
  */
-struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct err *e) MUSTCHECK;
+struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct sink *es,
+                                struct err *e) MUSTCHECK;
 void dispatch_free(struct dispatcher *d);
 
 /* Run until nothing is due (once), or until stopped (loop), or until

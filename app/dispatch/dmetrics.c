@@ -27,12 +27,21 @@ static const char *const lag_le_text[] = { "0.01", "0.025", "0.05", "0.1", "0.25
 enum { OUT_DELIVERED, OUT_RETRIED, OUT_DEAD, OUT__COUNT };
 static const char *const outcome_names[OUT__COUNT] = { "delivered", "retried", "dead" };
 
+/* The attempt ledger's classes (sql/020_endpoints.sql), fixed: a bounded
+ * label set, every one written even at 0. */
+enum { CLS_SUCCEEDED, CLS_HTTP, CLS_TIMEOUT, CLS_CONNECT, CLS_TLS, CLS_OTHER, CLS__COUNT };
+static const char *const cls_names[CLS__COUNT] = { "succeeded", "http", "timeout",
+	                                           "connect",   "tls",  "other" };
+
 static struct {
 	char sink[16];
 	const char *textfile; /* borrowed; NULL: no writes per round */
 	int lag;              /* measure the lag: a textfile will hold it */
 	unsigned long long outcomes[OUT__COUNT];
 	unsigned long long duplicates;
+	unsigned long long ep_attempts[CLS__COUNT];   /* tenant endpoints, by class */
+	unsigned long long ep_deliveries[OUT__COUNT]; /* and what became of them */
+	unsigned long long ep_disabled;
 	unsigned long long lag_buckets[NLAG + 1]; /* per bucket; the last: +Inf */
 	double lag_sum;
 	unsigned long long lag_unknown; /* delivered, no occurred_at to measure from */
@@ -124,6 +133,24 @@ void dmetrics_outcome(const struct sink_event *ev, const struct sink_outcome *o,
 		dmetrics_round();
 }
 
+void dmetrics_endpoint_attempt(const char *cls, int dead)
+{
+	int k = CLS_OTHER;
+
+	for (int i = 0; i < CLS__COUNT; i++)
+		if (cls != NULL && strcmp(cls, cls_names[i]) == 0)
+			k = i;
+	dm.ep_attempts[k]++;
+	dm.ep_deliveries[k == CLS_SUCCEEDED ? OUT_DELIVERED : dead ? OUT_DEAD : OUT_RETRIED]++;
+	if (dm.textfile != NULL && mono_s() - dm.last_write >= 1.0)
+		dmetrics_round();
+}
+
+void dmetrics_endpoints_disabled(long n)
+{
+	dm.ep_disabled += (unsigned long long)n;
+}
+
 static void help(FILE *f, const char *name, const char *type, const char *text)
 {
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
@@ -145,6 +172,22 @@ static void write_counters(FILE *f)
 	for (int i = 0; i < OUT__COUNT; i++)
 		fprintf(f, "idemflow_dispatch_events_total{sink=\"%s\",outcome=\"%s\"} %llu\n",
 		        dm.sink, outcome_names[i], dm.outcomes[i]);
+	help(f, "idemflow_dispatch_endpoint_attempts_total", "counter",
+	     "Attempts to deliver to tenant endpoints since the dispatcher started, by outcome "
+	     "as the attempt ledger classes them.");
+	for (int i = 0; i < CLS__COUNT; i++)
+		fprintf(f, "idemflow_dispatch_endpoint_attempts_total{outcome=\"%s\"} %llu\n",
+		        cls_names[i], dm.ep_attempts[i]);
+	help(f, "idemflow_dispatch_endpoint_deliveries_total", "counter",
+	     "Tenant endpoint deliveries attempted since the dispatcher started, by what became "
+	     "of them: delivered, retried (rescheduled) or dead.");
+	for (int i = 0; i < OUT__COUNT; i++)
+		fprintf(f, "idemflow_dispatch_endpoint_deliveries_total{result=\"%s\"} %llu\n",
+		        outcome_names[i], dm.ep_deliveries[i]);
+	help(f, "idemflow_dispatch_endpoints_disabled_total", "counter",
+	     "Tenant endpoints this dispatcher disabled for failing (endpoint_disable_failures "
+	     "and endpoint_disable_after).");
+	fprintf(f, "idemflow_dispatch_endpoints_disabled_total %llu\n", dm.ep_disabled);
 	help(f, "idemflow_dispatch_broker_duplicates_total", "counter",
 	     "Delivered events the broker already held and dropped (JetStream acknowledgements "
 	     "marked duplicate); also counted as delivered.");

@@ -42,6 +42,15 @@ void dmetrics_start(const char *sink, const char *textfile, int loop);
  * Called for every attempted event of a batch, once. */
 void dmetrics_outcome(const struct sink_event *ev, const struct sink_outcome *o, int dead);
 
+/* One attempt to deliver to a tenant endpoint (fanout.c): its ledger
+ * class (struct sink_outcome's cls: succeeded, http, timeout, connect,
+ * tls, other) and what became of the delivery: delivered, retried or
+ * dead (dead: 1 when it went dead). */
+void dmetrics_endpoint_attempt(const char *cls, int dead);
+
+/* n endpoints were disabled for failing by this dispatcher's records. */
+void dmetrics_endpoints_disabled(long n);
+
 /* A round ended (with --loop): rewrite the textfile. A failed write is
  * logged once until one succeeds again, never fatal. */
 void dmetrics_round(void);

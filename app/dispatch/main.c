@@ -105,7 +105,7 @@ int main(int argc, char **argv)
 {
 	struct err e = { 0 };
 	struct conf *c;
-	struct sink *s = NULL;
+	struct sink *s = NULL, *es = NULL;
 	struct dispatcher *d = NULL;
 	struct dispatch_stats st = { 0 };
 	struct dmetrics_run run;
@@ -163,7 +163,10 @@ int main(int argc, char **argv)
 	s = sink_open(c, &e);
 	if (s == NULL)
 		goto fail;
-	d = dispatch_new(c, s, &e);
+	/* The tenant endpoints are delivered over HTTP whatever the sink. */
+	if (c->endpoints && (es = sink_http_open_endpoints(c, &e)) == NULL)
+		goto fail;
+	d = dispatch_new(c, s, es, &e);
 	if (d == NULL)
 		goto fail;
 
@@ -179,8 +182,9 @@ int main(int argc, char **argv)
 	sigaction(SIGUSR1, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	log_info("run started", "sink=%s mode=%s batch=%d max_attempts=%d", s->name,
-	         c->loop ? "loop" : "once", c->batch, c->max_attempts);
+	log_info("run started", "sink=%s mode=%s batch=%d max_attempts=%d endpoints=%s", s->name,
+	         c->loop ? "loop" : "once", c->batch, c->max_attempts,
+	         c->endpoints ? "true" : "false");
 	ran = 1;
 	if (dispatch_run(d, &st, &e) < 0)
 		goto fail;
@@ -189,6 +193,10 @@ int main(int argc, char **argv)
 	         "oldest_pending_s=%.1f duration_s=%.3f",
 	         st.claimed, st.published, st.retried, st.dead, st.broker_duplicates, st.pending,
 	         st.oldest_pending_s, st.duration_s);
+	if (c->endpoints)
+		log_info("endpoints drained",
+		         "claimed=%ld delivered=%ld retried=%ld dead=%ld disabled=%ld",
+		         st.ep_claimed, st.ep_delivered, st.ep_retried, st.ep_dead, st.ep_disabled);
 	goto out;
 fail:
 	rc = exit_code(&e);
@@ -217,6 +225,8 @@ out:
 	dispatch_free(d);
 	if (s != NULL)
 		s->close(s);
+	if (es != NULL)
+		es->close(es);
 	conf_free(c);
 	return rc;
 }

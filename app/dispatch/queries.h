@@ -37,6 +37,20 @@ enum dispatch_query_id {
 	/* --loop: on every (re)connection, since a new session listens to
 	 * nothing. */
 	DQ_LISTEN,
+	/* Tenant endpoints (fanout.c). Lease up to a batch of due pending
+	 * deliveries of enabled endpoints, each, for an endpoint with
+	 * ordering 'workflow', the first pending or dead one of its endpoint
+	 * and workflow -> (tenant_id, endpoint_id, workflow_id, seq, attempts,
+	 * event_id, type, payload, traceparent, tracestate, url, secret,
+	 * previous secret or NULL) per delivery. The attempt is counted when
+	 * it starts, as DQ_CLAIM's. */
+	DQ_FCLAIM,
+	/* Record attempts (enum dq_frecord_param) through
+	 * idemflow_deliveries_record() (sql/021_delivery_record.sql) ->
+	 * (recorded, disabled). */
+	DQ_FRECORD,
+	/* Claimed, never attempted: hand back (enum dq_frelease_param). */
+	DQ_FRELEASE,
 	DQ__COUNT
 };
 
@@ -78,6 +92,40 @@ enum dq_release_param {
 	DQ_RELEASE_IDS, /* bigint[] */
 	DQ_RELEASE_OWNER,
 	DQ_RELEASE__N
+};
+
+/* DQ_FCLAIM */
+enum dq_fclaim_param { DQ_FCLAIM_BATCH, DQ_FCLAIM_OWNER, DQ_FCLAIM_LEASE, DQ_FCLAIM__N };
+
+/* DQ_FRECORD: the arrays are of one length, an attempt's entries at one index */
+enum dq_frecord_param {
+	DQ_FRECORD_OWNER,
+	DQ_FRECORD_TENANTS,      /* bigint[] */
+	DQ_FRECORD_ENDPOINTS,    /* uuid[] */
+	DQ_FRECORD_WORKFLOWS,    /* uuid[] */
+	DQ_FRECORD_SEQS,         /* integer[] */
+	DQ_FRECORD_EVENT_IDS,    /* text[] */
+	DQ_FRECORD_STARTED,      /* float8[]: unix seconds */
+	DQ_FRECORD_DURATIONS,    /* float8[]: ms */
+	DQ_FRECORD_STATUSES,     /* integer[]: 0 = no answer */
+	DQ_FRECORD_OUTCOMES,     /* text[]: the ledger's classes */
+	DQ_FRECORD_RESPONSES,    /* text[]: the first 4 KiB of each answer */
+	DQ_FRECORD_ERRORS,       /* text[] */
+	DQ_FRECORD_DELAYS_MS,    /* bigint[] */
+	DQ_FRECORD_DEAD,         /* bool[] */
+	DQ_FRECORD_MAX_FAILURES, /* endpoint_disable_failures */
+	DQ_FRECORD_AFTER,        /* endpoint_disable_after, an interval */
+	DQ_FRECORD__N
+};
+
+/* DQ_FRELEASE: the deliveries as four arrays of one length */
+enum dq_frelease_param {
+	DQ_FRELEASE_TENANTS,
+	DQ_FRELEASE_ENDPOINTS,
+	DQ_FRELEASE_WORKFLOWS,
+	DQ_FRELEASE_SEQS,
+	DQ_FRELEASE_OWNER,
+	DQ_FRELEASE__N
 };
 
 /* DQ_STATS and DQ_LISTEN take no parameters. */

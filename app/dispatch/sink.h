@@ -35,6 +35,13 @@ struct sink_event {
 	 * TRACESTATE (exec); NULL when the event has none. */
 	const char *traceparent;
 	const char *tracestate;
+	/* A tenant endpoint's delivery (sink_http_open_endpoints() only):
+	 * where it goes and the endpoint's secrets ("whsec_<base64>"), the
+	 * previous one NULL unless a rotation's grace period runs. NULL for
+	 * the configured sink's events. */
+	const char *url;
+	const char *secret;
+	const char *secret_previous;
 };
 
 enum sink_result {
@@ -53,6 +60,17 @@ struct sink_outcome {
 	 * the same; counted apart. 0 for every sink that cannot tell. */
 	int duplicate;
 	char error[256]; /* human-readable reason when not SINK_OK */
+	/* The attempt's class for the ledger (http sink; static strings):
+	 * "succeeded", "http" (an answer that is not 2xx), "timeout",
+	 * "connect", "tls" or "other". */
+	const char *cls;
+	/* Set by the caller before deliver() (the endpoints' http sink fills
+	 * it; every other sink leaves it alone): a
+	 * buffer of body_cap bytes for the start of the answer's body, of
+	 * which body_len were received; NULL to keep none. */
+	char *body;
+	size_t body_cap;
+	size_t body_len;
 };
 
 struct sink {
@@ -75,6 +93,9 @@ struct sink {
  * may connect lazily. The caller closes with s->close(s).
  */
 struct sink *sink_http_open(const struct conf *c, struct err *e);
+/* The http sink of the tenant endpoints: each event names its own url and
+ * secrets (struct sink_event); `url` and `secret` are not read. */
+struct sink *sink_http_open_endpoints(const struct conf *c, struct err *e);
 struct sink *sink_amqp_open(const struct conf *c, struct err *e);
 struct sink *sink_nats_open(const struct conf *c, struct err *e);
 struct sink *sink_exec_open(const struct conf *c, struct err *e);

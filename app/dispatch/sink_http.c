@@ -9,6 +9,11 @@
  * serves every request so its keep-alive connection is reused across a
  * batch and across batches; events are sent one after another.
  *
+ * The tenant endpoints' sink (sink_http_open_endpoints) is the same with
+ * the url and the secrets taken from each event instead of the
+ * configuration, and the start of every answer's body kept for the
+ * attempt ledger.
+ *
  * Outcomes: 2xx delivered; 408, 429, 5xx, 3xx (redirects are not followed:
  * a moved endpoint is a configuration matter, and following one would send
  * signed events somewhere nobody configured), connection failures and
@@ -45,7 +50,8 @@ struct xfer {
 	struct http_sink *h;
 	CURL *curl;
 	struct curl_slist *hl;
-	size_t idx; /* the event's index in the batch */
+	size_t idx;             /* the event's index in the batch */
+	struct sink_outcome *o; /* its outcome, whose body buffer on_body fills */
 	double t0;
 	long retry_after_s;
 	size_t drained;
@@ -61,6 +67,7 @@ struct http_sink {
 	struct xfer *x; /* `parallel` slots */
 	int nx;
 	char *url;
+	int per_event; /* url and secrets come with each event */
 	long timeout_ms;
 	int dead_on_4xx;
 	int sign; /* a secret is configured */
@@ -178,6 +185,16 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg)
 	struct xfer *h = arg;
 	size_t len = size * n;
 
+	/* The endpoints' sink only: the configured sink's callers leave the
+	 * buffer unset. */
+	if (h->h->per_event && h->o != NULL && h->o->body != NULL &&
+	    h->o->body_len < h->o->body_cap) {
+		size_t room = h->o->body_cap - h->o->body_len;
+		size_t k = len < room ? len : room;
+
+		memcpy(h->o->body + h->o->body_len, p, k);
+		h->o->body_len += k;
+	}
 	for (size_t i = 0; i < len && h->snippet_len < HTTP_SNIPPET; i++) {
 		unsigned char c = (unsigned char)p[i];
 		/* Quoted in logs: keep it on one line and printable. */
@@ -233,7 +250,9 @@ static void outcome_http(const struct xfer *x, long status, struct sink_outcome 
 	int n;
 
 	o->status = (int)status;
+	o->cls = "http";
 	if (status >= 200 && status < 300) {
+		o->cls = "succeeded";
 		o->result = SINK_OK;
 		o->retry_after_s = -1;
 		o->error[0] = '\0';
@@ -277,8 +296,7 @@ static void transport_error(struct xfer *h, CURLcode cc, char *out, size_t outsz
 }
 
 /* The request's header list; NULL when memory ran out. */
-static struct curl_slist *build_headers(const struct http_sink *h, const struct sink_event *ev,
-                                        long ts, const char *sig)
+static struct curl_slist *build_headers(const struct sink_event *ev, long ts, const char *sig)
 {
 	const char *id = ev->event_id;
 	char line[HTTP_ID_MAX + 600];
@@ -294,7 +312,7 @@ static struct curl_slist *build_headers(const struct http_sink *h, const struct 
 	ok = ok && add_header(&hl, line) == 0;
 	/* Standard Webhooks requires a signature; without a secret there is
 	 * nothing to sign with, so the header is left out rather than faked. */
-	if (h->sign) {
+	if (*sig != '\0') {
 		snprintf(line, sizeof(line), "webhook-signature: %s", sig);
 		ok = ok && add_header(&hl, line) == 0;
 	}
@@ -324,9 +342,66 @@ static void fail_all(struct sink_outcome *outs, size_t from, size_t n, const str
 		outs[j].retry_after_s = -1;
 		outs[j].status = 0;
 		outs[j].latency_ms = 0;
+		outs[j].cls = "other";
 		snprintf(outs[j].error, sizeof(outs[j].error), "not sent: %.200s",
 		         e ? e->msg : "the sink failed");
 	}
+}
+
+/* The ledger's class of a transfer that ended without an answer. */
+static const char *transport_class(CURLcode cc)
+{
+	switch (cc) {
+	case CURLE_OPERATION_TIMEDOUT: return "timeout";
+	case CURLE_COULDNT_RESOLVE_HOST:
+	case CURLE_COULDNT_RESOLVE_PROXY:
+	case CURLE_COULDNT_CONNECT: return "connect";
+	case CURLE_SSL_CONNECT_ERROR:
+	case CURLE_PEER_FAILED_VERIFICATION:
+	case CURLE_SSL_CERTPROBLEM:
+	case CURLE_SSL_CIPHER:
+	case CURLE_SSL_CACERT_BADFILE:
+	case CURLE_SSL_ISSUER_ERROR:
+	case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+	case CURLE_SSL_INVALIDCERTSTATUS:
+	case CURLE_SSL_CRL_BADFILE:
+	case CURLE_SSL_SHUTDOWN_FAILED:
+	case CURLE_SSL_ENGINE_NOTFOUND:
+	case CURLE_SSL_ENGINE_SETFAILED:
+	case CURLE_SSL_ENGINE_INITFAILED: return "tls";
+	default: return "other";
+	}
+}
+
+/*
+ * An endpoint's event: sig = its signature header, with the event's
+ * secret and, during a rotation, its previous one. A secret the sink
+ * cannot read (the schema admits only the whsec_ form, so this is a
+ * row written by hand) makes the event dead rather than unsigned:
+ * returns -1 with o filled.
+ */
+static int sign_event(const struct sink_event *ev, long ts, const char *body,
+                      char sig[WHSIG_HEADER_MAX], struct sink_outcome *o)
+{
+	uint8_t key[WHSIG_KEY_MAX], key2[WHSIG_KEY_MAX];
+	size_t keylen = 0, key2len = 0;
+	int two = ev->secret_previous != NULL && *ev->secret_previous != '\0';
+	struct err e = { 0 };
+	int rc = 0;
+
+	if (ev->secret == NULL || whsig_key(ev->secret, key, &keylen, &e) < 0 ||
+	    (two &&
+	     whsig_key_named("previous_secret", ev->secret_previous, key2, &key2len, &e) < 0) ||
+	    whsig_sign_header(key, keylen, two ? key2 : NULL, key2len, ev->event_id, ts, body,
+	                      ev->payload_len, sig, &e) < 0) {
+		o->result = SINK_DEAD;
+		snprintf(o->error, sizeof(o->error), "cannot sign: %.200s",
+		         ev->secret == NULL ? "the endpoint has no secret" : e.msg);
+		rc = -1;
+	}
+	explicit_bzero(key, sizeof(key));
+	explicit_bzero(key2, sizeof(key2));
+	return rc;
 }
 
 /*
@@ -349,6 +424,9 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i, stru
 	o->status = 0;
 	o->latency_ms = 0;
 	o->error[0] = '\0';
+	o->cls = "other";
+	if (h->per_event)
+		o->body_len = 0;
 	if (ev->event_id == NULL || !id_is_plain(ev->event_id)) {
 		/* Sending it again cannot make it a valid header: dead at once. */
 		o->result = SINK_DEAD;
@@ -356,18 +434,24 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i, stru
 		         "event id is not 1 to %d visible ASCII characters", HTTP_ID_MAX);
 		return 0;
 	}
-	if (h->sign &&
-	    whsig_sign_header(h->key, h->keylen, h->sign_previous ? h->key_previous : NULL,
-	                      h->key_previous_len, ev->event_id, ts, body, ev->payload_len, sig,
-	                      e) < 0)
+	if (h->per_event) {
+		if (sign_event(ev, ts, body, sig, o) < 0)
+			return 0;
+	} else if (h->sign &&
+	           whsig_sign_header(h->key, h->keylen, h->sign_previous ? h->key_previous : NULL,
+	                             h->key_previous_len, ev->event_id, ts, body, ev->payload_len,
+	                             sig, e) < 0) {
 		return -1;
-	x->hl = build_headers(h, ev, ts, sig);
+	}
+	x->hl = build_headers(ev, ts, sig);
 	if (x->hl == NULL) {
 		err_set(e, ERR_INTERNAL, "out of memory");
 		return -1;
 	}
 	/* The size first: with it set, POSTFIELDS is sent as bytes, not a C string. */
-	if ((cc = curl_easy_setopt(x->curl, CURLOPT_HTTPHEADER, x->hl)) != CURLE_OK ||
+	if ((cc = curl_easy_setopt(x->curl, CURLOPT_URL,
+	                           h->per_event && ev->url ? ev->url : h->url)) != CURLE_OK ||
+	    (cc = curl_easy_setopt(x->curl, CURLOPT_HTTPHEADER, x->hl)) != CURLE_OK ||
 	    (cc = curl_easy_setopt(x->curl, CURLOPT_POSTFIELDSIZE_LARGE,
 	                           (curl_off_t)ev->payload_len)) != CURLE_OK ||
 	    (cc = curl_easy_setopt(x->curl, CURLOPT_POSTFIELDS, body)) != CURLE_OK) {
@@ -375,6 +459,7 @@ static int start_one(struct xfer *x, const struct sink_event *ev, size_t i, stru
 		return -1;
 	}
 	x->idx = i;
+	x->o = o;
 	x->retry_after_s = -1;
 	x->drained = 0;
 	x->drain_cut = 0;
@@ -413,6 +498,7 @@ static int finish_one(struct xfer *x, CURLcode cc, struct sink_outcome *o, struc
 		o->result = SINK_RETRY;
 		o->status = (int)status;
 		o->retry_after_s = x->retry_after_s;
+		o->cls = transport_class(cc);
 		if (cc == CURLE_OPERATION_TIMEDOUT)
 			snprintf(o->error, sizeof(o->error), "timeout after %ld ms", h->timeout_ms);
 		else
@@ -423,6 +509,7 @@ static int finish_one(struct xfer *x, CURLcode cc, struct sink_outcome *o, struc
 	curl_easy_setopt(x->curl, CURLOPT_HTTPHEADER, (struct curl_slist *)NULL);
 	curl_slist_free_all(x->hl);
 	x->hl = NULL;
+	x->o = NULL;
 	return rc;
 }
 
@@ -522,40 +609,43 @@ static void http_close(struct sink *s)
 	free(h);
 }
 
-struct sink *sink_http_open(const struct conf *c, struct err *e)
+static struct sink *http_open(const struct conf *c, int per_event, struct err *e)
 {
 	struct http_sink *h = NULL;
 	CURLcode cc;
 
-	if (c->url == NULL || *c->url == '\0') {
-		err_set(e, ERR_CONFIG, "url is required for sink http");
-		return NULL;
+	if (!per_event) {
+		if (c->url == NULL || *c->url == '\0') {
+			err_set(e, ERR_CONFIG, "url is required for sink http");
+			return NULL;
+		}
+		if (check_url(c->url, e) < 0)
+			return NULL;
 	}
-	if (check_url(c->url, e) < 0)
-		return NULL;
 	pthread_once(&http_once, http_global_init);
 	if (http_init_rc != CURLE_OK) {
 		err_set(e, ERR_INTERNAL, "curl_global_init: %s", curl_easy_strerror(http_init_rc));
 		return NULL;
 	}
 	h = calloc(1, sizeof(*h));
-	if (h == NULL || (h->url = strdup(c->url)) == NULL ||
+	if (h == NULL || (h->url = strdup(per_event ? "" : c->url)) == NULL ||
 	    (h->multi = curl_multi_init()) == NULL ||
 	    (h->x = calloc((size_t)c->parallel, sizeof(*h->x))) == NULL) {
 		err_set(e, ERR_INTERNAL, "out of memory");
 		goto fail;
 	}
 	h->base.name = "http";
+	h->per_event = per_event;
 	h->base.deliver = http_deliver;
 	h->base.close = http_close;
 	h->timeout_ms = c->timeout;
 	h->dead_on_4xx = c->dead_on_4xx;
-	if (c->secret != NULL && *c->secret != '\0') {
+	if (!per_event && c->secret != NULL && *c->secret != '\0') {
 		if (whsig_key(c->secret, h->key, &h->keylen, e) < 0)
 			goto fail;
 		h->sign = 1;
 	}
-	if (c->secret_previous != NULL && *c->secret_previous != '\0') {
+	if (!per_event && c->secret_previous != NULL && *c->secret_previous != '\0') {
 		if (!h->sign) {
 			err_set(e, ERR_CONFIG, "secret_previous is set without secret");
 			goto fail;
@@ -572,9 +662,9 @@ struct sink *sink_http_open(const struct conf *c, struct err *e)
 			err_set(e, ERR_INTERNAL, "out of memory");
 			goto fail;
 		}
-		/* Set once; only the headers and the body change per request. */
-		if ((cc = curl_easy_setopt(x->curl, CURLOPT_URL, h->url)) != CURLE_OK ||
-		    (cc = curl_easy_setopt(x->curl, CURLOPT_NOSIGNAL, 1L)) != CURLE_OK ||
+		/* Set once; only the url, the headers and the body change per
+		 * request. */
+		if ((cc = curl_easy_setopt(x->curl, CURLOPT_NOSIGNAL, 1L)) != CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_TCP_KEEPALIVE, 1L)) != CURLE_OK ||
 		    (cc = curl_easy_setopt(x->curl, CURLOPT_TIMEOUT_MS, h->timeout_ms)) !=
 		        CURLE_OK ||
@@ -603,4 +693,14 @@ struct sink *sink_http_open(const struct conf *c, struct err *e)
 fail:
 	http_close(h ? &h->base : NULL);
 	return NULL;
+}
+
+struct sink *sink_http_open(const struct conf *c, struct err *e)
+{
+	return http_open(c, 0, e);
+}
+
+struct sink *sink_http_open_endpoints(const struct conf *c, struct err *e)
+{
+	return http_open(c, 1, e);
 }

@@ -54,6 +54,11 @@ TARGET_COMBINED_CONNS = (16, 64)
 # under overload.
 TARGET_STORM = 0.85
 TARGET_P99_P50 = 4.0
+# Issue "fan-out born in the write's transaction": a create whose tenant
+# has FANOUT_ENDPOINTS matching endpoints costs at most this much CPU
+# (workers and PostgreSQL) per create as one whose tenant has none.
+TARGET_FANOUT_CPU = 1.05
+FANOUT_ENDPOINTS = 3
 # "No growth beyond noise" between the two memory points, per worker: a
 # page or two of malloc arena moves, a leak of even 100 bytes a request
 # would be ~9 MiB over 90k requests.
@@ -812,7 +817,7 @@ def build_results(recs, facts):
     res = {"date": facts.get("date"), "machine": facts.get("machine", {}),
            "settings": facts.get("settings", {}), "creates": [], "replays": [],
            "replays_nocache": [], "storm": [], "overload": [], "commit_delay": [],
-           "memory": None, "scale": None, "dispatch": None, "targets": []}
+           "memory": None, "scale": None, "fanout": None, "dispatch": None, "targets": []}
     rows = {r["tag"]: r["rows"] for r in recs if r.get("measure") == "rows"}
     for r in recs:
         if r.get("tag") in rows and r.get("tool") == "wrk":
@@ -968,6 +973,8 @@ def build_results(recs, facts):
                         "pgbench_ratio_own": _ratio(sc["pgbench-own"], sc["pgbench-empty"]),
                         "clean": _clean(*sc.values())}
 
+    res["fanout"] = fanout_results(recs)
+
     d = next((r for r in recs if r.get("measure") == "dispatch"), None)
     if d:
         res["dispatch"] = {k: v for k, v in d.items() if k != "measure"}
@@ -1033,7 +1040,84 @@ def build_results(recs, facts):
             if scl[key] is not None:
                 target("creates, %s %s keys / empty table" % (what, n), ">= %.2f" % TARGET_SCALE,
                        scl[key], scl[key] >= TARGET_SCALE, scl["clean"])
+    fo = res["fanout"]
+    if fo and fo["cpu_ratio"] is not None:
+        target("create CPU (workers + PostgreSQL), %d matching endpoints / none"
+               % fo["endpoints"], "<= %.2f" % TARGET_FANOUT_CPU, fo["cpu_ratio"],
+               fo["cpu_ratio"] <= TARGET_FANOUT_CPU, fo["clean"])
     return res
+
+
+def cpu_ms_per_request(r, groups):
+    """CPU milliseconds per request of a merged record, summed over the
+    process groups named (e.g. workers and postgres); None without
+    requests or CPU."""
+    if not r or not r.get("requests") or "cpu_s" not in r:
+        return None
+    return round(sum(r["cpu_s"].get(g, 0.0) for g in groups) * 1000.0 / r["requests"], 4)
+
+
+FANOUT_SIDES = ("http-none", "http-three", "pgbench-none", "pgbench-three")
+
+
+def fanout_results(recs):
+    """The fan-out measure from merged records: keyed creates (wrk) and the
+    create's SQL (pgbench) for a tenant with no endpoint and with
+    FANOUT_ENDPOINTS matching ones, rounds alternating. The cost is CPU per
+    create, not the rate: on a shared machine the rate moves with the
+    neighbours, the CPU a create takes much less. For the creates, the
+    workers' and PostgreSQL's CPU (nginx and wrk do the same work on both
+    sides); for pgbench, PostgreSQL's. None when the measure did not run."""
+    s = {k: _side(recs, "fanout", k) for k in FANOUT_SIDES}
+    if not any(s.values()):
+        return None
+    both = ("workers", "postgres")
+    ms = {"http_none": cpu_ms_per_request(s["http-none"], both),
+          "http_three": cpu_ms_per_request(s["http-three"], both),
+          "pgbench_none": cpu_ms_per_request(s["pgbench-none"], ("postgres",)),
+          "pgbench_three": cpu_ms_per_request(s["pgbench-three"], ("postgres",))}
+    return {"conns": next(r for r in s.values() if r)["conns"],
+            "endpoints": FANOUT_ENDPOINTS,
+            "none": _slim(s["http-none"]), "three": _slim(s["http-three"]),
+            "pgbench_none": _slim(s["pgbench-none"]),
+            "pgbench_three": _slim(s["pgbench-three"]),
+            "cpu_ms": ms,
+            "cpu_ratio": _div(ms["http_three"], ms["http_none"]),
+            "pgbench_cpu_ratio": _div(ms["pgbench_three"], ms["pgbench_none"]),
+            "rate_ratio": _ratio(s["http-three"], s["http-none"]),
+            "pgbench_rate_ratio": _ratio(s["pgbench-three"], s["pgbench-none"]),
+            "clean": _clean(*s.values())}
+
+
+def fanout_lines(fo):
+    """The fan-out measure's lines of the table: CPU per create, side by
+    side, and the rates."""
+    if not fo:
+        return []
+    ms = fo["cpu_ms"]
+
+    def side(name, r, cpu):
+        return "    %-30s %9s %10s/s %6s%%" % (
+            name, _f(cpu, "%.3f"), _f((r or {}).get("rate")),
+            _f((r or {}).get("others_pct"), "%.0f"))
+
+    return [
+        "",
+        "Fan-out: a create whose tenant has %d matching endpoints (a delivery each, "
+        "written by the trigger) vs none, %s connections, rounds alternating:"
+        % (fo["endpoints"], fo["conns"]),
+        "    %-30s %9s %12s %7s" % ("", "CPU ms", "rate", "others"),
+        side("creates, no endpoint", fo.get("none"), ms["http_none"]),
+        side("creates, %d endpoints" % fo["endpoints"], fo.get("three"), ms["http_three"]),
+        side("pgbench, same SQL, no endpoint", fo.get("pgbench_none"), ms["pgbench_none"]),
+        side("pgbench, same SQL, %d endpoints" % fo["endpoints"], fo.get("pgbench_three"),
+             ms["pgbench_three"]),
+        "    CPU per create, %d endpoints / none: %s (workers + PostgreSQL), %s (pgbench: "
+        "PostgreSQL); rate %s, %s" % (fo["endpoints"], _f(fo["cpu_ratio"], "%.3f"),
+                                      _f(fo["pgbench_cpu_ratio"], "%.3f"),
+                                      _f(fo["rate_ratio"], "%.3f"),
+                                      _f(fo["pgbench_rate_ratio"], "%.3f")),
+    ]
 
 
 def _status_text(st):
@@ -1166,6 +1250,7 @@ def render_table(res):
             L.append("  (vs empty tables; %s rows each in idempotency_keys, workflows, outbox of "
                      "tenant bench-large, loaded in %.0f s; creates as tenant bench (other) and "
                      "as bench-large (own), random keys)" % (n, sc["load_seconds"]))
+    L.extend(fanout_lines(res.get("fanout")))
     d = res.get("dispatch")
     if d:
         L.append(fmt % ("dispatch, http sink (vs its SQL alone)", "-", _f(d.get("http_rate")),
@@ -1478,6 +1563,9 @@ def doc_section(res, table, pngs, doc=None):
         "| scale (`--large`) | creates at 16 connections with random keys on a second "
         "database holding 5M keys, as another tenant and as the tenant that owns them | the "
         "same on the first database, emptied; the three alternate |",
+        "| fan-out (`--fanout`) | creates at 16 connections for a tenant with three endpoints "
+        "matching their event | the same for a tenant with none, alternating; CPU per create "
+        "side by side ([The fan-out's cost](#the-fan-outs-cost)) |",
         "| dispatch | `scripts/bench-dispatch -n 25000 -r 2 --no-amqp` | the dispatcher's "
         "`DQ_CLAIM` and `DQ_DONE`, taken from `app/dispatch/queries.c`, alone; alternating rounds |",
         "",
@@ -1497,6 +1585,7 @@ def doc_section(res, table, pngs, doc=None):
         "scripts/bench --commit-delay   # adds the group commit measure (~3 minutes)",
         "scripts/bench --large          # adds the 5M-key measures (~12 minutes, ~8 GB of disk;",
         "                               # BENCH_LARGE_ROWS=100000 for a small one)",
+        "scripts/bench --fanout-only    # the fan-out measure alone (~4 minutes)",
         "scripts/bench --update-doc     # also rewrites this section",
         "```",
         "",

@@ -19,8 +19,14 @@
 # reload that replaced every worker, a dispatcher that died holding events
 # not recorded as delivered, a live process). Last, "idemflow audit" and
 # "idemflow audit --rebuild" run on the database: every workflow's rows
-# follow from its events. scripts/chaos checks and
-# prints all of it; its exit status is this test's.
+# follow from its events. When the built idemflow-dispatch delivers to
+# tenant endpoints, the saga tenant has three (a healthy receiver, a
+# flapping one that answers 500 or drops requests during the load, and one
+# whose filter passes no event of the run): every matching endpoint got
+# every event its filter passes at least once, in per-workflow order,
+# signed with its secret, and nothing else; the third got nothing.
+# scripts/chaos checks and prints all of it; its exit status is this
+# test's.
 #
 # scripts/chaos starts and stops its own stack (t/run-test starts nothing
 # for t/chaos). About 50 s. The JSON record (and the stack's logs, when it

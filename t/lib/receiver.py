@@ -40,6 +40,10 @@ settings, the others stay (send {"reset": true} to restore the defaults):
   status          status for fail_next and fail_rate               (503)
   retry_after     seconds sent as Retry-After with failures, or null (null)
   fail_rate       fraction of deliveries failed at random (--seed) (0.0)
+  drop_rate       fraction of the others dropped at random: the
+                  connection closed with no answer at all, logged
+                  with status 0 (a receiver that dies or a network
+                  that drops the request)                          (0.0)
   fail_ids        webhook-ids always answered "status_for_ids"     ([])
   status_for_ids                                                   (400)
   delay_ms        wait this long before every delivery's answer    (0)
@@ -51,7 +55,7 @@ settings, the others stay (send {"reset": true} to restore the defaults):
                   its UTF-8 bytes as they are, and a lone surrogate
                   \\udcXX as the raw byte XX (not UTF-8)           (null)
 
-Precedence: fail_ids, then fail_next, then fail_rate. It answers 200 with
+Precedence: fail_ids, then fail_next, then fail_rate, then drop_rate. It answers 200 with
 the resulting settings. GET /_deliveries answers the JSON list of every
 delivery so far.
 """
@@ -74,6 +78,7 @@ DEFAULTS = {
     "status": 503,
     "retry_after": None,
     "fail_rate": 0.0,
+    "drop_rate": 0.0,
     "fail_ids": [],
     "status_for_ids": 400,
     "delay_ms": 0,
@@ -142,6 +147,8 @@ class State:
             return s["status"], True
         if s["fail_rate"] > 0 and self.rng.random() < s["fail_rate"]:
             return s["status"], True
+        if s["drop_rate"] > 0 and self.rng.random() < s["drop_rate"]:
+            return 0, True
         return s["ok_status"], False
 
     def record(self, handler, body):
@@ -256,6 +263,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.answer(400, {"error": str(exc)})
             return
         entry, delay_ms, location = self.state.record(self, body)
+        if entry["status"] == 0:
+            self.close_connection = True  # dropped: no answer at all
+            return
         if delay_ms:
             time.sleep(delay_ms / 1000.0)
         extra = []

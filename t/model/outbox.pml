@@ -48,8 +48,14 @@
  * how t/model/run-spin.sh tells which one a counterexample broke.
  * -DLIVENESS builds the liveness check instead (ltl live; pan -a -f),
  * SLOW_DISPATCHER drops its timing assumption, and its broken variant:
- *   LEASE_NEVER_ENDS     d_claim without "OR o.lease_until < now()" 
+ *   LEASE_NEVER_ENDS     d_claim without "OR o.lease_until < now()"
+ *
+ * -DFANOUT builds the other half instead, the tenant endpoints and the
+ * deliveries the trigger writes with each event (sql/020_endpoints.sql),
+ * described where it begins, at the end of this file.
  */
+
+#ifndef FANOUT
 
 #define ND 2		/* dispatchers */
 #ifndef NE
@@ -614,3 +620,327 @@ init
 #endif
 ltl live { <> [] SETTLED_ALL }
 #endif
+
+#else /* FANOUT */
+
+/*
+ * The fan-out (sql/020_endpoints.sql): tenant endpoints, and a delivery
+ * row per matching endpoint written by the trigger outbox_deliveries in
+ * the transaction that writes the event. Two workflows of two events
+ * each, two endpoints, two delivery dispatchers, a client that creates
+ * the second endpoint at any moment.
+ *
+ * Events: x = 2 * workflow + (seq - 1). Workflow 0's events are of type
+ * "order.*", workflow 1's "invoice.*". Endpoint 0 has filter_types NULL
+ * (every type) and exists from the start; endpoint 1 has filter_types
+ * {"order.*"} and is created (POST /v1/endpoints, its INSERT committed)
+ * at any moment, before, between or after the events. Both have
+ * ordering 'workflow'. A delivery is (endpoint, event): k = NX * e + x.
+ *
+ * The dispatcher's claim takes one delivery (a batch of one) "FOR UPDATE
+ * SKIP LOCKED" under a lease; the timing assumption of the safety checks
+ * above (a sink call returns within its timeout, a chunk starts only
+ * with its margin of lease left), checked there for the pipeline of
+ * batches, lets the model leave the clock out: a live dispatcher's lease
+ * does not run out; a dead one's does, at some moment (LAPSED). Any
+ * sink call may fail (MAXFAIL in all), into a retry or dead (out of
+ * attempts); one dispatcher may die (MAXDEATHS) between any two steps,
+ * after its receiver got the event too; one create's transaction may
+ * roll back after its INSERT (MAXROLLBACK), and is then written again
+ * (the client's retry under its key).
+ *
+ * Properties (each assertion's line names it):
+ *   matching     a delivery, and a sink call, only to an endpoint whose
+ *                filter matches the event's type
+ *   subscribed   the endpoints an event goes to are those whose creation
+ *                had committed when the event was written (the trigger
+ *                fired), and no other: an endpoint created after the
+ *                event committed never gets it (one committed between
+ *                the write and the event's commit may or may not); only
+ *                committed events are sent
+ *   order        per endpoint and workflow: when a sink call of (e, x)
+ *                starts, every earlier event of x's workflow that has a
+ *                delivery to e is delivered and in no sink's hands
+ *   isolation    once nothing can move: no delivery is held back only
+ *                by another endpoint's dead delivery
+ *   every        once nothing can move: every delivery's receiver got it
+ *                at least once, unless it is dead or held back by a dead
+ *                earlier delivery of its own endpoint and workflow
+ *
+ * Broken variants (-D NAME), each rejected by spin with a counterexample:
+ *   MATERIALISE_AFTER_COMMIT  no trigger: the dispatcher writes an
+ *                committed event's deliveries itself, reading the
+ *                endpoint list when it gets to it
+ *   NO_ENDPOINT_ORDER  the delivery claim without its NOT EXISTS over
+ *                earlier pending or dead deliveries
+ *   ORDER_ACROSS_ENDPOINTS  that NOT EXISTS without "p.endpoint_id =
+ *                d.endpoint_id": a workflow's earlier delivery to any
+ *                endpoint holds it back (how a dead event holds back
+ *                every consumer of the operator's sink)
+ *   NO_FILTER    the trigger without idemflow_type_matches
+ */
+
+#define ND 2		/* delivery dispatchers */
+#define NEP 2		/* endpoints */
+#define NX 4		/* events */
+#define NK 8		/* deliveries: NEP * NX */
+#ifndef MAXFAIL
+#define MAXFAIL 2	/* failed sink calls in a run of the model */
+#endif
+#ifndef MAXDEATHS
+#define MAXDEATHS 1	/* dispatcher deaths */
+#endif
+#ifndef MAXROLLBACK
+#define MAXROLLBACK 1	/* create transactions rolled back after the INSERT */
+#endif
+#define NONE 255
+
+#define WFX(x) ((x) >> 1)
+#define SEQX(x) (((x) & 1) + 1)
+#define EPK(k) ((k) / NX)
+#define EVK(k) ((k) % NX)
+#define KEY(e, x) ((e) * NX + (x))
+/* idemflow_type_matches(e.filter_types, NEW.type) */
+#define MATCHES(e, x) ((e) == 0 || WFX(x) == 0)
+#ifdef NO_FILTER
+#define TRIGGER_MATCHES(e, x) true
+#else
+#define TRIGGER_MATCHES(e, x) MATCHES(e, x)
+#endif
+
+/* deliveries.state */
+#define PENDING 0
+#define DELIVERED 1
+#define DEAD 2
+/* deliveries.lease_owner: 0 = NULL, d + 1 a live dispatcher's lease,
+ * LAPSED a dead dispatcher's, run out */
+#define LAPSED 3
+
+bit ep[NEP];		/* the endpoint's row is committed */
+bit written[NX];	/* the outbox row is inserted (committed or not) */
+bit committed[NX];	/* ... and committed */
+byte subins[NX];	/* ghost: the endpoints committed when the trigger fired */
+byte subcom[NX];	/* ghost: the endpoints committed when the event committed */
+#ifdef MATERIALISE_AFTER_COMMIT
+bit mat[NX];		/* the dispatcher has written the event's deliveries */
+#endif
+bit dexists[NK];	/* the delivery row exists */
+byte dstate[NK];
+byte downer[NK];
+bit got[NK];		/* ghost: its receiver answered 2xx at least once */
+byte sinkk[ND] = NONE;	/* the delivery in a dispatcher's sink call */
+byte fails, deaths, rollbacks;
+
+#define EPSET ((ep[0] -> 1 : 0) | (ep[1] -> 2 : 0))
+
+/* An earlier delivery of the same endpoint and workflow, not delivered:
+ * "NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.tenant_id =
+ * d.tenant_id AND p.endpoint_id = d.endpoint_id AND p.workflow_id =
+ * d.workflow_id AND p.seq < d.seq AND p.state IN ('pending', 'dead'))". */
+#define BEFORE(j, k) (EPK(j) == EPK(k) && WFX(EVK(j)) == WFX(EVK(k)) && SEQX(EVK(j)) < SEQX(EVK(k)))
+#define UNDONE(j) (dexists[j] && dstate[j] != DELIVERED)
+#define ACROSS(j, k) (WFX(EVK(j)) == WFX(EVK(k)) && SEQX(EVK(j)) < SEQX(EVK(k)))
+#ifdef NO_ENDPOINT_ORDER
+#define HELD(k) false
+#elif defined(ORDER_ACROSS_ENDPOINTS)
+#define HELD(k) ((ACROSS(0, k) && UNDONE(0)) || (ACROSS(1, k) && UNDONE(1)) || \
+                 (ACROSS(2, k) && UNDONE(2)) || (ACROSS(3, k) && UNDONE(3)) || \
+                 (ACROSS(4, k) && UNDONE(4)) || (ACROSS(5, k) && UNDONE(5)) || \
+                 (ACROSS(6, k) && UNDONE(6)) || (ACROSS(7, k) && UNDONE(7)))
+#else
+/* two events a workflow: only seq 2 has an earlier one */
+#define HELD(k) (SEQX(EVK(k)) == 2 && UNDONE((k) - 1))
+#endif
+
+/* The delivery claim's WHERE: "d.state = 'pending' AND d.next_attempt_at
+ * <= now() AND (d.lease_until IS NULL OR d.lease_until < now()) AND NOT
+ * EXISTS (...)"; a row of an uncommitted transaction is not seen. */
+#define ELIG(k) (dexists[k] && committed[EVK(k)] && dstate[k] == PENDING && \
+                 (downer[k] == 0 || downer[k] == LAPSED) && !HELD(k))
+#define ANY_ELIG (ELIG(0) || ELIG(1) || ELIG(2) || ELIG(3) || \
+                  ELIG(4) || ELIG(5) || ELIG(6) || ELIG(7))
+#ifdef MATERIALISE_AFTER_COMMIT
+#define TO_MAT (committed[0] && !mat[0] || committed[1] && !mat[1] || \
+                committed[2] && !mat[2] || committed[3] && !mat[3])
+#else
+#define TO_MAT false
+#endif
+
+/* Property order: every earlier delivery of k's endpoint and workflow
+ * is delivered and in no sink's hands. */
+#define SENT(j) (!dexists[j] || (dstate[j] == DELIVERED && sinkk[0] != (j) && sinkk[1] != (j)))
+#define ORDER_OK(k) (SEQX(EVK(k)) == 1 || SENT((k) - 1))
+/* Property subscribed, at a sink call: the event is committed and the
+ * endpoint was committed when the event committed. */
+#define SUB_OK(k) (committed[EVK(k)] && (subcom[EVK(k)] & (1 << EPK(k))))
+
+/* Writes the deliveries of event x, as the trigger (or the broken
+ * materialiser) does: every committed endpoint whose filter matches. */
+inline write_deliveries(x)
+{
+	for (e : 0 .. NEP - 1) {
+		if
+		:: ep[e] && TRIGGER_MATCHES(e, x) ->
+			assert(MATCHES(e, x));	/* property matching */
+			dexists[KEY(e, x)] = 1;
+			dstate[KEY(e, x)] = PENDING
+		:: else -> skip
+		fi
+	};
+	e = 0
+}
+
+/* A create (or any command writing an event) of workflow w: its INSERT
+ * INTO outbox, the trigger outbox_deliveries firing in it, then its
+ * commit. The workflow's row lock orders its events: seq 2 is written
+ * after seq 1 committed. */
+proctype producer(byte w)
+{
+	byte x, e;
+	x = 2 * w;
+	do
+	:: x < 2 * w + 2 ->
+		atomic {
+			written[x] = 1;
+			subins[x] = EPSET;
+#ifndef MATERIALISE_AFTER_COMMIT
+			write_deliveries(x)
+#endif
+		};
+		if
+		:: atomic {
+			/* the transaction rolls back (a failed statement after
+			 * the INSERT, the worker killed): the event and its
+			 * deliveries go together; the client retries */
+			rollbacks < MAXROLLBACK -> rollbacks++;
+			written[x] = 0;
+			subins[x] = 0;
+			for (e : 0 .. NEP - 1) {
+				dexists[KEY(e, x)] = 0
+			};
+			e = 0
+		   }
+		:: atomic { committed[x] = 1; subcom[x] = EPSET; x++ }
+		fi
+	:: else -> break
+	od
+}
+
+/* POST /v1/endpoints for endpoint 1: its INSERT commits at any moment. */
+active proctype creator()
+{
+	ep[1] = 1
+}
+
+proctype fdispatcher(byte d)
+{
+	byte k, res;
+#ifdef MATERIALISE_AFTER_COMMIT
+	byte e;
+#endif
+end:
+	do
+#ifdef MATERIALISE_AFTER_COMMIT
+	:: atomic {
+		/* the broken variant: the dispatcher writes a committed
+		 * event's deliveries, with the endpoints it reads now */
+		TO_MAT ->
+		if
+		:: committed[0] && !mat[0] -> k = 0
+		:: committed[1] && !mat[1] -> k = 1
+		:: committed[2] && !mat[2] -> k = 2
+		:: committed[3] && !mat[3] -> k = 3
+		fi;
+		mat[k] = 1;
+		write_deliveries(k);
+		k = 0
+	   }
+#endif
+	:: atomic {
+		/* The delivery claim: one due delivery, leased; then the
+		 * sink call starts, a POST of the payload to the endpoint.
+		 * Nothing another process does between the two touches
+		 * the leased row or the ones it holds back. */
+		ANY_ELIG ->
+		if
+		:: ELIG(0) -> k = 0
+		:: ELIG(1) -> k = 1
+		:: ELIG(2) -> k = 2
+		:: ELIG(3) -> k = 3
+		:: ELIG(4) -> k = 4
+		:: ELIG(5) -> k = 5
+		:: ELIG(6) -> k = 6
+		:: ELIG(7) -> k = 7
+		fi;
+		downer[k] = d + 1;
+		assert(MATCHES(EPK(k), EVK(k)));	/* property matching */
+		assert(SUB_OK(k));	/* property subscribed */
+		assert(ORDER_OK(k));	/* property order */
+		sinkk[d] = k
+	   };
+	   atomic {
+		/* The sink call returns: 2xx, or a failure (a retry, or
+		 * out of attempts: dead) ... */
+		if
+		:: got[k] = 1; res = DELIVERED
+		:: fails < MAXFAIL -> fails++; res = PENDING
+		:: fails < MAXFAIL -> fails++; res = DEAD
+		fi;
+		sinkk[d] = NONE;
+		/* ... and the dispatcher records it under "lease_owner =
+		 * $2", or is killed first (after its receiver may have got
+		 * the event): its lease runs out (the clock left out) and
+		 * another claim may take the delivery again. Killed before
+		 * the sink call is the same as not having claimed. */
+		if
+		:: deaths < MAXDEATHS -> deaths++; downer[k] = LAPSED
+		:: downer[k] == d + 1 -> dstate[k] = res; downer[k] = 0
+		fi;
+		k = 0;
+		res = 0
+	   }
+	od
+}
+
+/* An earlier delivery of k's own endpoint and workflow is dead. */
+#define OWN_DEAD(k) (SEQX(EVK(k)) == 2 && dexists[(k) - 1] && dstate[(k) - 1] == DEAD)
+/* ... of another endpoint's, same workflow. */
+#define OTHER_DEAD(k) (SEQX(EVK(k)) == 2 && dexists[(k) + NX - 1 - 2 * NX * EPK(k)] && \
+                       dstate[(k) + NX - 1 - 2 * NX * EPK(k)] == DEAD)
+#define BORN(x, e) (!(MATCHES(e, x) && (subins[x] & (1 << (e)))) || dexists[KEY(e, x)])
+#define STUCK(k) (dexists[k] && !got[k] && dstate[k] != DEAD && !OWN_DEAD(k))
+
+/* Once nothing can move (spin's timeout: every process blocked or
+ * ended, the dispatchers with nothing to claim), the final state. */
+active proctype settled()
+{
+	byte k, e;
+	timeout ->
+	atomic {
+		for (k : 0 .. NK - 1) {
+			assert(!(STUCK(k) && OTHER_DEAD(k)))	/* property isolation */
+		};
+		for (k : 0 .. NK - 1) {
+			assert(!STUCK(k));	/* property every */
+			assert(!dexists[k] || subcom[EVK(k)] & (1 << EPK(k)))	/* property subscribed */
+		};
+		for (k : 0 .. NX - 1) {
+			for (e : 0 .. NEP - 1) {
+				assert(committed[k] && BORN(k, e))	/* property every */
+			}
+		}
+	}
+}
+
+init
+{
+	atomic {
+		ep[0] = 1;
+		run producer(0);
+		run producer(1);
+		run fdispatcher(0);
+		run fdispatcher(1)
+	}
+}
+
+#endif /* FANOUT */

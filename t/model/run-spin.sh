@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# t/model/run-spin.sh - model-check the key claim, the outbox and compensation with spin.
+# t/model/run-spin.sh - model-check the key claim, the outbox (and its fan-out to
+# tenant endpoints) and compensation with spin.
 #
 # Every check builds one model with spin -a and some -D options, compiles
 # pan and runs it: a correct build must end with "errors: 0" after a
@@ -27,7 +28,7 @@ while getopts "k:lh" o; do
 	case $o in
 	k) only=$OPTARG ;;
 	l) list=1 ;;
-	*) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
+	*) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
 	esac
 done
 
@@ -83,6 +84,11 @@ CHECKS=(
 	"outbox-no-lease-guard|outbox.pml|lease|-DNE=2 -DSKIP_RECORDING -DNO_LEASE_GUARD|$BFS|"
 	"outbox-same-tx|outbox.pml|recording|$PIPE -DSAME_TX|$BFS|"
 	"outbox-requeue-clears-lease|outbox.pml|lease|-DNE=2 -DSKIP_RECORDING -DREQUEUE_CLEARS_LEASE|$BFS|"
+	"outbox-fanout|outbox.pml|ok|-DFANOUT|$SAFE|"
+	"outbox-fanout-materialise-after-commit|outbox.pml|subscribed|-DFANOUT -DMATERIALISE_AFTER_COMMIT|$BFS|"
+	"outbox-fanout-no-endpoint-order|outbox.pml|order|-DFANOUT -DNO_ENDPOINT_ORDER|$BFS|"
+	"outbox-fanout-order-across-endpoints|outbox.pml|isolation|-DFANOUT -DORDER_ACROSS_ENDPOINTS|$BFS|"
+	"outbox-fanout-no-filter|outbox.pml|matching|-DFANOUT -DNO_FILTER|$BFS|"
 	"compensation|compensation.pml|ok||$SAFE|"
 	"compensation-stale-cancel|compensation.pml|final|-DSTALE_CANCEL|$BFS|"
 	"compensation-unlocked-complete|compensation.pml|final|-DUNLOCKED_COMPLETE|$BFS|"

@@ -1,0 +1,351 @@
+/* fanout.c - the tenant endpoints' delivery loop (see fanout.h). */
+#include "dispatch/fanout.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/buf.h"
+#include "core/log.h"
+#include "core/utf8.h"
+#include "dispatch/dispatch.h"
+#include "dispatch/dmetrics.h"
+#include "dispatch/queries.h"
+
+/* The ledger keeps the first 4 KiB of every answer (delivery_attempts.response). */
+#define FANOUT_RESPONSE_MAX 4096
+
+/* The claim's columns (DQ_FCLAIM). */
+enum {
+	COL_TENANT,
+	COL_ENDPOINT,
+	COL_WORKFLOW,
+	COL_SEQ,
+	COL_ATTEMPTS,
+	COL_EVENT_ID,
+	COL_TYPE,
+	COL_PAYLOAD,
+	COL_TRACEPARENT,
+	COL_TRACESTATE,
+	COL_URL,
+	COL_SECRET,
+	COL_PREVIOUS
+};
+
+static double mono_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static double wall_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Append one element to a PostgreSQL array literal: quoted (text), or as
+ * it is (numbers, uuids, booleans). */
+static void elem(struct buf *b, const char *s, int quote)
+{
+	buf_putc(b, b->len > 0 ? ',' : '{');
+	if (!quote) {
+		buf_puts(b, s);
+		return;
+	}
+	buf_putc(b, '"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			buf_putc(b, '\\');
+		buf_putc(b, *s);
+	}
+	buf_putc(b, '"');
+}
+
+static void end(struct buf *b)
+{
+	if (b->len == 0)
+		buf_putc(b, '{');
+	buf_putc(b, '}');
+}
+
+/* The recording's arrays (DQ_FRECORD) and the release's (DQ_FRELEASE). */
+enum {
+	A_TENANT,
+	A_ENDPOINT,
+	A_WORKFLOW,
+	A_SEQ,
+	A_EVENT_ID,
+	A_STARTED,
+	A_DURATION,
+	A_STATUS,
+	A_OUTCOME,
+	A_RESPONSE,
+	A_ERROR,
+	A_DELAY,
+	A_DEAD,
+	R_TENANT,
+	R_ENDPOINT,
+	R_WORKFLOW,
+	R_SEQ,
+	A__COUNT
+};
+
+/* Log one attempt, as dispatch.c logs an event's. */
+static void log_attempt(const struct sink_event *ev, const char *endpoint,
+                        const struct sink_outcome *o, int attempt, int max, int dead)
+{
+	char line[1024], num[32];
+	size_t ll = 0;
+
+	if (o->result == SINK_OK && log_min_level > LOG_INFO)
+		return;
+	log_kv(line, sizeof(line), &ll, "event_id", ev->event_id);
+	log_kv(line, sizeof(line), &ll, "endpoint", endpoint);
+	log_kv(line, sizeof(line), &ll, "workflow", ev->workflow_id);
+	snprintf(num, sizeof(num), "%d/%d", attempt, max);
+	log_kv(line, sizeof(line), &ll, "attempt", num);
+	log_kv(line, sizeof(line), &ll, "outcome", o->cls);
+	snprintf(num, sizeof(num), "%.3f", o->latency_ms);
+	log_kv(line, sizeof(line), &ll, "latency_ms", num);
+	if (o->status) {
+		snprintf(num, sizeof(num), "%d", o->status);
+		log_kv(line, sizeof(line), &ll, "status", num);
+	}
+	if (o->result != SINK_OK)
+		log_kv(line, sizeof(line), &ll, "error", o->error);
+	if (dead)
+		log_error("delivery is dead", "%s", line);
+	else if (o->result != SINK_OK)
+		log_warning("delivery to an endpoint failed", "%s", line);
+	else
+		log_info("delivered to an endpoint", "%s", line);
+}
+
+int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *stopping,
+                 struct err *e)
+{
+	const struct conf *c = f->c;
+	PGresult *res = NULL, *rec = NULL;
+	struct sink_event *evs = NULL;
+	struct sink_outcome *outs = NULL;
+	char *bodies = NULL, *text = NULL, *clean = NULL;
+	double *started = NULL;
+	int *attempted = NULL;
+	struct buf a[A__COUNT];
+	char owner[192], batch[16], lease[32], maxf[16], after[32];
+	int n = 0, nrec = 0, nrel = 0, rc = -1;
+	double lease_end;
+
+	memset(a, 0, sizeof(a));
+	snprintf(owner, sizeof(owner), "%s:f%lu", f->owner, ++f->claims);
+	snprintf(batch, sizeof(batch), "%d", c->batch);
+	snprintf(lease, sizeof(lease), "%ld milliseconds", c->lease);
+	{
+		const char *p[DQ_FCLAIM__N] = { [DQ_FCLAIM_BATCH] = batch,
+			                        [DQ_FCLAIM_OWNER] = owner,
+			                        [DQ_FCLAIM_LEASE] = lease };
+		/* Counted from before the claim was sent: errs on the safe side. */
+		lease_end = mono_s() + (double)c->lease / 1e3;
+		res = db_run(f->db, DQ_FCLAIM, DQ_FCLAIM__N, p, e);
+	}
+	if (res == NULL)
+		goto out;
+	n = PQntuples(res);
+	if (n == 0) {
+		rc = 0;
+		goto out;
+	}
+	st->claimed += n;
+	evs = calloc((size_t)n, sizeof(*evs));
+	outs = calloc((size_t)n, sizeof(*outs));
+	attempted = calloc((size_t)n, sizeof(*attempted));
+	bodies = malloc((size_t)n * FANOUT_RESPONSE_MAX);
+	text = malloc(FANOUT_RESPONSE_MAX + 1);
+	clean = malloc(FANOUT_RESPONSE_MAX + 1);
+	started = calloc((size_t)n, sizeof(*started));
+	if (evs == NULL || outs == NULL || attempted == NULL || bodies == NULL || text == NULL ||
+	    clean == NULL || started == NULL) {
+		err_set(e, ERR_INTERNAL, "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		evs[i] = (struct sink_event){
+			.event_id = PQgetvalue(res, i, COL_EVENT_ID),
+			.type = PQgetvalue(res, i, COL_TYPE),
+			.workflow_id = PQgetvalue(res, i, COL_WORKFLOW),
+			.attempt = atoi(PQgetvalue(res, i, COL_ATTEMPTS)),
+			.max_attempts = c->max_attempts,
+			.payload = PQgetvalue(res, i, COL_PAYLOAD),
+			.payload_len = (size_t)PQgetlength(res, i, COL_PAYLOAD),
+			.traceparent = PQgetisnull(res, i, COL_TRACEPARENT)
+			                   ? NULL
+			                   : PQgetvalue(res, i, COL_TRACEPARENT),
+			.tracestate = PQgetisnull(res, i, COL_TRACESTATE)
+			                  ? NULL
+			                  : PQgetvalue(res, i, COL_TRACESTATE),
+			.url = PQgetvalue(res, i, COL_URL),
+			.secret = PQgetvalue(res, i, COL_SECRET),
+			.secret_previous = PQgetisnull(res, i, COL_PREVIOUS)
+			                       ? NULL
+			                       : PQgetvalue(res, i, COL_PREVIOUS),
+		};
+		outs[i].retry_after_s = -1;
+		outs[i].body = bodies + (size_t)i * FANOUT_RESPONSE_MAX;
+		outs[i].body_cap = FANOUT_RESPONSE_MAX;
+	}
+
+	/* Deliver in chunks that each end within `timeout`, never past the
+	 * lease (as dispatch.c's batch_deliver). Requests of one chunk run in
+	 * parallel: the claim never holds two deliveries of one endpoint and
+	 * workflow with ordering 'workflow'. */
+	for (int i = 0; i < n; i += c->parallel) {
+		int m = n - i < c->parallel ? n - i : c->parallel;
+		double t0, w0, ms;
+
+		if (*stopping ||
+		    mono_s() + (double)c->timeout / 1e3 + DISPATCH_LEASE_MARGIN_S > lease_end)
+			break;
+		t0 = mono_s();
+		w0 = wall_s();
+		if (f->sink->deliver(f->sink, evs + i, (size_t)m, outs + i, e) < 0)
+			goto out;
+		ms = (mono_s() - t0) * 1e3;
+		for (int j = i; j < i + m; j++) {
+			attempted[j] = 1;
+			if (outs[j].latency_ms <= 0)
+				outs[j].latency_ms = ms / m;
+			/* The requests of a chunk start together. */
+			started[j] = w0;
+		}
+	}
+
+	for (int i = 0; i < n; i++) {
+		struct sink_outcome *o = &outs[i];
+		const char *endpoint = PQgetvalue(res, i, COL_ENDPOINT);
+		char num[64], err[201];
+		int dead;
+		long delay;
+
+		if (!attempted[i]) {
+			elem(&a[R_TENANT], PQgetvalue(res, i, COL_TENANT), 0);
+			elem(&a[R_ENDPOINT], endpoint, 0);
+			elem(&a[R_WORKFLOW], PQgetvalue(res, i, COL_WORKFLOW), 0);
+			elem(&a[R_SEQ], PQgetvalue(res, i, COL_SEQ), 0);
+			nrel++;
+			continue;
+		}
+		if (o->cls == NULL)
+			o->cls = o->result == SINK_OK ? "succeeded" : "other";
+		if (o->status < 0 || o->status > 999)
+			o->status = 0; /* the column's range; curl reports 0..999 */
+		dead = o->result == SINK_DEAD ||
+		       (o->result == SINK_RETRY && evs[i].attempt >= c->max_attempts);
+		delay = dispatch_backoff_delay(f->delays, f->ndelays, evs[i].attempt, f->seed);
+		if (o->result != SINK_OK && o->retry_after_s >= 0 &&
+		    o->retry_after_s * 1000 > delay)
+			delay = o->retry_after_s * 1000;
+		elem(&a[A_TENANT], PQgetvalue(res, i, COL_TENANT), 0);
+		elem(&a[A_ENDPOINT], endpoint, 0);
+		elem(&a[A_WORKFLOW], evs[i].workflow_id, 0);
+		elem(&a[A_SEQ], PQgetvalue(res, i, COL_SEQ), 0);
+		elem(&a[A_EVENT_ID], evs[i].event_id, 1);
+		snprintf(num, sizeof(num), "%.3f", o->latency_ms);
+		elem(&a[A_DURATION], num, 0);
+		snprintf(num, sizeof(num), "%d", o->status);
+		elem(&a[A_STATUS], num, 0);
+		elem(&a[A_OUTCOME], o->cls, 1);
+		/* The answer as text: a NUL ends it, and what is not UTF-8
+		 * becomes U+FFFD, within the 4 KiB the column holds. */
+		memcpy(text, o->body, o->body_len);
+		text[o->body_len] = '\0';
+		utf8_copy(clean, FANOUT_RESPONSE_MAX + 1, text);
+		elem(&a[A_RESPONSE], clean, 1);
+		snprintf(num, sizeof(num), "%.6f", started[i]);
+		elem(&a[A_STARTED], num, 0);
+		utf8_copy(err, sizeof(err),
+		          o->result == SINK_OK ? ""
+		          : o->error[0]        ? o->error
+		                               : "failed");
+		elem(&a[A_ERROR], err, 1);
+		snprintf(num, sizeof(num), "%ld", o->result == SINK_OK || dead ? 0 : delay);
+		elem(&a[A_DELAY], num, 0);
+		elem(&a[A_DEAD], dead ? "t" : "f", 0);
+		nrec++;
+		if (o->result == SINK_OK)
+			st->delivered++;
+		else if (dead)
+			st->dead++;
+		else
+			st->retried++;
+		dmetrics_endpoint_attempt(o->cls, dead);
+		log_attempt(&evs[i], endpoint, o, evs[i].attempt, c->max_attempts, dead);
+	}
+	for (int k = 0; k < A__COUNT; k++)
+		end(&a[k]);
+
+	snprintf(maxf, sizeof(maxf), "%d", c->endpoint_disable_failures);
+	snprintf(after, sizeof(after), "%ld milliseconds", c->endpoint_disable_after);
+	if (nrec > 0) {
+		const char *p[DQ_FRECORD__N] = {
+			[DQ_FRECORD_OWNER] = owner,
+			[DQ_FRECORD_TENANTS] = a[A_TENANT].data,
+			[DQ_FRECORD_ENDPOINTS] = a[A_ENDPOINT].data,
+			[DQ_FRECORD_WORKFLOWS] = a[A_WORKFLOW].data,
+			[DQ_FRECORD_SEQS] = a[A_SEQ].data,
+			[DQ_FRECORD_EVENT_IDS] = a[A_EVENT_ID].data,
+			[DQ_FRECORD_STARTED] = a[A_STARTED].data,
+			[DQ_FRECORD_DURATIONS] = a[A_DURATION].data,
+			[DQ_FRECORD_STATUSES] = a[A_STATUS].data,
+			[DQ_FRECORD_OUTCOMES] = a[A_OUTCOME].data,
+			[DQ_FRECORD_RESPONSES] = a[A_RESPONSE].data,
+			[DQ_FRECORD_ERRORS] = a[A_ERROR].data,
+			[DQ_FRECORD_DELAYS_MS] = a[A_DELAY].data,
+			[DQ_FRECORD_DEAD] = a[A_DEAD].data,
+			[DQ_FRECORD_MAX_FAILURES] = maxf,
+			[DQ_FRECORD_AFTER] = after,
+		};
+		rec = db_run(f->db, DQ_FRECORD, DQ_FRECORD__N, p, e);
+		if (rec == NULL)
+			goto out;
+		long disabled = atol(PQgetvalue(rec, 0, 1));
+		if (disabled > 0) {
+			st->disabled += disabled;
+			dmetrics_endpoints_disabled(disabled);
+			log_warning("endpoints disabled for failing", "count=%ld", disabled);
+		}
+		PQclear(rec);
+		rec = NULL;
+	}
+	if (nrel > 0) {
+		const char *p[DQ_FRELEASE__N] = {
+			[DQ_FRELEASE_TENANTS] = a[R_TENANT].data,
+			[DQ_FRELEASE_ENDPOINTS] = a[R_ENDPOINT].data,
+			[DQ_FRELEASE_WORKFLOWS] = a[R_WORKFLOW].data,
+			[DQ_FRELEASE_SEQS] = a[R_SEQ].data,
+			[DQ_FRELEASE_OWNER] = owner,
+		};
+		rec = db_run(f->db, DQ_FRELEASE, DQ_FRELEASE__N, p, e);
+		if (rec == NULL)
+			goto out;
+	}
+	rc = n;
+out:
+	PQclear(res);
+	PQclear(rec);
+	free(evs);
+	free(outs);
+	free(attempted);
+	free(bodies);
+	free(text);
+	free(clean);
+	free(started);
+	for (int k = 0; k < A__COUNT; k++)
+		buf_free(&a[k]);
+	return rc;
+}

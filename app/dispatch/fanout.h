@@ -1,0 +1,62 @@
+/*
+ * fanout.h - delivering to the tenant endpoints (sql/020_endpoints.sql):
+ * the delivery loop beside the outbox loop of dispatch.c.
+ *
+ * Each event of a tenant has, from the transaction that wrote it, one
+ * delivery row per endpoint of the tenant whose filter matched. This loop
+ * claims due pending deliveries (FOR UPDATE SKIP LOCKED, leased as events
+ * are), POSTs each event's stored payload to its endpoint's URL, signed
+ * with the endpoint's secret (and its previous one during a rotation's
+ * grace period), and records every attempt in the ledger with
+ * idemflow_deliveries_record() (sql/021_delivery_record.sql), which also
+ * keeps each endpoint's health and writes the operational events.
+ *
+ * Isolation: the claim takes deliveries, not events. For an endpoint with
+ * ordering 'workflow' it skips a delivery while an earlier one of the same
+ * endpoint and workflow is pending or dead (a lookup in the deliveries'
+ * primary key): a dead delivery holds back only its own endpoint's later
+ * deliveries of that workflow, never another endpoint's, and never the
+ * operator's sink, which drains the outbox as it always has.
+ *
+ * Not for: the configured sink's events (dispatch.c), the routes that
+ * read the ledger or recover deliveries (the server).
+ */
+#ifndef IDF_FANOUT_H
+#define IDF_FANOUT_H
+
+#include "core/conf.h"
+#include "core/db.h"
+#include "core/err.h"
+#include "dispatch/sink.h"
+
+struct fanout_stats {
+	long claimed;
+	long delivered;
+	long retried;
+	long dead;
+	long disabled; /* endpoints disabled for failing */
+};
+
+/* What a round needs from its dispatcher; everything borrowed. */
+struct fanout {
+	const struct conf *c;
+	struct db *db;     /* the dispatcher's connection (prepared with dispatch_queries) */
+	struct sink *sink; /* sink_http_open_endpoints() */
+	const long *delays;
+	int ndelays;
+	unsigned *seed;
+	const char *owner;    /* host:pid */
+	unsigned long claims; /* claims made: each leases under owner:f<n> */
+};
+
+/*
+ * Claim one batch, deliver it and record it. Returns the number of
+ * deliveries claimed (0: nothing is due), or -1 with e filled when the
+ * database or the sink failed (claimed deliveries then wait for their
+ * lease to run out). *stopping is read between chunks: when it becomes
+ * true, what was not attempted is handed back.
+ */
+int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *stopping,
+                 struct err *e) MUSTCHECK;
+
+#endif
