@@ -155,6 +155,8 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct sin
 		                  .delays = d->delays,
 		                  .ndelays = d->ndelays,
 		                  .seed = &d->seed,
+		                  .backoff = dispatch_backoff_delay,
+		                  .lease_margin_s = DISPATCH_LEASE_MARGIN_S,
 		                  .owner = d->owner };
 	return d;
 fail:

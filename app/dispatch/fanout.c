@@ -9,7 +9,6 @@
 #include "core/buf.h"
 #include "core/log.h"
 #include "core/utf8.h"
-#include "dispatch/dispatch.h"
 #include "dispatch/dmetrics.h"
 #include "dispatch/queries.h"
 
@@ -209,7 +208,7 @@ int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *
 		double t0, w0, ms;
 
 		if (*stopping ||
-		    mono_s() + (double)c->timeout / 1e3 + DISPATCH_LEASE_MARGIN_S > lease_end)
+		    mono_s() + (double)c->timeout / 1e3 + f->lease_margin_s > lease_end)
 			break;
 		t0 = mono_s();
 		w0 = wall_s();
@@ -246,7 +245,7 @@ int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *
 			o->status = 0; /* the column's range; curl reports 0..999 */
 		dead = o->result == SINK_DEAD ||
 		       (o->result == SINK_RETRY && evs[i].attempt >= c->max_attempts);
-		delay = dispatch_backoff_delay(f->delays, f->ndelays, evs[i].attempt, f->seed);
+		delay = f->backoff(f->delays, f->ndelays, evs[i].attempt, f->seed);
 		if (o->result != SINK_OK && o->retry_after_s >= 0 &&
 		    o->retry_after_s * 1000 > delay)
 			delay = o->retry_after_s * 1000;

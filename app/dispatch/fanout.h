@@ -45,6 +45,10 @@ struct fanout {
 	const long *delays;
 	int ndelays;
 	unsigned *seed;
+	/* The back-off and the lease margin of dispatch.h, handed down so
+	 * that this module needs nothing of the loop above it. */
+	long (*backoff)(const long *delays, int n, int attempt, unsigned *seed);
+	int lease_margin_s;
 	const char *owner;    /* host:pid */
 	unsigned long claims; /* claims made: each leases under owner:f<n> */
 };
