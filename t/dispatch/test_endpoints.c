@@ -650,3 +650,67 @@ Test(endpoints, a_recovered_delivery_says_so_when_it_gets_through)
 		          "%s", out);
 	}
 }
+
+/* t/dispatch/whverify/verify.cjs over r's deliveries with secret: its
+ * output, one line per delivery ("ok" or "fail: ..."). */
+static void verify(const struct receiver *r, const char *secret, char *out, size_t n)
+{
+	char cmd[2048];
+	size_t len = 0;
+	FILE *f;
+
+	const char *top = getenv("top_srcdir"); /* set by make check; else run from the top */
+
+	snprintf(cmd, sizeof(cmd), "node '%s/t/dispatch/whverify/verify.cjs' '%s' '%s'",
+	         top != NULL ? top : ".", secret, r->log_path);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	while (len + 1 < n && fgets(out + len, (int)(n - len), f) != NULL)
+		len += strlen(out + len);
+	out[len] = '\0';
+	pclose(f);
+}
+
+Test(endpoints, the_official_library_verifies_either_secret_during_the_grace_period_only)
+{
+	const char *p[2] = { td.tenant, SECRET_C };
+	struct receiver_delivery *d;
+	char out[1024];
+	size_t n;
+
+	/* A's secret was rotated from SECRET_C to SECRET_A an hour's grace
+	 * ago: both sign. */
+	endpoint(EP_A, &ra, SECRET_A, NULL, "workflow");
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE endpoints SET previous_secret = $2,"
+	                      " previous_secret_until = now() + interval '1 hour'"
+	                      " WHERE tenant_id = $1",
+	                      2, p));
+	tdispatch_seed(&td, 1, 1, "workflow.created");
+	run_until_settled(NULL, 10);
+	/* The grace period is over (the previous secret stays in the row
+	 * until a revoke or the next rotation): only the new one signs. */
+	PQclear(
+	    tdispatch_sql(&td,
+	                  "UPDATE endpoints SET previous_secret_until = now() - interval '1 second'"
+	                  " WHERE tenant_id = $1",
+	                  1, p));
+	tdispatch_seed(&td, 1, 1, "workflow.created");
+	run_until_settled(NULL, 10);
+
+	cr_assert_eq(receiver_deliveries(&ra, &d, &n), 0, "%s", ra.error);
+	cr_assert_eq(n, 2);
+	cr_assert_not_null(strchr(d[0].signature, ' '), "two signatures: %s", d[0].signature);
+	cr_assert_eq(strncmp(d[0].signature, "v1,", 3), 0);
+	cr_assert_not_null(strstr(d[0].signature, " v1,"));
+	cr_assert_null(strchr(d[1].signature, ' '), "one signature: %s", d[1].signature);
+	receiver_deliveries_free(d, n);
+
+	verify(&ra, SECRET_A, out, sizeof(out));
+	cr_assert_str_eq(out, "ok\nok\n", "the new secret verifies both");
+	verify(&ra, SECRET_C, out, sizeof(out));
+	cr_assert_eq(strncmp(out, "ok\nfail: ", 9), 0,
+	             "the old secret verifies the first only: \"%s\"", out);
+	verify(&ra, SECRET_B, out, sizeof(out));
+	cr_assert_eq(strncmp(out, "fail: ", 6), 0, "another secret verifies nothing: \"%s\"", out);
+}
