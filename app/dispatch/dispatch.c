@@ -155,6 +155,8 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct sin
 		                  .delays = d->delays,
 		                  .ndelays = d->ndelays,
 		                  .seed = &d->seed,
+		                  .backoff = dispatch_backoff_delay,
+		                  .lease_margin_s = DISPATCH_LEASE_MARGIN_S,
 		                  .owner = d->owner };
 	return d;
 fail:
@@ -729,32 +731,28 @@ out:
 	return rc;
 }
 
+/* fanout_drain's "more": while the run has time. */
+static int fanout_more(void *arg)
+{
+	return !out_of_time(arg);
+}
+
 /* The tenant endpoints' due deliveries, batch after batch until none is
- * due. Returns the number claimed, or -1. */
-static long drain_endpoints(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
+ * due. Returns 1 when something was claimed, 0 when nothing, or -1. */
+static int drain_endpoints(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 {
 	struct fanout_stats fs = { 0 };
-	long total = 0;
 	int n;
 
-	if (d->fan.sink == NULL)
+	if (d->fan.sink == NULL || dispatch_stopping || out_of_time(d))
 		return 0;
-	while (!dispatch_stopping && !out_of_time(d)) {
-		n = fanout_round(&d->fan, &fs, &fanout_stopping, e);
-		if (n < 0) {
-			total = -1;
-			break;
-		}
-		if (n == 0)
-			break;
-		total += n;
-	}
+	n = fanout_drain(&d->fan, &fs, &fanout_stopping, fanout_more, d, e);
 	st->ep_claimed += fs.claimed;
 	st->ep_delivered += fs.delivered;
 	st->ep_retried += fs.retried;
 	st->ep_dead += fs.dead;
 	st->ep_disabled += fs.disabled;
-	return total;
+	return n;
 }
 
 /* --loop: sleep until a notification, the poll interval, the end of the
@@ -818,7 +816,7 @@ int dispatch_run(struct dispatcher *d, struct dispatch_stats *st, struct err *e)
 		 * and a receiver of the operator's that is slow or down never
 		 * holds the tenants' deliveries back for longer than a drain. */
 		if (n >= 0) {
-			long m = drain_endpoints(d, st, e);
+			int m = drain_endpoints(d, st, e);
 			if (m < 0)
 				n = -1;
 			else if (m > 0)

@@ -1,6 +1,8 @@
 /* fanout.c - the tenant endpoints' delivery loop (see fanout.h). */
 #include "dispatch/fanout.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +11,6 @@
 #include "core/buf.h"
 #include "core/log.h"
 #include "core/utf8.h"
-#include "dispatch/dispatch.h"
 #include "dispatch/dmetrics.h"
 #include "dispatch/queries.h"
 
@@ -127,55 +128,58 @@ static void log_attempt(const struct sink_event *ev, const char *endpoint,
 		log_info("delivered to an endpoint", "%s", line);
 }
 
-int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *stopping,
-                 struct err *e)
+/* A claimed batch, from its claim to its recording. */
+struct fbatch {
+	PGresult *res; /* the claim's rows; the events point into them */
+	char owner[192];
+	int n;
+	double lease_end; /* monotonic s */
+	struct sink_event *evs;
+	struct sink_outcome *outs;
+	int *attempted;
+	double *started; /* unix s */
+	char *bodies;
+	struct buf a[A__COUNT]; /* the recording's and the release's arrays */
+	int nrec, nrel;
+};
+
+static void fbatch_free(struct fbatch *b)
+{
+	PQclear(b->res);
+	free(b->evs);
+	free(b->outs);
+	free(b->attempted);
+	free(b->started);
+	free(b->bodies);
+	for (int k = 0; k < A__COUNT; k++)
+		buf_free(&b->a[k]);
+	memset(b, 0, sizeof(*b));
+}
+
+/* Take over a claim's rows (res is b's from now on). */
+static int fbatch_init(const struct fanout *f, struct fbatch *b, PGresult *res, const char *owner,
+                       double lease_end, struct err *e)
 {
 	const struct conf *c = f->c;
-	PGresult *res = NULL, *rec = NULL;
-	struct sink_event *evs = NULL;
-	struct sink_outcome *outs = NULL;
-	char *bodies = NULL, *text = NULL, *clean = NULL;
-	double *started = NULL;
-	int *attempted = NULL;
-	struct buf a[A__COUNT];
-	char owner[192], batch[16], lease[32], maxf[16], after[32];
-	int n = 0, nrec = 0, nrel = 0, rc = -1;
-	double lease_end;
+	int n = PQntuples(res);
 
-	memset(a, 0, sizeof(a));
-	snprintf(owner, sizeof(owner), "%s:f%lu", f->owner, ++f->claims);
-	snprintf(batch, sizeof(batch), "%d", c->batch);
-	snprintf(lease, sizeof(lease), "%ld milliseconds", c->lease);
-	{
-		const char *p[DQ_FCLAIM__N] = { [DQ_FCLAIM_BATCH] = batch,
-			                        [DQ_FCLAIM_OWNER] = owner,
-			                        [DQ_FCLAIM_LEASE] = lease };
-		/* Counted from before the claim was sent: errs on the safe side. */
-		lease_end = mono_s() + (double)c->lease / 1e3;
-		res = db_run(f->db, DQ_FCLAIM, DQ_FCLAIM__N, p, e);
-	}
-	if (res == NULL)
-		goto out;
-	n = PQntuples(res);
-	if (n == 0) {
-		rc = 0;
-		goto out;
-	}
-	st->claimed += n;
-	evs = calloc((size_t)n, sizeof(*evs));
-	outs = calloc((size_t)n, sizeof(*outs));
-	attempted = calloc((size_t)n, sizeof(*attempted));
-	bodies = malloc((size_t)n * FANOUT_RESPONSE_MAX);
-	text = malloc(FANOUT_RESPONSE_MAX + 1);
-	clean = malloc(FANOUT_RESPONSE_MAX + 1);
-	started = calloc((size_t)n, sizeof(*started));
-	if (evs == NULL || outs == NULL || attempted == NULL || bodies == NULL || text == NULL ||
-	    clean == NULL || started == NULL) {
-		err_set(e, ERR_INTERNAL, "out of memory");
-		goto out;
-	}
+	memset(b, 0, sizeof(*b));
+	b->res = res;
+	b->n = n;
+	b->lease_end = lease_end;
+	snprintf(b->owner, sizeof(b->owner), "%s", owner);
+	if (n == 0)
+		return 0;
+	b->evs = calloc((size_t)n, sizeof(*b->evs));
+	b->outs = calloc((size_t)n, sizeof(*b->outs));
+	b->attempted = calloc((size_t)n, sizeof(*b->attempted));
+	b->started = calloc((size_t)n, sizeof(*b->started));
+	b->bodies = malloc((size_t)n * FANOUT_RESPONSE_MAX);
+	if (b->evs == NULL || b->outs == NULL || b->attempted == NULL || b->started == NULL ||
+	    b->bodies == NULL)
+		return err_set(e, ERR_INTERNAL, "out of memory");
 	for (int i = 0; i < n; i++) {
-		evs[i] = (struct sink_event){
+		b->evs[i] = (struct sink_event){
 			.event_id = PQgetvalue(res, i, COL_EVENT_ID),
 			.type = PQgetvalue(res, i, COL_TYPE),
 			.workflow_id = PQgetvalue(res, i, COL_WORKFLOW),
@@ -195,66 +199,108 @@ int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *
 			                       ? NULL
 			                       : PQgetvalue(res, i, COL_PREVIOUS),
 		};
-		outs[i].retry_after_s = -1;
-		outs[i].body = bodies + (size_t)i * FANOUT_RESPONSE_MAX;
-		outs[i].body_cap = FANOUT_RESPONSE_MAX;
+		b->outs[i].retry_after_s = -1;
+		b->outs[i].body = b->bodies + (size_t)i * FANOUT_RESPONSE_MAX;
+		b->outs[i].body_cap = FANOUT_RESPONSE_MAX;
 	}
+	return 0;
+}
 
-	/* Deliver in chunks that each end within `timeout`, never past the
-	 * lease (as dispatch.c's batch_deliver). Requests of one chunk run in
-	 * parallel: the claim never holds two deliveries of one endpoint and
-	 * workflow with ordering 'workflow'. */
-	for (int i = 0; i < n; i += c->parallel) {
-		int m = n - i < c->parallel ? n - i : c->parallel;
+/* Claim a batch into b. Returns its size, or -1. */
+static int fbatch_claim(struct fanout *f, struct fbatch *b, struct err *e)
+{
+	const struct conf *c = f->c;
+	char owner[192], batch[16], lease[32];
+	double lease_end;
+	PGresult *res;
+
+	snprintf(owner, sizeof(owner), "%s:f%lu", f->owner, ++f->claims);
+	snprintf(batch, sizeof(batch), "%d", c->batch);
+	snprintf(lease, sizeof(lease), "%ld milliseconds", c->lease);
+	const char *p[DQ_FCLAIM__N] = {
+		[DQ_FCLAIM_BATCH] = batch, [DQ_FCLAIM_OWNER] = owner, [DQ_FCLAIM_LEASE] = lease
+	};
+	/* Counted from before the claim was sent: errs on the safe side. */
+	lease_end = mono_s() + (double)c->lease / 1e3;
+	res = db_run(f->db, DQ_FCLAIM, DQ_FCLAIM__N, p, e);
+	if (res == NULL)
+		return -1;
+	if (fbatch_init(f, b, res, owner, lease_end, e) < 0)
+		return -1;
+	return b->n;
+}
+
+/* Deliver in chunks that each end within `timeout`, never past the lease
+ * (as dispatch.c's batch_deliver). Requests of one chunk run in parallel:
+ * the claim never holds two deliveries of one endpoint and workflow with
+ * ordering 'workflow'. Returns 0, or -1 when the sink failed. */
+static int fbatch_deliver(struct fanout *f, struct fbatch *b, volatile const int *stopping,
+                          struct err *e)
+{
+	const struct conf *c = f->c;
+
+	for (int i = 0; i < b->n; i += c->parallel) {
+		int m = b->n - i < c->parallel ? b->n - i : c->parallel;
 		double t0, w0, ms;
 
 		if (*stopping ||
-		    mono_s() + (double)c->timeout / 1e3 + DISPATCH_LEASE_MARGIN_S > lease_end)
+		    mono_s() + (double)c->timeout / 1e3 + f->lease_margin_s > b->lease_end)
 			break;
 		t0 = mono_s();
 		w0 = wall_s();
-		if (f->sink->deliver(f->sink, evs + i, (size_t)m, outs + i, e) < 0)
-			goto out;
+		if (f->sink->deliver(f->sink, b->evs + i, (size_t)m, b->outs + i, e) < 0)
+			return -1;
 		ms = (mono_s() - t0) * 1e3;
 		for (int j = i; j < i + m; j++) {
-			attempted[j] = 1;
-			if (outs[j].latency_ms <= 0)
-				outs[j].latency_ms = ms / m;
-			/* The requests of a chunk start together. */
-			started[j] = w0;
+			b->attempted[j] = 1;
+			if (b->outs[j].latency_ms <= 0)
+				b->outs[j].latency_ms = ms / m;
+			b->started[j] = w0; /* the requests of a chunk start together */
 		}
 	}
+	return 0;
+}
 
-	for (int i = 0; i < n; i++) {
-		struct sink_outcome *o = &outs[i];
+/* The outcomes as the recording's arrays; log and count each attempt. */
+static void fbatch_outcome(struct fanout *f, struct fbatch *b, struct fanout_stats *st)
+{
+	const struct conf *c = f->c;
+	PGresult *res = b->res;
+	struct buf *a = b->a;
+	char text[FANOUT_RESPONSE_MAX + 1], clean[FANOUT_RESPONSE_MAX + 1];
+
+	for (int i = 0; i < b->n; i++) {
+		struct sink_outcome *o = &b->outs[i];
 		const char *endpoint = PQgetvalue(res, i, COL_ENDPOINT);
 		char num[64], err[201];
 		int dead;
 		long delay;
 
-		if (!attempted[i]) {
+		if (!b->attempted[i]) {
 			elem(&a[R_TENANT], PQgetvalue(res, i, COL_TENANT), 0);
 			elem(&a[R_ENDPOINT], endpoint, 0);
 			elem(&a[R_WORKFLOW], PQgetvalue(res, i, COL_WORKFLOW), 0);
 			elem(&a[R_SEQ], PQgetvalue(res, i, COL_SEQ), 0);
-			nrel++;
+			b->nrel++;
 			continue;
 		}
 		if (o->cls == NULL)
 			o->cls = o->result == SINK_OK ? "succeeded" : "other";
 		if (o->status < 0 || o->status > 999)
-			o->status = 0; /* the column's range; curl reports 0..999 */
+			o->status = 0; /* the column's range */
 		dead = o->result == SINK_DEAD ||
-		       (o->result == SINK_RETRY && evs[i].attempt >= c->max_attempts);
-		delay = dispatch_backoff_delay(f->delays, f->ndelays, evs[i].attempt, f->seed);
+		       (o->result == SINK_RETRY && b->evs[i].attempt >= c->max_attempts);
+		delay = f->backoff(f->delays, f->ndelays, b->evs[i].attempt, f->seed);
 		if (o->result != SINK_OK && o->retry_after_s >= 0 &&
 		    o->retry_after_s * 1000 > delay)
 			delay = o->retry_after_s * 1000;
 		elem(&a[A_TENANT], PQgetvalue(res, i, COL_TENANT), 0);
 		elem(&a[A_ENDPOINT], endpoint, 0);
-		elem(&a[A_WORKFLOW], evs[i].workflow_id, 0);
+		elem(&a[A_WORKFLOW], b->evs[i].workflow_id, 0);
 		elem(&a[A_SEQ], PQgetvalue(res, i, COL_SEQ), 0);
-		elem(&a[A_EVENT_ID], evs[i].event_id, 1);
+		elem(&a[A_EVENT_ID], b->evs[i].event_id, 1);
+		snprintf(num, sizeof(num), "%.6f", b->started[i]);
+		elem(&a[A_STARTED], num, 0);
 		snprintf(num, sizeof(num), "%.3f", o->latency_ms);
 		elem(&a[A_DURATION], num, 0);
 		snprintf(num, sizeof(num), "%d", o->status);
@@ -264,10 +310,8 @@ int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *
 		 * becomes U+FFFD, within the 4 KiB the column holds. */
 		memcpy(text, o->body, o->body_len);
 		text[o->body_len] = '\0';
-		utf8_copy(clean, FANOUT_RESPONSE_MAX + 1, text);
+		utf8_copy(clean, sizeof(clean), text);
 		elem(&a[A_RESPONSE], clean, 1);
-		snprintf(num, sizeof(num), "%.6f", started[i]);
-		elem(&a[A_STARTED], num, 0);
 		utf8_copy(err, sizeof(err),
 		          o->result == SINK_OK ? ""
 		          : o->error[0]        ? o->error
@@ -276,7 +320,7 @@ int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *
 		snprintf(num, sizeof(num), "%ld", o->result == SINK_OK || dead ? 0 : delay);
 		elem(&a[A_DELAY], num, 0);
 		elem(&a[A_DEAD], dead ? "t" : "f", 0);
-		nrec++;
+		b->nrec++;
 		if (o->result == SINK_OK)
 			st->delivered++;
 		else if (dead)
@@ -284,16 +328,27 @@ int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *
 		else
 			st->retried++;
 		dmetrics_endpoint_attempt(o->cls, dead);
-		log_attempt(&evs[i], endpoint, o, evs[i].attempt, c->max_attempts, dead);
+		log_attempt(&b->evs[i], endpoint, o, b->evs[i].attempt, c->max_attempts, dead);
 	}
 	for (int k = 0; k < A__COUNT; k++)
 		end(&a[k]);
+}
+
+/* Record b's attempts and hand back what it did not attempt. Returns the
+ * endpoints disabled, or -1. */
+static long fbatch_record(struct fanout *f, struct fbatch *b, struct err *e)
+{
+	const struct conf *c = f->c;
+	struct buf *a = b->a;
+	char maxf[16], after[32];
+	PGresult *res;
+	long disabled = 0;
 
 	snprintf(maxf, sizeof(maxf), "%d", c->endpoint_disable_failures);
 	snprintf(after, sizeof(after), "%ld milliseconds", c->endpoint_disable_after);
-	if (nrec > 0) {
+	if (b->nrec > 0) {
 		const char *p[DQ_FRECORD__N] = {
-			[DQ_FRECORD_OWNER] = owner,
+			[DQ_FRECORD_OWNER] = b->owner,
 			[DQ_FRECORD_TENANTS] = a[A_TENANT].data,
 			[DQ_FRECORD_ENDPOINTS] = a[A_ENDPOINT].data,
 			[DQ_FRECORD_WORKFLOWS] = a[A_WORKFLOW].data,
@@ -310,42 +365,134 @@ int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *
 			[DQ_FRECORD_MAX_FAILURES] = maxf,
 			[DQ_FRECORD_AFTER] = after,
 		};
-		rec = db_run(f->db, DQ_FRECORD, DQ_FRECORD__N, p, e);
-		if (rec == NULL)
-			goto out;
-		long disabled = atol(PQgetvalue(rec, 0, 1));
-		if (disabled > 0) {
-			st->disabled += disabled;
-			dmetrics_endpoints_disabled(disabled);
-			log_warning("endpoints disabled for failing", "count=%ld", disabled);
-		}
-		PQclear(rec);
-		rec = NULL;
+		res = db_run(f->db, DQ_FRECORD, DQ_FRECORD__N, p, e);
+		if (res == NULL)
+			return -1;
+		disabled = atol(PQgetvalue(res, 0, 1));
+		PQclear(res);
 	}
-	if (nrel > 0) {
+	if (b->nrel > 0) {
 		const char *p[DQ_FRELEASE__N] = {
 			[DQ_FRELEASE_TENANTS] = a[R_TENANT].data,
 			[DQ_FRELEASE_ENDPOINTS] = a[R_ENDPOINT].data,
 			[DQ_FRELEASE_WORKFLOWS] = a[R_WORKFLOW].data,
 			[DQ_FRELEASE_SEQS] = a[R_SEQ].data,
-			[DQ_FRELEASE_OWNER] = owner,
+			[DQ_FRELEASE_OWNER] = b->owner,
 		};
-		rec = db_run(f->db, DQ_FRELEASE, DQ_FRELEASE__N, p, e);
-		if (rec == NULL)
-			goto out;
+		res = db_run(f->db, DQ_FRELEASE, DQ_FRELEASE__N, p, e);
+		if (res == NULL)
+			return -1;
+		PQclear(res);
 	}
-	rc = n;
+	return disabled;
+}
+
+static void count_disabled(struct fanout_stats *st, long disabled)
+{
+	if (disabled <= 0)
+		return;
+	st->disabled += disabled;
+	dmetrics_endpoints_disabled(disabled);
+	log_warning("endpoints disabled for failing", "count=%ld", disabled);
+}
+
+/* The database's half of a step, on a thread of its own while the main
+ * thread delivers: record the batch before (if any), then claim the next
+ * (if asked). The main thread does not touch the connection meanwhile. */
+struct fstep {
+	struct fanout *f;
+	struct fbatch *prev; /* NULL: nothing to record */
+	struct fbatch *next; /* NULL: no claim */
+	long disabled;
+	int rc;
+	struct err e;
+};
+
+static void fstep_run(struct fstep *s)
+{
+	err_clear(&s->e);
+	s->rc = 0;
+	s->disabled = 0;
+	if (s->prev != NULL) {
+		s->disabled = fbatch_record(s->f, s->prev, &s->e);
+		if (s->disabled < 0) {
+			s->rc = -1;
+			return;
+		}
+	}
+	if (s->next != NULL && fbatch_claim(s->f, s->next, &s->e) < 0)
+		s->rc = -1;
+}
+
+static void *fstep_main(void *arg)
+{
+	fstep_run(arg);
+	return NULL;
+}
+
+int fanout_drain(struct fanout *f, struct fanout_stats *st, volatile const int *stopping,
+                 int (*more)(void *arg), void *arg, struct err *e)
+{
+	struct fbatch prev, cur, next;
+	long claimed = 0;
+	int rc = -1;
+
+	memset(&prev, 0, sizeof(prev));
+	memset(&next, 0, sizeof(next));
+	if (fbatch_claim(f, &cur, e) < 0)
+		goto out;
+	while (cur.n > 0) {
+		struct fstep s = { .f = f, .prev = prev.res ? &prev : NULL };
+		int go_on = !*stopping && more(arg);
+		pthread_t th;
+		sigset_t all, old;
+		int threaded, delivered;
+
+		st->claimed += cur.n;
+		claimed += cur.n;
+		s.next = go_on ? &next : NULL;
+		/* PostgreSQL records the batch before and claims the next while
+		 * the sink delivers this one. The next claim cannot take a later
+		 * delivery of an endpoint and workflow in this one: those are
+		 * still pending. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &old);
+		threaded = pthread_create(&th, NULL, fstep_main, &s) == 0;
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (!threaded)
+			fstep_run(&s);
+		delivered = fbatch_deliver(f, &cur, stopping, e);
+		if (threaded)
+			pthread_join(th, NULL);
+		if (s.rc < 0) {
+			if (delivered == 0)
+				*e = s.e;
+			goto out; /* the leases run out; those deliveries are sent again */
+		}
+		count_disabled(st, s.disabled);
+		if (delivered < 0)
+			goto out;
+		fbatch_free(&prev);
+		fbatch_outcome(f, &cur, st);
+		prev = cur;
+		if (go_on) {
+			cur = next;
+			memset(&next, 0, sizeof(next));
+		} else {
+			memset(&cur, 0, sizeof(cur));
+		}
+	}
+	/* The last delivered batch is recorded on its own. */
+	if (prev.res != NULL) {
+		long disabled = fbatch_record(f, &prev, e);
+		if (disabled < 0)
+			goto out;
+		count_disabled(st, disabled);
+	}
+	rc = claimed > 0;
 out:
-	PQclear(res);
-	PQclear(rec);
-	free(evs);
-	free(outs);
-	free(attempted);
-	free(bodies);
-	free(text);
-	free(clean);
-	free(started);
-	for (int k = 0; k < A__COUNT; k++)
-		buf_free(&a[k]);
+	fbatch_free(&prev);
+	fbatch_free(&cur);
+	fbatch_free(&next);
 	return rc;
 }

@@ -45,18 +45,25 @@ struct fanout {
 	const long *delays;
 	int ndelays;
 	unsigned *seed;
+	/* The back-off and the lease margin of dispatch.h, handed down so
+	 * that this module needs nothing of the loop above it. */
+	long (*backoff)(const long *delays, int n, int attempt, unsigned *seed);
+	int lease_margin_s;
 	const char *owner;    /* host:pid */
 	unsigned long claims; /* claims made: each leases under owner:f<n> */
 };
 
 /*
- * Claim one batch, deliver it and record it. Returns the number of
- * deliveries claimed (0: nothing is due), or -1 with e filled when the
- * database or the sink failed (claimed deliveries then wait for their
- * lease to run out). *stopping is read between chunks: when it becomes
- * true, what was not attempted is handed back.
+ * Claim, deliver and record batch after batch until a claim comes back
+ * empty, *stopping becomes true or more(arg) says no more. While the
+ * sink delivers batch k, a thread records batch k-1 and claims batch k+1
+ * on the connection (the loop does not touch it meanwhile). Returns 1
+ * when it claimed something, 0 when nothing was due, or -1 with e filled
+ * when the database or the sink failed (claimed deliveries then wait for
+ * their lease to run out and are sent again). What a stop leaves
+ * unattempted is handed back.
  */
-int fanout_round(struct fanout *f, struct fanout_stats *st, volatile const int *stopping,
-                 struct err *e) MUSTCHECK;
+int fanout_drain(struct fanout *f, struct fanout_stats *st, volatile const int *stopping,
+                 int (*more)(void *arg), void *arg, struct err *e) MUSTCHECK;
 
 #endif

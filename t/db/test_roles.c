@@ -394,6 +394,52 @@ Test(roles, the_dispatcher_delivers_as_idemflow_dispatcher)
 	                          " AND published_at IS NOT NULL AND attempts = 1",
 	                          t.id_text),
 	             2);
+
+	/* A tenant endpoint nobody listens at (port 1): the delivery, its
+	 * attempt, the endpoint's health and delivery.exhausted in the
+	 * outbox, all written as the dispatcher. */
+	tstack_exec(tstack_db(),
+	            "INSERT INTO endpoints (tenant_id, id, url, secret) VALUES ($1,"
+	            " gen_random_uuid(), 'http://127.0.0.1:1/hook',"
+	            " 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')",
+	            t.id_text);
+	tstack_exec(tstack_db(),
+	            "WITH w AS (INSERT INTO workflows (tenant_id, id, type, input, created_at,"
+	            "  updated_at) VALUES ($1, gen_random_uuid(), 'roles', '{}', now(), now())"
+	            "  RETURNING tenant_id, id)"
+	            " INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " SELECT id || '.1', tenant_id, id, 1, 'workflow.created', '{}' FROM w",
+	            t.id_text);
+	const char *argv2[] = { tstack_env("IDEMFLOW_DISPATCH"),
+		                "--config",
+		                tstack_env("IDEMFLOW_CONF"),
+		                "--db",
+		                db,
+		                "--once",
+		                "--max-attempts",
+		                "1",
+		                "--sink",
+		                "exec",
+		                "--exec",
+		                "cat >/dev/null",
+		                NULL };
+	rc = run(argv2, log);
+	text = slurp(log);
+	cr_assert_eq(rc, 0, "idemflow-dispatch exited %d: %s", rc, text);
+	cr_assert_null(strstr(text, "permission denied"), "%s", text);
+	free(text);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM deliveries d JOIN delivery_attempts a"
+	                          " USING (tenant_id, endpoint_id, workflow_id, seq)"
+	                          " JOIN endpoints e ON e.tenant_id = d.tenant_id"
+	                          "  AND e.id = d.endpoint_id"
+	                          " WHERE d.tenant_id = $1 AND d.state = 'dead'"
+	                          "   AND a.outcome = 'connect' AND e.failures = 1",
+	                          t.id_text),
+	             1);
+	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE tenant_id = $1"
+	                          " AND type = 'delivery.exhausted' AND published_at IS NOT NULL",
+	                          t.id_text),
+	             1);
 }
 
 /*

@@ -442,3 +442,275 @@ Test(endpoints, prune_takes_deliveries_and_attempts_with_their_events_and_keeps_
 	cr_assert_eq(rows("deliveries", "true"), 0);
 	cr_assert_eq(rows("delivery_attempts", "true"), 0);
 }
+
+/* idemflow_endpoint_attempted(tenant, endpoint, ok, t0 + offset, 3, 1 hour)
+ * with a clock of the test's own: "t" when the call disabled the endpoint. */
+static const char *attempted(const char *ep, int ok, const char *offset)
+{
+	static char out[8];
+	const char *p[4] = { td.tenant, ep, ok ? "true" : "false", offset };
+	PGresult *res =
+	    tdispatch_sql(&td,
+	                  "SELECT idemflow_endpoint_attempted($1, $2::uuid, $3::boolean,"
+	                  " '2026-01-01T00:00:00Z'::timestamptz + $4::interval, 3,"
+	                  " interval '1 hour')",
+	                  4, p);
+
+	snprintf(out, sizeof(out), "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return out;
+}
+
+Test(endpoints, an_endpoint_is_disabled_exactly_when_it_has_failed_both_long_and_often)
+{
+	const char *p[2] = { td.tenant, EP_A };
+	PGresult *res;
+
+	endpoint(EP_A, &ra, SECRET_A, NULL, "workflow");
+	endpoint(EP_B, &rb, SECRET_B, NULL, "workflow");
+	endpoint(EP_C, &rc, SECRET_C, NULL, "workflow");
+
+	/* A: often enough from the third failure on, long enough only at
+	 * the hour: one failure before it stays enabled, the one at it
+	 * disables. */
+	cr_assert_str_eq(attempted(EP_A, 0, "0"), "f");
+	cr_assert_str_eq(attempted(EP_A, 0, "10 minutes"), "f");
+	cr_assert_str_eq(attempted(EP_A, 0, "20 minutes"), "f");
+	cr_assert_str_eq(attempted(EP_A, 0, "59 minutes 59.999999 seconds"), "f");
+	cr_assert_eq(scalar("SELECT count(*) FROM endpoints WHERE tenant_id = $1 AND disabled"), 0);
+	cr_assert_str_eq(attempted(EP_A, 0, "1 hour"), "t");
+	cr_assert_str_eq(attempted(EP_A, 0, "2 hours"), "f", "disabled once");
+	res =
+	    tdispatch_sql(&td,
+	                  "SELECT disabled, disabled_reason, disabled_at = '2026-01-01T01:00:00Z',"
+	                  "       failures, failing_since = '2026-01-01T00:00:00Z', event_seq,"
+	                  "       actor"
+	                  "  FROM endpoints WHERE tenant_id = $1 AND id = $2",
+	                  2, p);
+	const char *want[] = { "t", "failing", "t", "6", "t", "1", "system:dispatch" };
+	for (int k = 0; k < 7; k++)
+		cr_assert_str_eq(PQgetvalue(res, 0, k), want[k], "column %d", k);
+	PQclear(res);
+	/* endpoint.disabled, once, in A's stream, for the operator. */
+	res = tdispatch_sql(&td,
+	                    "SELECT event_id = workflow_id || '.1', seq, payload::jsonb -> 'data',"
+	                    "       (SELECT count(*) FROM deliveries d WHERE d.outbox_id = o.id)"
+	                    "  FROM outbox o"
+	                    " WHERE tenant_id = $1 AND workflow_id = $2 ORDER BY seq",
+	                    2, p);
+	cr_assert_eq(PQntuples(res), 1);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), "t");
+	cr_assert_str_eq(PQgetvalue(res, 0, 1), "1");
+	char data[512];
+	snprintf(data, sizeof(data),
+	         "{\"reason\": \"failing\", \"failures\": 5, \"endpoint_id\": \"%s\", "
+	         "\"failing_since\": \"2026-01-01T00:00:00.000000Z\"}",
+	         EP_A);
+	cr_assert_str_eq(PQgetvalue(res, 0, 2), data);
+	cr_assert_str_eq(PQgetvalue(res, 0, 3), "0", "no delivery of an operational event");
+	PQclear(res);
+
+	/* B: long enough at once, often enough only at the third. */
+	cr_assert_str_eq(attempted(EP_B, 0, "0"), "f");
+	cr_assert_str_eq(attempted(EP_B, 0, "5 hours"), "f");
+	cr_assert_str_eq(attempted(EP_B, 0, "5 hours 1 second"), "t");
+
+	/* C: a success in between starts the count and the clock again. */
+	cr_assert_str_eq(attempted(EP_C, 0, "0"), "f");
+	cr_assert_str_eq(attempted(EP_C, 0, "1 minute"), "f");
+	cr_assert_str_eq(attempted(EP_C, 1, "2 minutes"), "f");
+	cr_assert_eq(scalar("SELECT count(*) FROM endpoints WHERE tenant_id = $1"
+	                    " AND failures = 0 AND failing_since IS NULL AND NOT disabled"),
+	             1, "C is reset");
+	cr_assert_str_eq(attempted(EP_C, 0, "1 hour 1 minute"), "f");
+	cr_assert_str_eq(attempted(EP_C, 0, "1 hour 2 minutes"), "f");
+	cr_assert_str_eq(attempted(EP_C, 0, "2 hours"), "f", "failing for 59 minutes only");
+	cr_assert_str_eq(attempted(EP_C, 0, "2 hours 1 minute"), "t");
+}
+
+Test(endpoints, a_failing_endpoint_is_disabled_and_its_new_deliveries_skipped)
+{
+	char textfile[600];
+	const char *extra[] = { "--max-attempts",
+		                "1000",
+		                "--loop",
+		                "--max-runtime",
+		                "4s",
+		                "--poll-interval",
+		                "50ms",
+		                "--endpoint-disable-failures",
+		                "3",
+		                "--endpoint-disable-after",
+		                "1s",
+		                "--textfile",
+		                textfile,
+		                NULL };
+
+	snprintf(textfile, sizeof(textfile), "%s/endpoints-%d.prom",
+	         tstack_env("IDEMFLOW_STACK_DIR"), (int)getpid());
+	cr_assert_eq(receiver_control(&ra, "{\"fail_rate\": 1.0, \"status\": 503}"), 0, "%s",
+	             ra.error);
+	endpoint(EP_A, &ra, SECRET_A, NULL, "none");
+	endpoint(EP_B, &rb, SECRET_B, NULL, "none");
+	tdispatch_seed(&td, 1, 1, "workflow.created");
+	/* One run, the textfile its own: A is disabled within it. */
+	run(extra);
+	cr_assert_eq(rows("endpoints", "id = $2::uuid AND disabled AND disabled_reason = 'failing'"
+	                               " AND failures >= 3"
+	                               " AND disabled_at - failing_since >= interval '1 second'"),
+	             1);
+	cr_assert_eq(rows("endpoints", "id = $3::uuid AND NOT disabled AND failures = 0"), 1);
+	cr_assert_eq(rows("deliveries", "endpoint_id = $2::uuid AND state = 'pending'"), 1,
+	             "the failing delivery waits for the endpoint");
+	cr_assert_eq(rows("outbox", "workflow_id = $2::uuid AND type = 'endpoint.disabled'"
+	                            " AND published_at IS NOT NULL"),
+	             1, "delivered to the operator's sink");
+	cr_assert_eq(
+	    tdispatch_textfile_value(textfile, "idemflow_dispatch_endpoints_disabled_total"), 1);
+	cr_assert_eq(
+	    tdispatch_textfile_value(
+	        textfile, "idemflow_dispatch_endpoint_deliveries_total{result=\"delivered\"}"),
+	    1);
+	cr_assert_eq(
+	    tdispatch_textfile_value(
+	        textfile, "idemflow_dispatch_endpoint_attempts_total{outcome=\"succeeded\"}"),
+	    1);
+	cr_assert_eq(tdispatch_textfile_value(
+	                 textfile, "idemflow_dispatch_endpoint_attempts_total{outcome=\"http\"}"),
+	             rows("delivery_attempts", "endpoint_id = $2::uuid AND status = 503"));
+	cr_assert_eq(
+	    tdispatch_textfile_value(
+	        textfile, "idemflow_dispatch_endpoint_attempts_total{outcome=\"timeout\"}"),
+	    0);
+
+	/* A new event: skipped at the disabled endpoint, delivered at B. */
+	size_t before = count_deliveries(&ra);
+	tdispatch_seed(&td, 1, 1, "workflow.created");
+	run_until_settled(NULL, 10);
+	cr_assert_eq(rows("deliveries", "endpoint_id = $2::uuid AND state = 'skipped'"), 1);
+	cr_assert_eq(rows("deliveries", "endpoint_id = $3::uuid AND state = 'delivered'"), 2);
+	cr_assert_eq(count_deliveries(&ra), before, "nothing more sent to A");
+}
+
+Test(endpoints, a_recovered_delivery_says_so_when_it_gets_through)
+{
+	const char *p[1] = { td.tenant };
+	const char *extra[] = { "--max-attempts", "1", NULL };
+	PGresult *res;
+
+	cr_assert_eq(receiver_control(&ra, "{\"fail_next\": 1, \"status\": 503}"), 0, "%s",
+	             ra.error);
+	endpoint(EP_A, &ra, SECRET_A, NULL, "workflow");
+	tdispatch_seed(&td, 1, 1, "workflow.created");
+	run_until_settled(extra, 10);
+	cr_assert_eq(rows("deliveries", "state = 'dead' AND exhausted_at IS NOT NULL"), 1);
+	/* A recover, as the server's route makes it. */
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE deliveries SET state = 'pending', trigger = 'recover',"
+	                      " attempts = 0, next_attempt_at = now() WHERE tenant_id = $1",
+	                      1, p));
+	run_until_settled(extra, 10);
+	cr_assert_eq(rows("deliveries", "state = 'delivered' AND exhausted_at IS NULL"
+	                                " AND trigger = 'scheduled'"),
+	             1);
+	res = tdispatch_sql(&td,
+	                    "SELECT type, o.seq, payload::jsonb #>> '{data,trigger}',"
+	                    "       payload::jsonb #>> '{data,event_id}' = d.workflow_id || '.1'"
+	                    "  FROM outbox o, deliveries d"
+	                    " WHERE o.tenant_id = $1 AND d.tenant_id = $1"
+	                    "   AND o.workflow_id = d.endpoint_id ORDER BY o.seq",
+	                    1, p);
+	cr_assert_eq(PQntuples(res), 2);
+	cr_assert_str_eq(PQgetvalue(res, 0, 0), "delivery.exhausted");
+	cr_assert_str_eq(PQgetvalue(res, 1, 0), "delivery.recovered");
+	cr_assert_str_eq(PQgetvalue(res, 1, 1), "2");
+	cr_assert_str_eq(PQgetvalue(res, 1, 2), "recover");
+	cr_assert_str_eq(PQgetvalue(res, 1, 3), "t");
+	PQclear(res);
+	cr_assert_eq(rows("delivery_attempts", "trigger = 'recover' AND status = 200"), 1);
+
+	/* The audit reads workflows and their events: the endpoint's stream,
+	 * with no workflow row, is neither a workflow nor an event of one. */
+	{
+		char out[8192], name[128];
+		PGresult *t = tdispatch_sql(&td, "SELECT name FROM tenants WHERE id = $1", 1, p);
+		int st;
+
+		snprintf(name, sizeof(name), "%s", PQgetvalue(t, 0, 0));
+		PQclear(t);
+		st = tstack_cli(out, sizeof(out), "audit", "--tenant", name, NULL);
+		cr_assert_eq(st, 0, "audit: %s %s", out, tstack_cli_stderr());
+		cr_assert(strstr(out, "checked: keys=0 answers=0 workflows=1\n") != NULL, "%s",
+		          out);
+		cr_assert(strstr(out, "audit: 4 of 4 invariants hold") != NULL, "%s", out);
+		st = tstack_cli(out, sizeof(out), "audit", "--rebuild", "--tenant", name, NULL);
+		cr_assert_eq(st, 0, "audit --rebuild: %s %s", out, tstack_cli_stderr());
+		cr_assert(strstr(out, "workflows=1 checked=1 skipped=0 events=1 differences=0") !=
+		              NULL,
+		          "%s", out);
+	}
+}
+
+/* t/dispatch/whverify/verify.cjs over r's deliveries with secret: its
+ * output, one line per delivery ("ok" or "fail: ..."). */
+static void verify(const struct receiver *r, const char *secret, char *out, size_t n)
+{
+	char cmd[2048];
+	size_t len = 0;
+	FILE *f;
+
+	const char *top = getenv("top_srcdir"); /* set by make check; else run from the top */
+
+	snprintf(cmd, sizeof(cmd), "node '%s/t/dispatch/whverify/verify.cjs' '%s' '%s'",
+	         top != NULL ? top : ".", secret, r->log_path);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	while (len + 1 < n && fgets(out + len, (int)(n - len), f) != NULL)
+		len += strlen(out + len);
+	out[len] = '\0';
+	pclose(f);
+}
+
+Test(endpoints, the_official_library_verifies_either_secret_during_the_grace_period_only)
+{
+	const char *p[2] = { td.tenant, SECRET_C };
+	struct receiver_delivery *d;
+	char out[1024];
+	size_t n;
+
+	/* A's secret was rotated from SECRET_C to SECRET_A an hour's grace
+	 * ago: both sign. */
+	endpoint(EP_A, &ra, SECRET_A, NULL, "workflow");
+	PQclear(tdispatch_sql(&td,
+	                      "UPDATE endpoints SET previous_secret = $2,"
+	                      " previous_secret_until = now() + interval '1 hour'"
+	                      " WHERE tenant_id = $1",
+	                      2, p));
+	tdispatch_seed(&td, 1, 1, "workflow.created");
+	run_until_settled(NULL, 10);
+	/* The grace period is over (the previous secret stays in the row
+	 * until a revoke or the next rotation): only the new one signs. */
+	PQclear(
+	    tdispatch_sql(&td,
+	                  "UPDATE endpoints SET previous_secret_until = now() - interval '1 second'"
+	                  " WHERE tenant_id = $1",
+	                  1, p));
+	tdispatch_seed(&td, 1, 1, "workflow.created");
+	run_until_settled(NULL, 10);
+
+	cr_assert_eq(receiver_deliveries(&ra, &d, &n), 0, "%s", ra.error);
+	cr_assert_eq(n, 2);
+	cr_assert_not_null(strchr(d[0].signature, ' '), "two signatures: %s", d[0].signature);
+	cr_assert_eq(strncmp(d[0].signature, "v1,", 3), 0);
+	cr_assert_not_null(strstr(d[0].signature, " v1,"));
+	cr_assert_null(strchr(d[1].signature, ' '), "one signature: %s", d[1].signature);
+	receiver_deliveries_free(d, n);
+
+	verify(&ra, SECRET_A, out, sizeof(out));
+	cr_assert_str_eq(out, "ok\nok\n", "the new secret verifies both");
+	verify(&ra, SECRET_C, out, sizeof(out));
+	cr_assert_eq(strncmp(out, "ok\nfail: ", 9), 0,
+	             "the old secret verifies the first only: \"%s\"", out);
+	verify(&ra, SECRET_B, out, sizeof(out));
+	cr_assert_eq(strncmp(out, "fail: ", 6), 0, "another secret verifies nothing: \"%s\"", out);
+}

@@ -43,7 +43,7 @@ expect_keys idemflow-fcgi "config db listen listen_mode workers max_requests pid
 	log_level application_name log_format log_file metrics_allow metrics_token"
 expect_keys idemflow-dispatch "config db statement_timeout log_level application_name
 	log_format log_file textfile once loop batch max_runtime max_attempts backoff lease
-	poll_interval sink url secret secret_previous timeout dead_on_4xx parallel amqp_url exchange routing_key
+	poll_interval sink url secret secret_previous timeout dead_on_4xx parallel endpoints endpoint_disable_failures endpoint_disable_after amqp_url exchange routing_key
 	nats_url nats_subject_prefix nats_stream exec"
 expect_keys idemflow "config db idempotency_ttl replay_cache_ttl idempotency_wait
 	statement_timeout outbox_retention history_retention workflow_retention prune_batch"
