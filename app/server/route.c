@@ -23,6 +23,11 @@ static const struct {
 	[ROUTE_WF_RESUME] = { "/v1/workflows/{id}/resume", 1 },
 	[ROUTE_MESSAGES] = { "/v1/messages", 1 },
 	[ROUTE_OPENAPI] = { "/v1/openapi.json", 0 },
+	[ROUTE_ENDPOINTS] = { "/v1/endpoints", 1 },
+	[ROUTE_ENDPOINT] = { "/v1/endpoints/{id}", 1 },
+	[ROUTE_ENDPOINT_SECRET] = { "/v1/endpoints/{id}/secret", 0 },
+	[ROUTE_ENDPOINT_ROTATE] = { "/v1/endpoints/{id}/secret/rotate", 1 },
+	[ROUTE_ENDPOINT_REVOKE] = { "/v1/endpoints/{id}/secret/revoke", 1 },
 	[ROUTE_OTHER] = { "other", 0 },
 };
 
