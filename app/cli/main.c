@@ -27,7 +27,7 @@ static const struct {
 } nouns[] = {
 	{ "migrate", cli_migrate }, { "tenant", cli_tenant }, { "token", cli_token },
 	{ "outbox", cli_outbox },   { "prune", cli_prune },   { "reap", cli_reap },
-	{ "debug", cli_debug },     { "audit", cli_audit },
+	{ "debug", cli_debug },     { "audit", cli_audit },   { "endpoint", cli_endpoint },
 };
 
 static void quiet_notices(void *arg, const char *msg)

@@ -923,3 +923,45 @@ Test(endpoint_deliveries, only_events_written_after_the_endpoint_committed_get_d
 	free(ep);
 	free(other_ep);
 }
+
+/* --- The admin CLI ----------------------------------------------------- */
+
+TestSuite(endpoint_cli, .timeout = 60);
+
+Test(endpoint_cli, list_and_show_name_the_endpoints_and_never_a_secret)
+{
+	struct tstack_tenant t;
+	char out[4096], want[1024], *a, *b;
+
+	tstack_tenant_create(&t, "ep-cli");
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "list", t.name, NULL), 0, "%s",
+	             tstack_cli_stderr());
+	cr_assert_str_eq(out, "");
+	a = create(&t, "{\"url\":\"https://h/a\"}");
+	b = create(&t, "{\"url\":\"http://h/b\",\"filter_types\":[\"job.*\",\"workflow.created\"],"
+	               "\"ordering\":\"none\",\"disabled\":true}");
+	tstack_exec(tstack_db(),
+	            "INSERT INTO deliveries (tenant_id, endpoint_id, workflow_id, seq, outbox_id)"
+	            " SELECT $1, $2, gen_random_uuid(), s, 0 FROM generate_series(1, 3) s",
+	            t.id_text, a);
+	tstack_exec(tstack_db(), "UPDATE endpoints SET failures = 4 WHERE id = $1", a);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "list", t.name, NULL), 0, "%s",
+	             tstack_cli_stderr());
+	snprintf(want, sizeof(want),
+	         "%s\thttps://h/a\tworkflow\tenabled\t*\t4\t3\n"
+	         "%s\thttp://h/b\tnone\tdisabled:manual\tjob.*,workflow.created\t0\t0",
+	         a, b);
+	cr_assert_str_eq(out, want);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "show", t.name, b, NULL), 0, "%s",
+	             tstack_cli_stderr());
+	cr_assert_not_null(strstr(out, "filter_types           job.*,workflow.created\n"), "%s",
+	                   out);
+	cr_assert_not_null(strstr(out, "disabled_reason        manual\n"), "%s", out);
+	cr_assert_null(strstr(out, "whsec_"), "%s", out);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "show", t.name, "nope", NULL), 65);
+	cr_assert_eq(tstack_cli(out, sizeof(out), "endpoint", "list", "no-such-tenant-x", NULL),
+	             65);
+	cr_assert_str_eq(tstack_cli_stderr(), "idemflow: no tenant \"no-such-tenant-x\"\n");
+	free(a);
+	free(b);
+}
