@@ -197,7 +197,7 @@ struct json_object *cmd_read_json_opt(struct handler_ctx *ctx, struct http_req *
 		return NULL;
 	if (replay_same_bytes(ctx, req, resp))
 		return NULL;
-	if (req->content_type == NULL && ctx->body.len == 0) {
+	if (ctx->body.len == 0) {
 		root = json_object_new_object();
 		if (root == NULL) {
 			struct err e;

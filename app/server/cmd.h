@@ -126,9 +126,9 @@ struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req,
 
 /*
  * cmd_read_json() for a command whose body may be left out (DELETE, a
- * revoke): no Content-Type and no body read as {} (and are fingerprinted
- * as the empty body). A body that is sent is checked as cmd_read_json()
- * checks it.
+ * rotate or revoke): no body, with no Content-Type or a JSON one, reads
+ * as {} (fingerprinted as {}, as the canonical form has it). A body that
+ * is sent is checked as cmd_read_json() checks it.
  */
 struct json_object *cmd_read_json_opt(struct handler_ctx *ctx, struct http_req *req,
                                       struct http_resp *resp, int key_required);

@@ -595,6 +595,10 @@ Test(endpoints, delete_takes_its_deliveries_and_attempts_and_only_those)
 	again = req(&t, "DELETE", p, NULL, NULL);
 	tstack_expect_problem(again, 404, "/problems/not-found", p);
 	http_response_free(again);
+	/* An empty body sent as JSON is no body either. */
+	again = req(&t, "DELETE", p, NULL, "");
+	tstack_expect_problem(again, 404, "/problems/not-found", p);
+	http_response_free(again);
 	again = req(&t, "GET", p, NULL, NULL);
 	tstack_expect_problem(again, 404, "/problems/not-found", p);
 	http_response_free(again);
