@@ -194,7 +194,7 @@ Test(endpoints, create_defaults_every_type_workflow_order_and_two_secrets_differ
 	p = path_of("/v1/endpoints/%s", a);
 	r = req(&t, "GET", p, NULL, NULL);
 	tstack_expect_status(r, 200);
-	cr_assert_str_eq(tstack_json(r->body, "{filter_types}") ?: "(null)", "(null)");
+	cr_assert_null(tstack_json(r->body, "{filter_types}"), "%s", r->body);
 	cr_assert_not_null(strstr(r->body, "\"filter_types\":null,\"ordering\":\"workflow\","
 	                                   "\"disabled\":false,\"disabled_reason\":null,"
 	                                   "\"metadata\":{}"),
@@ -289,7 +289,7 @@ Test(endpoints, the_bounds_are_exact)
 {
 	struct tstack_tenant t;
 	struct http_response *r;
-	char *body, key[128], types[64 * 12 + 64];
+	char *body, *v, key[128], types[64 * 12 + 64];
 	size_t n = 0;
 
 	tstack_tenant_create(&t, "ep-bounds");
@@ -326,8 +326,9 @@ Test(endpoints, the_bounds_are_exact)
 	tstack_key(key, sizeof(key), "b");
 	r = req(&t, "POST", "/v1/endpoints", key, body);
 	tstack_expect_problem(r, 422, "/problems/invalid-request", "/v1/endpoints");
-	cr_assert_str_eq(tstack_json(r->body, "{detail}"),
-	                 "\"metadata\" may be at most 4096 bytes in canonical form");
+	v = tstack_json(r->body, "{detail}");
+	cr_assert_str_eq(v, "\"metadata\" may be at most 4096 bytes in canonical form");
+	free(v);
 	http_response_free(r);
 	free(body);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM endpoints WHERE tenant_id = $1", t.id_text),
@@ -425,6 +426,7 @@ Test(endpoints, a_missing_or_malformed_id_is_404_and_wrong_methods_405)
 {
 	struct tstack_tenant t;
 	struct http_response *r;
+	char *v;
 	static const char *const paths[] = { "/v1/endpoints/01890000-0000-7000-8000-000000000000",
 		                             "/v1/endpoints/not-a-uuid" };
 
@@ -433,7 +435,9 @@ Test(endpoints, a_missing_or_malformed_id_is_404_and_wrong_methods_405)
 		char *p;
 		r = req(&t, "GET", paths[i], NULL, NULL);
 		tstack_expect_problem(r, 404, "/problems/not-found", paths[i]);
-		cr_assert_str_eq(tstack_json(r->body, "{detail}"), "no such endpoint");
+		v = tstack_json(r->body, "{detail}");
+		cr_assert_str_eq(v, "no such endpoint");
+		free(v);
 		http_response_free(r);
 		r = req(&t, "PATCH", paths[i], NULL, "{\"disabled\":true}");
 		tstack_expect_problem(r, 404, "/problems/not-found", paths[i]);
@@ -470,7 +474,7 @@ Test(endpoints, patch_changes_what_it_names_and_replays)
 {
 	struct tstack_tenant t;
 	struct http_response *r, *again;
-	char *id, *p, *v, key[128];
+	char *id, *p, *v, *after, key[128];
 
 	tstack_tenant_create(&t, "ep-patch");
 	id = create(&t, "{\"url\":\"https://h/a\",\"filter_types\":[\"job.*\"],"
@@ -541,7 +545,9 @@ Test(endpoints, patch_changes_what_it_names_and_replays)
 	r = req(&t, "PATCH", p, NULL, "{\"url\":\"gopher://h\"}");
 	tstack_expect_problem(r, 422, "/problems/invalid-request", p);
 	http_response_free(r);
-	cr_assert_str_eq(state(&t), v);
+	after = state(&t);
+	cr_assert_str_eq(after, v);
+	free(after);
 	free(v);
 	free(p);
 	free(id);
@@ -745,7 +751,7 @@ Test(endpoint_secrets, a_grace_out_of_bounds_or_a_bad_key_is_refused)
 {
 	struct tstack_tenant t;
 	struct http_response *r;
-	char *id, *p, *before, *detail;
+	char *id, *p, *before, *detail, *v;
 
 	tstack_tenant_create(&t, "ep-grace");
 	id = create(&t, "{\"url\":\"https://h\"}");
@@ -767,7 +773,9 @@ Test(endpoint_secrets, a_grace_out_of_bounds_or_a_bad_key_is_refused)
 	r = req(&t, "POST", p, NULL, "{\"keep\":true}");
 	tstack_expect_problem(r, 422, "/problems/invalid-request", p);
 	http_response_free(r);
-	cr_assert_str_eq(state(&t), before);
+	v = state(&t);
+	cr_assert_str_eq(v, before);
+	free(v);
 	/* P7D is the longest; PT0S drops the old secret at once. */
 	r = req(&t, "POST", p, NULL, "{\"grace\":\"P7D\"}");
 	tstack_expect_status(r, 200);
