@@ -167,6 +167,11 @@ GRANT SELECT ON endpoints, deliveries TO idemflow_dispatcher;
 GRANT UPDATE (state, attempts, next_attempt_at, trigger, lease_owner, lease_until,
               last_error, updated_at) ON deliveries TO idemflow_dispatcher;
 GRANT INSERT ON delivery_attempts TO idemflow_dispatcher;
+-- The /v1/endpoints routes: a tenant creates, changes and deletes its
+-- endpoints and rotates their secrets; a delete takes the endpoint's
+-- deliveries and attempts with it.
+GRANT INSERT, UPDATE, DELETE ON endpoints TO idemflow_server;
+GRANT DELETE ON deliveries, delivery_attempts TO idemflow_server;
 
 -- Recover and resend (sql/023_recover.sql): the server's routes and the
 -- CLI's "endpoint recover" and "event resend" set deliveries pending

@@ -1,6 +1,6 @@
 /*
- * cli.h - the admin CLI's nouns (migrate, tenant, token, outbox, prune,
- * reap, debug, audit, endpoint, event) and the little they share: the usage text, how an error
+ * cli.h - the admin CLI's nouns (migrate, tenant, token, outbox, endpoint,
+ * event, prune, reap, debug, audit) and the little they share: the usage text, how an error
  * becomes an exit code and a line on stderr, and how a result set is
  * printed. main.c parses the global options, connects and calls one noun.
  *
@@ -36,6 +36,8 @@ int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 int cli_token(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* outbox.c: list, show, requeue. */
 int cli_outbox(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
+/* endpoint.c: list, show a tenant's endpoints (never their secrets). */
+int cli_endpoint(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* prune.c: expired idempotency keys and delivered events past retention. */
 int cli_prune(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* prune.c: jobs whose lease ran out, activatable again. */

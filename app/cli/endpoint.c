@@ -1,9 +1,12 @@
 /*
- * endpoint.c - "idemflow endpoint recover" and "idemflow event resend":
- * a tenant's endpoint's dead and skipped deliveries, or one event's
- * delivery to one endpoint, pending again, as POST
- * /v1/endpoints/{id}/recover and POST /v1/events/{id}/resend do (the same
- * database functions, sql/023_recover.sql). Sending is the dispatcher's.
+ * endpoint.c - "idemflow endpoint" and "idemflow event": a tenant's
+ * endpoints as the operator sees them (list, show), with their health and
+ * pending deliveries, never a secret; and their dead and skipped
+ * deliveries, or one event's delivery to one endpoint, pending again
+ * (endpoint recover, event resend), as POST /v1/endpoints/{id}/recover and
+ * POST /v1/events/{id}/resend do (the same database functions,
+ * sql/023_recover.sql). Changing endpoints is the API's (/v1/endpoints,
+ * app/server/endpoints.c); sending is the dispatcher's.
  *
  * Unlike the API, the CLI has no Idempotency-Key: running a recover twice
  * sends the recovered deliveries that died again once more.
@@ -18,6 +21,105 @@
 
 /* The most --type options, as an endpoint's filter_types. */
 #define ENDPOINT_TYPES_MAX 64
+
+/* One endpoint's line: id, url, ordering, state (enabled, or disabled and
+ * why), filter (* for every type), failures in a row, pending deliveries. */
+#define ENDPOINT_LINE                                                                              \
+	"SELECT e.id, e.url, e.ordering,\n"                                                        \
+	"       CASE WHEN e.disabled THEN 'disabled:' || e.disabled_reason\n"                      \
+	"            ELSE 'enabled' END,\n"                                                        \
+	"       coalesce(array_to_string(e.filter_types, ','), '*'), e.failures,\n"                \
+	"       (SELECT count(*) FROM deliveries d\n"                                              \
+	"         WHERE d.tenant_id = e.tenant_id AND d.endpoint_id = e.id\n"                      \
+	"           AND d.state = 'pending')"
+
+/* 0 when the tenant exists; else prints why and returns the exit code. */
+static int tenant_known(PGconn *conn, const char *tenant)
+{
+	const char *p[1] = { tenant };
+	PGresult *res;
+	struct err e;
+	int n;
+
+	res = db_exec(conn, "SELECT 1 FROM tenants WHERE name = $1\n", 1, p, &e);
+	if (res == NULL)
+		return cli_db_fail(&e);
+	n = PQntuples(res);
+	PQclear(res);
+	if (n == 0) {
+		fprintf(stderr, "idemflow: no tenant \"%s\"\n", tenant);
+		return EX_DATAERR;
+	}
+	return 0;
+}
+
+/* endpoint list TENANT: one line each, in id (creation) order. */
+static int endpoint_list(PGconn *conn, const char *tenant)
+{
+	const char *p[1] = { tenant };
+	PGresult *res;
+	struct err e;
+	int rc = tenant_known(conn, tenant);
+
+	if (rc != 0)
+		return rc;
+	res = db_exec(conn,
+	              ENDPOINT_LINE "\n"
+	                            "  FROM endpoints e\n"
+	                            "  JOIN tenants t ON t.id = e.tenant_id\n"
+	                            " WHERE t.name = $1\n"
+	                            " ORDER BY e.id\n",
+	              1, p, &e);
+	if (res == NULL)
+		return cli_db_fail(&e);
+	cli_print_rows(res);
+	PQclear(res);
+	return EX_OK;
+}
+
+/* endpoint show TENANT ID: every field but the secrets, one a line. */
+static int endpoint_show(PGconn *conn, const char *tenant, const char *id)
+{
+	const char *p[2] = { tenant, id };
+	PGresult *res;
+	struct err e;
+	int rc = tenant_known(conn, tenant);
+
+	if (rc != 0)
+		return rc;
+	res =
+	    db_exec(conn,
+	            "SELECT e.id, e.url, e.ordering, e.disabled, e.disabled_reason,\n"
+	            "       e.disabled_at, coalesce(array_to_string(e.filter_types, ','), '*')\n"
+	            "           AS filter_types,\n"
+	            "       e.metadata, e.failures, e.failing_since,\n"
+	            "       e.previous_secret_until AS previous_secret_until,\n"
+	            "       (SELECT count(*) FROM deliveries d\n"
+	            "         WHERE d.tenant_id = e.tenant_id AND d.endpoint_id = e.id\n"
+	            "           AND d.state = 'pending') AS pending,\n"
+	            "       (SELECT count(*) FROM deliveries d\n"
+	            "         WHERE d.tenant_id = e.tenant_id AND d.endpoint_id = e.id\n"
+	            "           AND d.state = 'dead') AS dead,\n"
+	            "       e.created_at, e.updated_at, e.actor\n"
+	            "  FROM endpoints e\n"
+	            "  JOIN tenants t ON t.id = e.tenant_id\n"
+	            " WHERE t.name = $1\n"
+	            "   AND e.id = CASE WHEN $2 ~* '^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$'\n"
+	            "                   THEN $2::uuid END\n",
+	            2, p, &e);
+	if (res == NULL)
+		return cli_db_fail(&e);
+	if (PQntuples(res) == 0) {
+		fprintf(stderr, "idemflow: tenant \"%s\" has no endpoint \"%s\"\n", tenant, id);
+		rc = EX_DATAERR;
+	}
+	for (int i = 0; i < PQntuples(res); i++)
+		for (int f = 0; f < PQnfields(res); f++)
+			printf("%-22s %s\n", PQfname(res, f),
+			       PQgetisnull(res, i, f) ? "-" : PQgetvalue(res, i, f));
+	PQclear(res);
+	return rc;
+}
 
 /* Append s to the array literal in *buf (malloc'ed, *len bytes, *cap
  * allocated; "{" begins it) as one quoted element; the caller closes it
@@ -147,6 +249,11 @@ out:
 
 int cli_endpoint(PGconn *conn, struct conf *c, int argc, char **argv)
 {
+	(void)c;
+	if (argc == 2 && strcmp(argv[0], "list") == 0)
+		return endpoint_list(conn, argv[1]);
+	if (argc == 3 && strcmp(argv[0], "show") == 0)
+		return endpoint_show(conn, argv[1], argv[2]);
 	if (argc >= 1 && strcmp(argv[0], "recover") == 0)
 		return endpoint_recover(conn, argc, argv);
 	return cli_usage_error();

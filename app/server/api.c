@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "server/auth.h"
+#include "server/endpoints.h"
 #include "server/events.h"
 #include "server/jobs.h"
 #include "server/messages.h"
@@ -88,6 +89,15 @@ static const struct {
 	{ ROUTE_MESSAGES, "POST", TOKEN_KEY, wf_publish, NULL },
 	/* The contract itself: public, like the documentation it is. */
 	{ ROUTE_OPENAPI, "GET", OPEN, ops_openapi, NULL },
+	/* A tenant's endpoints (endpoints.h). */
+	{ ROUTE_ENDPOINTS, "GET", TOKEN, endpoints_list, NULL },
+	{ ROUTE_ENDPOINTS, "POST", TOKEN_KEY, endpoints_create, NULL },
+	{ ROUTE_ENDPOINT, "GET", TOKEN, NULL, endpoints_get },
+	{ ROUTE_ENDPOINT, "PATCH", TOKEN_KEY, NULL, endpoints_update },
+	{ ROUTE_ENDPOINT, "DELETE", TOKEN_KEY, NULL, endpoints_delete },
+	{ ROUTE_ENDPOINT_SECRET, "GET", TOKEN, NULL, endpoints_secret },
+	{ ROUTE_ENDPOINT_ROTATE, "POST", TOKEN_KEY, NULL, endpoints_rotate },
+	{ ROUTE_ENDPOINT_REVOKE, "POST", TOKEN_KEY, NULL, endpoints_revoke },
 	/* The event feed, deliveries, the attempt ledger (events.h). */
 	{ ROUTE_EVENTS, "GET", TOKEN, events_feed, NULL },
 	{ ROUTE_EVENT_DELIVERIES, "GET", TOKEN, NULL, events_deliveries },

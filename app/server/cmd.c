@@ -69,12 +69,13 @@ static void answer_existing(struct handler_ctx *ctx, struct http_resp *resp,
 /* The checks and the body read into ctx->body: 0, or -1 when resp holds
  * the answer. A keyed request's bytes fingerprint goes to ctx->bytes_fp. */
 static int read_body(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp,
-                     int key_required)
+                     int key_required, int may_be_empty)
 {
 	const struct conf *c = ctx->conf;
 	char detail[128];
 
-	if (!http_is_json(req->content_type)) {
+	if (!http_is_json(req->content_type) &&
+	    !(may_be_empty && req->content_type == NULL && req->content_length <= 0)) {
 		handler_problem(resp, req, P_UNSUPPORTED_MEDIA_TYPE,
 		                "send the body as Content-Type: application/json");
 		return -1;
@@ -179,11 +180,32 @@ static struct json_object *parse_body(struct handler_ctx *ctx, struct http_req *
 struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req,
                                   struct http_resp *resp, int key_required)
 {
-	if (read_body(ctx, req, resp, key_required) < 0)
+	if (read_body(ctx, req, resp, key_required, 0) < 0)
 		return NULL;
 	/* A retry resends the same bytes: answered without parsing them. */
 	if (replay_same_bytes(ctx, req, resp))
 		return NULL;
+	return parse_body(ctx, req, resp);
+}
+
+struct json_object *cmd_read_json_opt(struct handler_ctx *ctx, struct http_req *req,
+                                      struct http_resp *resp, int key_required)
+{
+	struct json_object *root;
+
+	if (read_body(ctx, req, resp, key_required, 1) < 0)
+		return NULL;
+	if (replay_same_bytes(ctx, req, resp))
+		return NULL;
+	if (ctx->body.len == 0) {
+		root = json_object_new_object();
+		if (root == NULL) {
+			struct err e;
+			err_set(&e, ERR_INTERNAL, "out of memory");
+			handler_db_error(ctx, resp, req, &e);
+		}
+		return root;
+	}
 	return parse_body(ctx, req, resp);
 }
 

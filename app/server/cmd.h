@@ -125,6 +125,15 @@ struct json_object *cmd_read_json(struct handler_ctx *ctx, struct http_req *req,
                                   struct http_resp *resp, int key_required);
 
 /*
+ * cmd_read_json() for a command whose body may be left out (DELETE, a
+ * rotate or revoke): no body, with no Content-Type or a JSON one, reads
+ * as {} (fingerprinted as {}, as the canonical form has it). A body that
+ * is sent is checked as cmd_read_json() checks it.
+ */
+struct json_object *cmd_read_json_opt(struct handler_ctx *ctx, struct http_req *req,
+                                      struct http_resp *resp, int key_required);
+
+/*
  * Write the canonical form of root into ctx->scratch (from its start) and
  * the request's fingerprint over method, path and that form into fp_text.
  * Returns 0, or -1 when resp holds the 4xx answer.

@@ -59,6 +59,18 @@
 #define WF_COLUMNS                                                                                 \
 	"id, type, state, input::text, " TS_UTC("created_at") ", business_key, steps::text, step"
 
+/* An endpoint as the server renders it (endpoints.c, ENDPOINTS_COL_*): the
+ * secret is never among its columns. */
+#define ENDPOINT_COLUMNS                                                                           \
+	"e.id, e.url, to_json(e.filter_types)::text, e.ordering, e.disabled, e.disabled_reason,\n" \
+	"       e.metadata::text, " TS_UTC("e.created_at") ", " TS_UTC("e.updated_at")
+
+/* A command's first two columns for a row that may be missing: the
+ * problem 'not-found' and its detail when it is. */
+#define ENDPOINT_FOUND                                                                             \
+	"CASE WHEN e.id IS NULL THEN 'not-found' END,\n"                                           \
+	"       CASE WHEN e.id IS NULL THEN 'no such endpoint' END"
+
 const struct db_stmt queries[Q__COUNT] = {
 	[Q_AUTH] = { "auth", AUTH__N,
 	             "SELECT tenant_id, id\n"
@@ -294,6 +306,147 @@ const struct db_stmt queries[Q__COUNT] = {
 	                        "       $1, $2, $3, $4, $5::interval, $6,\n"
 	                        "       $7::bigint * interval '1 millisecond')\n" },
 
+	/* Tenant endpoints (sql/020_endpoints.sql, endpoints.c). */
+	[Q_ENDPOINT_CREATE] = { "endpoint_create", ENDPOINT_CREATE__N,
+	                        "WITH e AS (\n"
+	                        "  INSERT INTO endpoints (tenant_id, id, url, filter_types, ordering,\n"
+	                        "                         disabled, disabled_reason, disabled_at,\n"
+	                        "                         metadata, secret, actor)\n"
+	                        "  VALUES ($1, $2, $3, $4::text[], $5, $6::boolean,\n"
+	                        "          CASE WHEN $6::boolean THEN 'manual' END,\n"
+	                        "          CASE WHEN $6::boolean THEN now() END,\n"
+	                        "          $7::jsonb, $8, $9)\n"
+	                        "  RETURNING *\n"
+	                        ")\n"
+	                        "SELECT NULL::text, NULL::text, " ENDPOINT_COLUMNS "\n"
+	                        "  FROM e\n" },
+	[Q_ENDPOINT_GET] = { "endpoint_get", ENDPOINT_GET__N,
+	                     "SELECT " ENDPOINT_COLUMNS "\n"
+	                     "  FROM endpoints e\n"
+	                     " WHERE e.tenant_id = $1 AND e.id = $2\n" },
+	/* A page as Q_WF_EVENTS's: at most $3 rows, each with "within", and
+	 * none after the first past the byte budget $4. */
+	[Q_ENDPOINT_LIST] = { "endpoint_list", ENDPOINT_LIST__N,
+	                      "SELECT " ENDPOINT_COLUMNS ", e.start < $4::bigint\n"
+	                      "  FROM (SELECT s.*,\n"
+	                      "               lag(s.start, 1, 0::bigint) OVER (ORDER BY s.id) AS prev\n"
+	                      "          FROM (SELECT l.*,\n"
+	                      "                       sum(l.size) OVER (ORDER BY l.id) - l.size AS start\n"
+	                      "                  FROM (SELECT x.*,\n"
+	                      "                               octet_length(x.url)::bigint\n"
+	                      "                               + octet_length(x.metadata::text)\n"
+	                      "                               + coalesce(octet_length(x.filter_types::text), 0)\n"
+	                      "                               + 200 AS size\n"
+	                      "                          FROM endpoints x\n"
+	                      "                         WHERE x.tenant_id = $1\n"
+	                      "                           AND ($2::uuid IS NULL OR x.id > $2::uuid)\n"
+	                      "                         ORDER BY x.id\n"
+	                      "                         LIMIT $3) l) s) e\n"
+	                      " WHERE e.prev < $4::bigint\n"
+	                      " ORDER BY e.id\n" },
+	/* disabled = true keeps an endpoint that is already disabled as it
+	 * is (its reason and since when); false enables it and forgets its
+	 * failures. */
+	[Q_ENDPOINT_UPDATE] = { "endpoint_update", ENDPOINT_UPDATE__N,
+	                        "WITH e AS (\n"
+	                        "  UPDATE endpoints\n"
+	                        "     SET url = coalesce($3, url),\n"
+	                        "         filter_types = CASE WHEN $4::boolean THEN $5::text[]\n"
+	                        "                             ELSE filter_types END,\n"
+	                        "         ordering = coalesce($6, ordering),\n"
+	                        "         disabled = coalesce($7::boolean, disabled),\n"
+	                        "         disabled_reason = CASE WHEN $7::boolean IS NULL OR\n"
+	                        "                                     ($7::boolean AND disabled)\n"
+	                        "                                THEN disabled_reason\n"
+	                        "                                WHEN $7::boolean THEN 'manual' END,\n"
+	                        "         disabled_at = CASE WHEN $7::boolean IS NULL OR\n"
+	                        "                                 ($7::boolean AND disabled)\n"
+	                        "                            THEN disabled_at\n"
+	                        "                            WHEN $7::boolean THEN now() END,\n"
+	                        "         failures = CASE WHEN NOT $7::boolean THEN 0 ELSE failures END,\n"
+	                        "         failing_since = CASE WHEN NOT $7::boolean THEN NULL\n"
+	                        "                              ELSE failing_since END,\n"
+	                        "         metadata = coalesce($8::jsonb, metadata),\n"
+	                        "         updated_at = now(),\n"
+	                        "         actor = $9\n"
+	                        "   WHERE tenant_id = $1 AND id = $2\n"
+	                        "  RETURNING *\n"
+	                        ")\n"
+	                        "SELECT " ENDPOINT_FOUND ",\n"
+	                        "       " ENDPOINT_COLUMNS "\n"
+	                        "  FROM (VALUES (1)) AS one (n)\n"
+	                        "  LEFT JOIN e ON true\n" },
+	/* No foreign keys (sql/020_endpoints.sql): the endpoint's deliveries
+	 * and attempts go in the same statement. */
+	[Q_ENDPOINT_DELETE] = { "endpoint_delete", ENDPOINT_GET__N,
+	                        "WITH e AS (\n"
+	                        "  DELETE FROM endpoints\n"
+	                        "   WHERE tenant_id = $1 AND id = $2\n"
+	                        "  RETURNING id\n"
+	                        "), d AS (\n"
+	                        "  DELETE FROM deliveries\n"
+	                        "   WHERE tenant_id = $1 AND endpoint_id = $2\n"
+	                        "     AND EXISTS (SELECT 1 FROM e)\n"
+	                        "  RETURNING 1\n"
+	                        "), a AS (\n"
+	                        "  DELETE FROM delivery_attempts\n"
+	                        "   WHERE tenant_id = $1 AND endpoint_id = $2\n"
+	                        "     AND EXISTS (SELECT 1 FROM e)\n"
+	                        "  RETURNING 1\n"
+	                        ")\n"
+	                        "SELECT " ENDPOINT_FOUND ",\n"
+	                        "       e.id, (SELECT count(*) FROM d), (SELECT count(*) FROM a)\n"
+	                        "  FROM (VALUES (1)) AS one (n)\n"
+	                        "  LEFT JOIN e ON true\n" },
+	/* A previous secret past its end no longer signs: not shown. */
+	[Q_ENDPOINT_SECRET] = { "endpoint_secret", ENDPOINT_GET__N,
+	                        "SELECT secret,\n"
+	                        "       CASE WHEN previous_secret_until > now() THEN previous_secret END,\n"
+	                        "       CASE WHEN previous_secret_until > now()\n"
+	                        "            THEN " TS_UTC(
+	                            "previous_secret_until") " END\n"
+	                                                     "  FROM endpoints\n"
+	                                                     " WHERE tenant_id = $1 AND id = $2\n" },
+	/* The current secret signs on, beside the new one, for the grace
+	 * period; a zero grace drops it at once. Only two: a previous secret
+	 * still in its grace is replaced. */
+	[Q_ENDPOINT_ROTATE] = { "endpoint_rotate", ENDPOINT_ROTATE__N,
+	                        "WITH e AS (\n"
+	                        "  UPDATE endpoints\n"
+	                        "     SET previous_secret = CASE WHEN $4::interval > interval '0'\n"
+	                        "                                THEN secret END,\n"
+	                        "         previous_secret_until = CASE WHEN $4::interval > interval '0'\n"
+	                        "                                      THEN now() + $4::interval END,\n"
+	                        "         secret = $3,\n"
+	                        "         updated_at = now(),\n"
+	                        "         actor = $5\n"
+	                        "   WHERE tenant_id = $1 AND id = $2\n"
+	                        "  RETURNING id, previous_secret_until, updated_at\n"
+	                        ")\n"
+	                        "SELECT " ENDPOINT_FOUND ",\n"
+	                        "       e.id, " TS_UTC(
+	                            "e.previous_secret_until") ",\n"
+	                                                       "       " TS_UTC(
+	                                                           "e.updated_at") "\n"
+	                                                                           "  FROM (VALUES (1)) AS one (n)\n"
+	                                                                           "  LEFT JOIN e ON true\n" },
+	[Q_ENDPOINT_REVOKE] = { "endpoint_revoke", ENDPOINT_REVOKE__N,
+	                        "WITH e AS (\n"
+	                        "  UPDATE endpoints\n"
+	                        "     SET previous_secret = NULL,\n"
+	                        "         previous_secret_until = NULL,\n"
+	                        "         updated_at = now(),\n"
+	                        "         actor = $3\n"
+	                        "   WHERE tenant_id = $1 AND id = $2\n"
+	                        "  RETURNING id, previous_secret_until, updated_at\n"
+	                        ")\n"
+	                        "SELECT " ENDPOINT_FOUND ",\n"
+	                        "       e.id, " TS_UTC(
+	                            "e.previous_secret_until") ",\n"
+	                                                       "       " TS_UTC(
+	                                                           "e.updated_at") "\n"
+	                                                                           "  FROM (VALUES (1)) AS one (n)\n"
+	                                                                           "  LEFT JOIN e ON true\n" },
 	/* The event feed (events.c): the outbox's ids in order, at most $5
 	 * rows of every tenant read per page (only their ids and tenants:
 	 * no index on (tenant_id, id) to keep up on every create); the

@@ -114,6 +114,26 @@ enum query_id {
 	Q_TRACE_SET,
 	/* -> (problem, detail, outcome, workflow_id, step, expires_at) */
 	Q_MESSAGE_PUBLISH,
+	/* Tenant endpoints (endpoints.c). The commands answer as the others
+	 * do: (problem slug or NULL, detail), then ENDPOINT_COLUMNS. */
+	/* -> (problem, detail, the endpoint's columns) */
+	Q_ENDPOINT_CREATE,
+	/* -> the endpoint's columns; no row when there is none */
+	Q_ENDPOINT_GET,
+	/* -> the endpoint's columns, then within, in id order */
+	Q_ENDPOINT_LIST,
+	/* -> (problem 'not-found' or NULL, detail, the endpoint's columns) */
+	Q_ENDPOINT_UPDATE,
+	/* The endpoint, its deliveries and its attempts -> (problem, detail,
+	 * id, deliveries deleted, attempts deleted) */
+	Q_ENDPOINT_DELETE,
+	/* -> (secret, previous secret while it signs, until when); no row
+	 * when there is no endpoint */
+	Q_ENDPOINT_SECRET,
+	/* -> (problem, detail, id, previous secret's end, updated_at) */
+	Q_ENDPOINT_ROTATE,
+	/* -> as Q_ENDPOINT_ROTATE's */
+	Q_ENDPOINT_REVOKE,
 	/* The event feed, deliveries and the attempt ledger (events.c). */
 	/* -> (id, payload, within, actor) rows of the tenant's events, then
 	 * one row (id, NULL, true, NULL) when the scan stopped at
@@ -361,6 +381,64 @@ enum wf_resume_param {
 	WF_RESUME_ID,
 	WF_RESUME_RETRIES, /* or NULL: the step's own */
 	WF_RESUME__N
+};
+
+/* Q_ENDPOINT_CREATE */
+enum endpoint_create_param {
+	ENDPOINT_CREATE_TENANT,
+	ENDPOINT_CREATE_ID,
+	ENDPOINT_CREATE_URL,
+	ENDPOINT_CREATE_FILTER,   /* text[] literal, or NULL: every type */
+	ENDPOINT_CREATE_ORDERING, /* 'workflow' or 'none' */
+	ENDPOINT_CREATE_DISABLED, /* boolean */
+	ENDPOINT_CREATE_METADATA, /* canonical JSON object */
+	ENDPOINT_CREATE_SECRET,   /* "whsec_<base64>" */
+	ENDPOINT_CREATE_ACTOR,    /* "token:<id>" */
+	ENDPOINT_CREATE__N
+};
+
+/* Q_ENDPOINT_GET, Q_ENDPOINT_DELETE, Q_ENDPOINT_SECRET */
+enum endpoint_get_param { ENDPOINT_GET_TENANT, ENDPOINT_GET_ID, ENDPOINT_GET__N };
+
+/* Q_ENDPOINT_LIST: pages as Q_WF_EVENTS's. */
+enum endpoint_list_param {
+	ENDPOINT_LIST_TENANT,
+	ENDPOINT_LIST_AFTER, /* the last id of the previous page, or NULL */
+	ENDPOINT_LIST_LIMIT,
+	ENDPOINT_LIST_BUDGET,
+	ENDPOINT_LIST__N
+};
+
+/* Q_ENDPOINT_UPDATE: NULL leaves a field as it is. */
+enum endpoint_update_param {
+	ENDPOINT_UPDATE_TENANT,
+	ENDPOINT_UPDATE_ID,
+	ENDPOINT_UPDATE_URL,        /* or NULL */
+	ENDPOINT_UPDATE_FILTER_SET, /* boolean: set filter_types to ENDPOINT_UPDATE_FILTER */
+	ENDPOINT_UPDATE_FILTER,     /* text[] literal, or NULL: every type */
+	ENDPOINT_UPDATE_ORDERING,   /* or NULL */
+	ENDPOINT_UPDATE_DISABLED,   /* boolean, or NULL */
+	ENDPOINT_UPDATE_METADATA,   /* canonical JSON object, or NULL */
+	ENDPOINT_UPDATE_ACTOR,
+	ENDPOINT_UPDATE__N
+};
+
+/* Q_ENDPOINT_ROTATE */
+enum endpoint_rotate_param {
+	ENDPOINT_ROTATE_TENANT,
+	ENDPOINT_ROTATE_ID,
+	ENDPOINT_ROTATE_SECRET, /* the new one */
+	ENDPOINT_ROTATE_GRACE,  /* interval: how long the old one still signs */
+	ENDPOINT_ROTATE_ACTOR,
+	ENDPOINT_ROTATE__N
+};
+
+/* Q_ENDPOINT_REVOKE */
+enum endpoint_revoke_param {
+	ENDPOINT_REVOKE_TENANT,
+	ENDPOINT_REVOKE_ID,
+	ENDPOINT_REVOKE_ACTOR,
+	ENDPOINT_REVOKE__N
 };
 
 /* Q_EVENTS_FEED: the tenant's events after outbox id EVENTS_FEED_AFTER,

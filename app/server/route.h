@@ -30,6 +30,14 @@ enum route {
 	ROUTE_WF_RESUME,      /* /v1/workflows/{id}/resume */
 	ROUTE_MESSAGES,       /* /v1/messages */
 	ROUTE_OPENAPI,        /* /v1/openapi.json */
+
+	/* A tenant's endpoints (endpoints.h). */
+	ROUTE_ENDPOINTS,       /* /v1/endpoints */
+	ROUTE_ENDPOINT,        /* /v1/endpoints/{id} */
+	ROUTE_ENDPOINT_SECRET, /* /v1/endpoints/{id}/secret */
+	ROUTE_ENDPOINT_ROTATE, /* /v1/endpoints/{id}/secret/rotate */
+	ROUTE_ENDPOINT_REVOKE, /* /v1/endpoints/{id}/secret/revoke */
+
 	/* The event feed, deliveries and the attempt ledger (events.h). */
 	ROUTE_EVENTS,               /* /v1/events */
 	ROUTE_EVENT_DELIVERIES,     /* /v1/events/{id}/deliveries */
@@ -37,7 +45,8 @@ enum route {
 	ROUTE_ENDPOINT_ATTEMPTS,    /* /v1/endpoints/{id}/attempts */
 	ROUTE_ENDPOINT_UNDELIVERED, /* /v1/endpoints/{id}/undelivered */
 	ROUTE_ENDPOINT_RECOVER,     /* /v1/endpoints/{id}/recover */
-	ROUTE_OTHER,                /* no template matched (404s) */
+
+	ROUTE_OTHER, /* no template matched (404s) */
 	ROUTE__COUNT
 };
 
@@ -62,7 +71,8 @@ struct route_hit {
  * anything out of range: a bounded label, never a raw path. Static. */
 const char *route_name(enum route r);
 
-/* 1 when r takes an Idempotency-Key (it has a keyed POST), else 0. */
+/* 1 when r takes an Idempotency-Key (it has a keyed POST, PATCH or
+ * DELETE), else 0. */
 int route_keyed(enum route r);
 
 #endif

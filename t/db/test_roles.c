@@ -793,6 +793,35 @@ Test(roles, every_route_timers_and_the_reaper_run_as_their_roles, .fini = own_st
 	                          t.id_text),
 	             0);
 
+	/* A tenant's endpoints: every command, the secret, a new event's
+	 * delivery written by the server, and a delete taking it along. */
+	{
+		tstack_key(key, sizeof(key), "ep");
+		r = req("POST", "/v1/endpoints", t.auth, key, "{\"url\":\"https://h/roles\"}");
+		cr_assert_eq(r->status, 201, "endpoint: %d %s; see %s", r->status, r->body,
+		             own.log);
+		char *ep = tstack_json(r->body, "{id}");
+		http_response_free(r);
+		expect_status(req("GET", "/v1/endpoints", t.auth, NULL, NULL), 200, "endpoints");
+		snprintf(path, sizeof(path), "/v1/endpoints/%s", ep);
+		expect_status(req("GET", path, t.auth, NULL, NULL), 200, "endpoint");
+		expect_status(req("PATCH", path, t.auth, NULL, "{\"ordering\":\"none\"}"), 200,
+		              "endpoint changed");
+		free(create_as_server(&t, "{\"type\":\"to-endpoint\"}"));
+		cr_assert_eq(
+		    tstack_count("SELECT count(*) FROM deliveries WHERE endpoint_id = $1", ep), 1);
+		snprintf(path, sizeof(path), "/v1/endpoints/%s/secret", ep);
+		expect_status(req("GET", path, t.auth, NULL, NULL), 200, "secret");
+		snprintf(path, sizeof(path), "/v1/endpoints/%s/secret/rotate", ep);
+		expect_status(req("POST", path, t.auth, NULL, "{}"), 200, "secret rotated");
+		snprintf(path, sizeof(path), "/v1/endpoints/%s/secret/revoke", ep);
+		expect_status(req("POST", path, t.auth, NULL, "{}"), 200, "secret revoked");
+		snprintf(path, sizeof(path), "/v1/endpoints/%s", ep);
+		expect_status(req("DELETE", path, t.auth, NULL, NULL), 200, "endpoint deleted");
+		cr_assert_eq(
+		    tstack_count("SELECT count(*) FROM deliveries WHERE endpoint_id = $1", ep), 0);
+		free(ep);
+	}
 	/* The event routes (app/server/events.c) as the server, recover and
 	 * resend as the CLI (maintenance): an endpoint of the tenant's with
 	 * a dead delivery and an attempt. */

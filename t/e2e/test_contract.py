@@ -807,6 +807,109 @@ def run(c, api):
     if wv["state"] != "compensated":
         fail(f"the saga ended {wv['state']}, not compensated")
 
+    # --- a tenant's endpoints ------------------------------------------
+    EPS = "/v1/endpoints"
+    EP = "/v1/endpoints/{id}"
+    SEC = "/v1/endpoints/{id}/secret"
+    ROT = "/v1/endpoints/{id}/secret/rotate"
+    REV = "/v1/endpoints/{id}/secret/revoke"
+    ek = uid()
+    eb = {"url": "https://billing.example/hooks", "filter_types": ["workflow.*", "job.completed"],
+          "ordering": "workflow", "metadata": {"team": "billing"}}
+    _, h, ep = call(EPS, "POST", EPS, 201, token=T, key=ek, body=eb)
+    ep_id = ep["id"]
+    if h["location"] != f"{EPS}/{ep_id}":
+        fail(f"Location {h['location']} is not the created endpoint's")
+    _, h, again = call(EPS, "POST", EPS, 201, token=T, key=ek, body=eb)
+    if h.get("idempotent-replayed") != "true" or again != ep:
+        fail("a replayed endpoint create is not the stored answer")
+    call(EPS, "POST", EPS, 409, "idempotency-key-reused", token=T, key=ek,
+         body={"url": "https://billing.example/other"})
+    call(EPS, "POST", EPS, 400, "missing-idempotency-key", token=T, body=eb)
+    call(EPS, "POST", EPS, 400, "invalid-json", token=T, key=uid(), body="{")
+    call(EPS, "POST", EPS, 401, "unauthorized", key=uid(), body=eb)
+    call(EPS, "POST", EPS, 413, "body-too-large", token=T, key=uid(), body=big)
+    call(EPS, "POST", EPS, 415, "unsupported-media-type", token=T, key=uid(), body=eb,
+         ctype="text/plain")
+    call(EPS, "POST", EPS, 422, "invalid-request", token=T, key=uid(),
+         body={"url": "https://h", "colour": "red"})
+    call(EPS, "POST", EPS, 422, "invalid-request", token=T, key=uid(),
+         body={"url": "ftp://h"})
+    call(EPS, "POST", EPS, 422, "invalid-request", token=T, key=uid(),
+         body={"url": "https://h", "filter_types": ["endpoint.disabled"]})
+    call(EPS, "PUT", EPS, 405, "method-not-allowed", token=T, body={})
+    call(EPS, "GET", f"{EPS}?limit=1", 200, token=T)
+    call(EPS, "GET", f"{EPS}?limit=1&after={ghost}", 200, token=T)
+    call(EPS, "GET", f"{EPS}?after=nope", 422, "invalid-request", token=T)
+    call(EPS, "GET", EPS, 401, "unauthorized")
+    e1 = f"{EPS}/{ep_id}"
+    eg = f"{EPS}/{ghost}"
+    call(EP, "GET", e1, 200, token=T)
+    call(EP, "GET", eg, 404, "not-found", token=T)
+    call(EP, "GET", f"{EPS}/nope", 404, "not-found", token=T)
+    call(EP, "GET", e1, 401, "unauthorized")
+    call(EP, "PUT", e1, 405, "method-not-allowed", token=T, body={})
+    pk = uid()
+    call(EP, "PATCH", e1, 200, token=T, key=pk, body={"disabled": True})
+    _, h, _ = call(EP, "PATCH", e1, 200, token=T, key=pk, body={"disabled": True})
+    if h.get("idempotent-replayed") != "true":
+        fail("a replayed PATCH lacks Idempotent-Replayed: true")
+    call(EP, "PATCH", e1, 409, "idempotency-key-reused", token=T, key=pk,
+         body={"disabled": False})
+    call(EP, "PATCH", e1, 200, token=T, body={"disabled": False, "filter_types": None})
+    call(EP, "PATCH", e1, 400, "invalid-json", token=T, body="[")
+    call(EP, "PATCH", e1, 401, "unauthorized", body={"disabled": False})
+    call(EP, "PATCH", eg, 404, "not-found", token=T, body={"disabled": False})
+    call(EP, "PATCH", e1, 413, "body-too-large", token=T, body=big)
+    call(EP, "PATCH", e1, 415, "unsupported-media-type", token=T, body={}, ctype="text/plain")
+    call(EP, "PATCH", e1, 422, "invalid-request", token=T, body={})
+    s1 = f"{e1}/secret"
+    call(SEC, "GET", s1, 200, token=T)
+    call(SEC, "GET", f"{eg}/secret", 404, "not-found", token=T)
+    call(SEC, "GET", s1, 401, "unauthorized")
+    call(SEC, "POST", s1, 405, "method-not-allowed", token=T, body={})
+    r1 = f"{e1}/secret/rotate"
+    rk = uid()
+    call(ROT, "POST", r1, 200, token=T, key=rk, body={"grace": "PT1H"})
+    call(ROT, "POST", r1, 409, "idempotency-key-reused", token=T, key=rk,
+         body={"grace": "PT2H"})
+    call(ROT, "POST", r1, 200, token=T, body=None, ctype=None)
+    call(ROT, "POST", r1, 400, "invalid-duration", token=T, body={"grace": "P8D"})
+    call(ROT, "POST", r1, 401, "unauthorized", body={})
+    call(ROT, "POST", f"{eg}/secret/rotate", 404, "not-found", token=T, body={})
+    call(ROT, "POST", r1, 413, "body-too-large", token=T, body=big)
+    call(ROT, "POST", r1, 415, "unsupported-media-type", token=T, body={}, ctype="text/plain")
+    call(ROT, "POST", r1, 422, "invalid-request", token=T, body={"keep": True})
+    call(ROT, "GET", r1, 405, "method-not-allowed", token=T)
+    _, _, sec = call(SEC, "GET", s1, 200, token=T)
+    if sec["previous_key"] is None or sec["previous_expires_at"] is None:
+        fail(f"no previous secret during a rotation's grace: {sec}")
+    v1 = f"{e1}/secret/revoke"
+    vk = uid()
+    call(REV, "POST", v1, 200, token=T, key=vk, body={})
+    # Only {} is a revoke: a key is reused by another request (the rotate's).
+    call(REV, "POST", v1, 409, "idempotency-key-reused", token=T, key=rk, body={})
+    call(REV, "POST", v1, 200, token=T, body=None, ctype=None)
+    call(REV, "POST", v1, 400, "invalid-json", token=T, body="nope")
+    call(REV, "POST", v1, 401, "unauthorized", body={})
+    call(REV, "POST", f"{eg}/secret/revoke", 404, "not-found", token=T, body={})
+    call(REV, "POST", v1, 413, "body-too-large", token=T, body=big)
+    call(REV, "POST", v1, 415, "unsupported-media-type", token=T, body={}, ctype="text/plain")
+    call(REV, "POST", v1, 422, "invalid-request", token=T, body={"x": 1})
+    call(REV, "GET", v1, 405, "method-not-allowed", token=T)
+    _, _, ep2 = call(EPS, "POST", EPS, 201, token=T, key=uid(), body={"url": "http://h/x"})
+    e2 = f"{EPS}/{ep2['id']}"
+    dk = uid()
+    call(EP, "DELETE", e2, 200, token=T, key=dk, body=None, ctype=None)
+    call(EP, "DELETE", e2, 200, token=T, key=dk, body={})
+    call(EP, "DELETE", e2, 409, "idempotency-key-reused", token=T, key=pk, body=None,
+         ctype=None)
+    call(EP, "DELETE", e2, 404, "not-found", token=T, body=None, ctype=None)
+    call(EP, "DELETE", e1, 400, "invalid-json", token=T, body="nope")
+    call(EP, "DELETE", e1, 401, "unauthorized", body=None, ctype=None)
+    call(EP, "DELETE", e1, 413, "body-too-large", token=T, body=big)
+    call(EP, "DELETE", e1, 415, "unsupported-media-type", token=T, body={}, ctype="text/plain")
+    call(EP, "DELETE", e1, 422, "invalid-request", token=T, body={"force": True})
     # --- the event feed, deliveries, attempts, recover, resend ------------
     # (app/server/events.c). The endpoints and the state a dispatcher
     # leaves are rows of the test's own; they go again at the end.
@@ -838,7 +941,9 @@ def run(c, api):
     call(EVS, "GET", EVS + "?after=x", 422, "invalid-request", token=T)
     call(EVS, "POST", EVS, 405, "method-not-allowed", token=T, body={})
     _, _, dl = call(EDL, "GET", f"/v1/events/{ev}/deliveries", 200, token=T)
-    if [d["endpoint_id"] for d in dl["deliveries"]] != [ep]:
+    # (the endpoints of the section above receive it too)
+    got = [d["endpoint_id"] for d in dl["deliveries"]]
+    if [e for e in got if e in (ep, ep_billing)] != [ep]:
         fail(f"the event's deliveries are {dl}, expected one to {ep}")
     call(EDL, "GET", f"/v1/events/{ev}/deliveries?after={ep}&limit=5", 200, token=T)
     call(EDL, "GET", f"/v1/events/{ev}/deliveries", 401, "unauthorized")
@@ -912,9 +1017,11 @@ def run(c, api):
     call(ERS, "POST", rs, 422, "invalid-request", token=T, key=uid(),
          body={"endpoint_id": "x"})
     call(ERS, "GET", rs, 405, "method-not-allowed", token=T)
-    psql(f"DELETE FROM delivery_attempts WHERE tenant_id = {tenant_id};"
-         f" DELETE FROM deliveries WHERE tenant_id = {tenant_id};"
-         f" DELETE FROM endpoints WHERE tenant_id = {tenant_id}")
+    mine = f"endpoint_id IN ('{ep}', '{ep_billing}')"
+    psql(f"DELETE FROM delivery_attempts WHERE tenant_id = {tenant_id} AND {mine};"
+         f" DELETE FROM deliveries WHERE tenant_id = {tenant_id} AND {mine};"
+         f" DELETE FROM endpoints WHERE tenant_id = {tenant_id}"
+         f" AND id IN ('{ep}', '{ep_billing}')")
 
     # Every event of these workflows against the webhooks' payload schemas
     # (the history holds the payloads the webhooks carry).
@@ -961,6 +1068,11 @@ def run(c, api):
              key=uid(), body={"worker": "w"})
         call(RES, "POST", f"{WFS}/{plain_id}/resume", 503, "unavailable", token=T,
              key=uid(), body={})
+        call(EPS, "POST", EPS, 503, "unavailable", token=T, key=uid(), body={"url": "https://h"})
+        call(EP, "PATCH", e1, 503, "unavailable", token=T, body={"disabled": True})
+        call(EP, "DELETE", e1, 503, "unavailable", token=T, key=uid(), body=None, ctype=None)
+        call(ROT, "POST", r1, 503, "unavailable", token=T, key=uid(), body={})
+        call(REV, "POST", v1, 503, "unavailable", token=T, key=uid(), body={})
     finally:
         psql(f'ALTER DATABASE "{db}" RESET default_transaction_read_only')
 

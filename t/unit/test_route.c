@@ -158,3 +158,33 @@ Test(route, the_contract_has_a_route_of_its_own)
 	cr_assert_str_eq(route_name(route_match("/v1/openapi.yaml", NULL, NULL)), "other");
 	cr_assert_str_eq(route_name(route_match("/v1/openapi.json/", NULL, NULL)), "other");
 }
+
+Test(route, a_tenants_endpoints_have_routes_of_their_own)
+{
+	static const char *const cases[][2] = {
+		{ "/v1/endpoints", "/v1/endpoints" },
+		{ "/v1/endpoints/0190-abc", "/v1/endpoints/{id}" },
+		{ "/v1/endpoints/0190-abc/secret", "/v1/endpoints/{id}/secret" },
+		{ "/v1/endpoints/0190-abc/secret/rotate", "/v1/endpoints/{id}/secret/rotate" },
+		{ "/v1/endpoints/0190-abc/secret/revoke", "/v1/endpoints/{id}/secret/revoke" },
+		{ "/v1/endpoints/", "other" },
+		{ "/v1/endpoints/a/secret/", "other" },
+		{ "/v1/endpoints/a/secret/renew", "other" },
+	};
+	const char *arg = NULL;
+	size_t n = 0;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		cr_assert_str_eq(route_name(route_match(cases[i][0], NULL, NULL)), cases[i][1],
+		                 "%s", cases[i][0]);
+	cr_assert_eq(route_match("/v1/endpoints/0190-abc/secret/rotate", &arg, &n),
+	             ROUTE_ENDPOINT_ROTATE);
+	cr_assert_eq(n, 8);
+	cr_assert(strncmp(arg, "0190-abc", n) == 0);
+	/* Keyed: the commands' routes count their keys in the metrics. */
+	cr_assert(route_keyed(ROUTE_ENDPOINTS));
+	cr_assert(route_keyed(ROUTE_ENDPOINT));
+	cr_assert(route_keyed(ROUTE_ENDPOINT_ROTATE));
+	cr_assert(route_keyed(ROUTE_ENDPOINT_REVOKE));
+	cr_assert_not(route_keyed(ROUTE_ENDPOINT_SECRET));
+}
