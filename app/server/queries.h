@@ -362,8 +362,18 @@ enum key_col {
 
 extern const struct db_stmt queries[Q__COUNT];
 
+/*
+ * The statements a worker prepares for the configuration's routing:
+ * "direct" (one database: the table above) or "proxy" (a PL/Proxy proxy
+ * in front of partitions, doc/distribution.md: the routed statements as
+ * calls of the proxy's functions, the others refused there). NULL for any
+ * other value. The proxy table is built on the first call and lives for
+ * the process.
+ */
+const struct db_stmt *queries_for(const char *routing);
+
 /* db_stmt_check() over the whole table: 0, or -1 with e naming the first
- * statement whose count and SQL differ. idemflow-fcgi runs it before it
+ * statement whose count and SQL differ, in either routing's table. idemflow-fcgi runs it before it
  * starts anything. */
 int queries_check(struct err *e) MUSTCHECK;
 
