@@ -243,6 +243,15 @@ LANGUAGE sql STABLE AS $$
       FROM schema_migrations m;
 $$;
 
+-- The same for one partition by number, for the proxy's /readyz, which
+-- asks each partition alone (idemflow_partitions_status). The argument
+-- routes the proxy's call; it is not read here.
+CREATE FUNCTION idemflow_schema_version_on(p_partition integer)
+RETURNS TABLE (version integer, in_recovery boolean, read_only text)
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM idemflow_schema_version();
+$$;
+
 -- Q_METRICS_OUTBOX, per partition: the proxy sums the partitions' rows.
 CREATE FUNCTION idemflow_metrics_outbox()
 RETURNS TABLE (pending bigint, oldest numeric, dead bigint, activatable bigint, leased bigint,

@@ -1033,6 +1033,12 @@ CREATE FUNCTION public.idemflow_schema_version() RETURNS TABLE(version integer, 
       FROM schema_migrations m;
 $$;
 
+CREATE FUNCTION public.idemflow_schema_version_on(p_partition integer) RETURNS TABLE(version integer, in_recovery boolean, read_only text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT * FROM idemflow_schema_version();
+$$;
+
 CREATE FUNCTION public.idemflow_step_outputs(p_tenant bigint, p_wf uuid, p_before integer) RETURNS jsonb
     LANGUAGE sql STABLE
     AS $$

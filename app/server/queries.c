@@ -324,11 +324,20 @@ static const struct {
 	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"
 	                    "  FROM idemflow_keystats_flush($1, $2, $3, $4, $5)\n" },
 	/* Ready when every partition is: the lowest version, any in
-	 * recovery, any read-only. */
+	 * recovery, any read-only; then each partition's state (JSON) and
+	 * the numbers of those that did not answer ("" when all did), and
+	 * how many did. */
 	{ Q_SCHEMA_VERSION,
 	  "SELECT coalesce(min(version), 0), coalesce(bool_or(in_recovery), false),\n"
-	  "       coalesce(max(read_only), 'off')\n"
-	  "  FROM idemflow_schema_version()\n" },
+	  "       coalesce(max(read_only), 'off'),\n"
+	  "       coalesce(jsonb_agg(jsonb_build_object('partition', partition,\n"
+	  "                                             'reachable', error IS NULL,\n"
+	  "                                             'schema_version', version)\n"
+	  "                          ORDER BY partition)::text, '[]'),\n"
+	  "       coalesce(string_agg(partition::text, ',' ORDER BY partition)\n"
+	  "                    FILTER (WHERE error IS NOT NULL), ''),\n"
+	  "       count(*) FILTER (WHERE error IS NULL)\n"
+	  "  FROM idemflow_partitions_status()\n" },
 	{ Q_METRICS_OUTBOX, "SELECT coalesce(sum(pending), 0), coalesce(max(oldest), 0),\n"
 	                    "       coalesce(sum(dead), 0), coalesce(sum(activatable), 0),\n"
 	                    "       coalesce(sum(leased), 0), coalesce(sum(expired), 0),\n"

@@ -10,8 +10,9 @@
 #   - a proxy-to-partition connection lost while the create is out (the
 #     partition's backend terminated, then SIGKILLed): 503 outcome-unknown,
 #     and the same key then creates once and replays;
-#   - one partition stopped: its tenant's create 503, the other tenant's
-#     201; /readyz 503.
+#   - /readyz names each partition and whether it answers: one partition
+#     stopped, its tenant's create 503, the other tenant's 201, /readyz 200
+#     "degraded"; both stopped, /readyz 503.
 # Starts its own proxy and partitions (scripts/lib/stack.sh, three
 # throwaway clusters, about 10 s in all); t/run-test starts nothing for
 # t/shards. Skips (77) without PL/Proxy (scripts/deps installs it).
@@ -46,6 +47,7 @@ trap cleanup EXIT
 stack_shards_start "$DIR" 2 "$CLI" fast || exit 99
 P0=${STACK_SHARD_URL[0]}
 P1=${STACK_SHARD_URL[1]}
+SCHEMA=$("$BINDIR/psql" -XAtq -d "$P0" -c "SELECT max(version) FROM schema_migrations")
 
 psql_at() { "$BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
 
@@ -124,6 +126,8 @@ expect "GET as tenant a 200" "$(get g1 "$TA" "/v1/workflows/$A_ID")" 200
 if cmp -s "$DIR/a1.body" "$DIR/g1.body"; then ok "GET answers the created workflow"; else
 	not_ok "GET answers the created workflow" "$(cat "$DIR/g1.body")"; fi
 expect "GET tenant a's workflow as tenant b 404" "$(get g2 "$TB" "/v1/workflows/$A_ID")" 404
+expect "/readyz 200, both partitions" "$(curl -sS "$URL/readyz")" \
+	'{"status":"ready","schema_version":'"$SCHEMA"',"partitions":[{"partition": 0, "reachable": true, "schema_version": '"$SCHEMA"'}, {"partition": 1, "reachable": true, "schema_version": '"$SCHEMA"'}]}'
 expect "an unknown token 401" "$(post u1 nosuchtoken k1 '{"type":"t"}')" 401
 
 # ---- a proxy-to-partition connection lost during the create
@@ -179,7 +183,12 @@ expect "partition 1 down: tenant b's create 503" "$code" 503
 expect "partition 1 down: tenant b's again 503 unavailable" "$(post s2 "$TB" k5 '{"type":"t"}')|$(problem_type s2)" "503|unavailable"
 expect "partition 1 down: tenant a's create 201" "$(post s3 "$TA" k4 '{"type":"t"}')" 201
 expect "partition 1 down: tenant a's GET 200" "$(get s4 "$TA" "/v1/workflows/$A_ID")" 200
-expect "partition 1 down: /readyz 503" "$(curl -sS -o /dev/null -w '%{http_code}' "$URL/readyz")" 503
+expect "partition 1 down: /readyz 200, degraded, partition 1 unreachable" \
+	"$(curl -sS -w ' %{http_code}' "$URL/readyz")" \
+	'{"status":"degraded","schema_version":'"$SCHEMA"',"partitions":[{"partition": 0, "reachable": true, "schema_version": '"$SCHEMA"'}, {"partition": 1, "reachable": false, "schema_version": null}]} 200'
+stack_pg_stop "${STACK_SHARD_DATA[0]}" || exit 99
+expect "both partitions down: /readyz 503" "$(curl -sS -o "$DIR/r3.body" -w '%{http_code}' "$URL/readyz")|$(sed -n 's/.*"detail":"\([^"]*\)".*/\1/p' "$DIR/r3.body")" \
+	"503|no partition answers (unreachable: 0,1)"
 
 # ---- a routing the server does not know is refused at start
 sed 's/^routing = proxy$/routing = sideways/' "$DIR/idemflow.conf" >"$DIR/bad.conf"
