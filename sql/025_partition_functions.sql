@@ -208,6 +208,37 @@ BEGIN
 END;
 $$;
 
+-- Q_WF_EVENTS: a page of a workflow's history (the statement's comment in
+-- app/server/queries.c says how the page and its byte budget work).
+CREATE FUNCTION idemflow_wf_events(p_tenant bigint, p_id uuid, p_after integer,
+                                   p_limit integer, p_budget bigint)
+RETURNS TABLE (seq integer, payload text, within boolean, actor text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT e.seq, e.payload, e.within, e.actor
+      FROM workflows w
+      LEFT JOIN LATERAL (
+           SELECT t.seq, t.payload, t.start < p_budget AS within, t.actor
+             FROM (SELECT s.seq, s.payload, s.actor, s.start,
+                          lag(s.start, 1, 0::bigint) OVER (ORDER BY s.seq) AS prev
+                     FROM (SELECT l.seq, l.payload, l.actor,
+                                  sum(octet_length(l.payload)::bigint)
+                                      OVER (ORDER BY l.seq)
+                                  - octet_length(l.payload) AS start
+                             FROM (SELECT o.seq, o.payload, o.actor
+                                     FROM outbox o
+                                    WHERE o.tenant_id = w.tenant_id
+                                      AND o.workflow_id = w.id
+                                      AND o.seq > p_after
+                                    ORDER BY o.seq
+                                    LIMIT p_limit) l) s) t
+            WHERE t.prev < p_budget) e ON true
+     WHERE w.tenant_id = p_tenant AND w.id = p_id
+     ORDER BY e.seq;
+END;
+$$;
+
 -- Q_KEYSTATS_FLUSH: a worker's batch holds keys of tenants of every
 -- partition; the proxy sends it to all of them, and each adds the counts
 -- of its own tenants. Rows in (tenant_id, key) order, as the statement.

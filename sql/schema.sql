@@ -1142,6 +1142,34 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_wf_events(p_tenant bigint, p_id uuid, p_after integer, p_limit integer, p_budget bigint) RETURNS TABLE(seq integer, payload text, within boolean, actor text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT e.seq, e.payload, e.within, e.actor
+      FROM workflows w
+      LEFT JOIN LATERAL (
+           SELECT t.seq, t.payload, t.start < p_budget AS within, t.actor
+             FROM (SELECT s.seq, s.payload, s.actor, s.start,
+                          lag(s.start, 1, 0::bigint) OVER (ORDER BY s.seq) AS prev
+                     FROM (SELECT l.seq, l.payload, l.actor,
+                                  sum(octet_length(l.payload)::bigint)
+                                      OVER (ORDER BY l.seq)
+                                  - octet_length(l.payload) AS start
+                             FROM (SELECT o.seq, o.payload, o.actor
+                                     FROM outbox o
+                                    WHERE o.tenant_id = w.tenant_id
+                                      AND o.workflow_id = w.id
+                                      AND o.seq > p_after
+                                    ORDER BY o.seq
+                                    LIMIT p_limit) l) s) t
+            WHERE t.prev < p_budget) e ON true
+     WHERE w.tenant_id = p_tenant AND w.id = p_id
+     ORDER BY e.seq;
+END;
+$$;
+
 CREATE FUNCTION public.idemflow_wf_get(p_tenant bigint, p_id uuid) RETURNS TABLE(id uuid, type text, state text, input text, created_at text, business_key text, steps text, step integer, progress text)
     LANGUAGE plpgsql STABLE
     AS $$

@@ -321,6 +321,7 @@ static const struct {
 	{ Q_KEY_DELETE_EXPIRED, "SELECT idemflow_key_delete_expired($1, $2)\n" },
 	{ Q_KEY_REFRESH, "SELECT idemflow_key_refresh($1, $2, $3)\n" },
 	{ Q_WF_GET, "SELECT * FROM idemflow_wf_get($1, $2)\n" },
+	{ Q_WF_EVENTS, "SELECT * FROM idemflow_wf_events($1, $2, $3, $4, $5)\n" },
 	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"
 	                    "  FROM idemflow_keystats_flush($1, $2, $3, $4, $5)\n" },
 	/* Ready when every partition is: the lowest version, any in

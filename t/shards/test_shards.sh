@@ -125,6 +125,10 @@ expect "partition 1: tenant b's only" \
 expect "GET as tenant a 200" "$(get g1 "$TA" "/v1/workflows/$A_ID")" 200
 if cmp -s "$DIR/a1.body" "$DIR/g1.body"; then ok "GET answers the created workflow"; else
 	not_ok "GET answers the created workflow" "$(cat "$DIR/g1.body")"; fi
+expect "GET its events 200" "$(get ev1 "$TA" "/v1/workflows/$A_ID/events")" 200
+expect "its one event, workflow.created" \
+	"$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(len(d["events"]), d["events"][0]["type"], d["events"][0]["workflow_id"])' "$DIR/ev1.body" 2>&1)" \
+	"1 workflow.created $A_ID"
 expect "GET tenant a's workflow as tenant b 404" "$(get g2 "$TB" "/v1/workflows/$A_ID")" 404
 expect "/readyz 200, both partitions" "$(curl -sS "$URL/readyz")" \
 	'{"status":"ready","schema_version":'"$SCHEMA"',"partitions":[{"partition": 0, "reachable": true, "schema_version": '"$SCHEMA"'}, {"partition": 1, "reachable": true, "schema_version": '"$SCHEMA"'}]}'
