@@ -173,7 +173,7 @@ GRANT INSERT ON delivery_attempts TO idemflow_dispatcher;
 GRANT INSERT, UPDATE, DELETE ON endpoints TO idemflow_server;
 GRANT DELETE ON deliveries, delivery_attempts TO idemflow_server;
 
--- Recover and resend (sql/023_recover.sql): the server's routes and the
+-- Recover and resend (sql/022_recover.sql): the server's routes and the
 -- CLI's "endpoint recover" and "event resend" set deliveries pending
 -- again, each in one UPDATE.
 GRANT UPDATE (state, attempts, next_attempt_at, trigger, lease_owner, lease_until,

@@ -5,7 +5,7 @@
  * deliveries, or one event's delivery to one endpoint, pending again
  * (endpoint recover, event resend), as POST /v1/endpoints/{id}/recover and
  * POST /v1/events/{id}/resend do (the same database functions,
- * sql/023_recover.sql). Changing endpoints is the API's (/v1/endpoints,
+ * sql/022_recover.sql). Changing endpoints is the API's (/v1/endpoints,
  * app/server/endpoints.c); sending is the dispatcher's.
  *
  * Unlike the API, the CLI has no Idempotency-Key: running a recover twice

@@ -87,6 +87,8 @@ static const struct conf_key conf_keys[] = {
 	  "FastCGI socket: a unix socket path, or host:port" },
 	{ "listen_mode", P_SRV, T_OCTAL, OFF(listen_mode), "0660", 0, 0777,
 	  "permissions of the unix socket" },
+	{ "routing", P_SRV, T_STR, OFF(routing), "direct", 0, 0,
+	  "direct (one database) | proxy: db is a PL/Proxy proxy of partitions" },
 	{ "workers", P_SRV, T_WORKERS, OFF(workers), "auto", 1, 256,
 	  "number of pre-forked workers, or auto: four per online CPU, 2 to 32" },
 	{ "max_requests", P_SRV, T_INT, OFF(max_requests), "0", 0, INT_MAX,

@@ -34,6 +34,7 @@ int conf_is_bool(const char *name);
 struct conf {
 	char *config_file; /* the file this was loaded from, or NULL */
 	char *db;          /* libpq conninfo; "" lets libpq use PG* variables */
+	char *routing;     /* "direct", or "proxy" (doc/distribution.md); checked by the server */
 	char *listen;      /* unix socket path, or host:port */
 	int listen_mode;   /* permission bits of the unix socket */
 	int workers;

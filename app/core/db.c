@@ -124,6 +124,29 @@ static int session_ended(const char *state)
 	       strcmp(state, "25P03") == 0;
 }
 
+/*
+ * A failure of a PL/Proxy call between the proxy and a partition (routing
+ * = proxy, doc/distribution.md), told by its message: PL/Proxy reports
+ * its own transport failures as XX000 "PL/Proxy function f(n): [cluster]
+ * PQcall: ...", and a partition's session ended as that partition's
+ * SQLSTATE with "[cluster] REMOTE FATAL". The worker's own session is
+ * fine either way. PROXY_UNREACHED: the partition was not reached (the
+ * connect failed), nothing was sent. PROXY_LOST: the partition's
+ * connection broke while the call was out: it may have committed.
+ */
+enum proxy_failure { PROXY_NONE, PROXY_UNREACHED, PROXY_LOST };
+
+static enum proxy_failure proxy_failure(const char *state, const char *msg)
+{
+	if (state == NULL || msg == NULL)
+		return PROXY_NONE;
+	if (strcmp(state, "XX000") == 0 && strstr(msg, "PL/Proxy function ") != NULL)
+		return strstr(msg, "] PQconnect") != NULL ? PROXY_UNREACHED : PROXY_LOST;
+	if (session_ended(state) && strstr(msg, "] REMOTE FATAL") != NULL)
+		return PROXY_LOST;
+	return PROXY_NONE;
+}
+
 int db_classify(PGconn *conn, const PGresult *res, struct err *e)
 {
 	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
@@ -144,6 +167,9 @@ int db_classify(PGconn *conn, const PGresult *res, struct err *e)
 		 * connection is the usual cause. */
 		if (conn == NULL || PQstatus(conn) == CONNECTION_BAD)
 			code = ERR_DB_DOWN;
+	} else if (proxy_failure(state, clean) != PROXY_NONE) {
+		/* The tenant's partition is unavailable. */
+		code = ERR_DB_DOWN;
 	} else if (session_ended(state) || strncmp(state, "53", 2) == 0 ||
 	           strcmp(state, "25006") == 0) {
 		/* Unavailability, not a bug: the session ended (shutdown,
@@ -662,11 +688,19 @@ static int could_commit(const struct db *db, PGTransactionStatusType before, int
 static void after_failure(struct db *db, PGTransactionStatusType before, int n, const int *ids,
                           struct err *e)
 {
+	const enum proxy_failure proxy = proxy_failure(e->sqlstate, e->msg);
 	int lost = PQstatus(db->conn) != CONNECTION_OK ||
 	           (e->sqlstate[0] != '\0' && session_ended(e->sqlstate));
 
 	const int refused = e->code == ERR_DB_DOWN && !lost && PQstatus(db->conn) == CONNECTION_OK;
 	struct timespec now;
+
+	/* Only a partition failed: the session to the proxy stays. */
+	if (proxy != PROXY_NONE && PQstatus(db->conn) == CONNECTION_OK) {
+		if (proxy == PROXY_LOST && could_commit(db, before, n, ids))
+			e->outcome_unknown = 1;
+		return;
+	}
 
 	/* A server that answers but takes no writes (read-only, out of a
 	 * resource): the first refusal drops the session at once, for a new

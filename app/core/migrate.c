@@ -10,14 +10,24 @@
 /* "idemflow" in ASCII: the advisory lock key of migrations. */
 #define MIGRATE_LOCK "7594306392197721975"
 
-int migrate_latest(void)
+static int latest_of(const struct migration *set, int n)
 {
 	int v = 0;
 
-	for (int i = 0; i < migrations_count; i++)
-		if (migrations[i].version > v)
-			v = migrations[i].version;
+	for (int i = 0; i < n; i++)
+		if (set[i].version > v)
+			v = set[i].version;
 	return v;
+}
+
+int migrate_latest(void)
+{
+	return latest_of(migrations, migrations_count);
+}
+
+int migrate_latest_proxy(void)
+{
+	return latest_of(proxy_migrations, proxy_migrations_count);
 }
 
 static int run(PGconn *conn, const char *sql, struct err *e)
@@ -81,13 +91,23 @@ fail:
 	return -1;
 }
 
-int migrate_apply(PGconn *conn, int *applied, struct err *e)
+static int apply_set(PGconn *conn, const struct migration *set, int n, int *applied, struct err *e)
 {
 	*applied = 0;
-	for (int i = 0; i < migrations_count; i++)
-		if (apply_one(conn, &migrations[i], applied, e) < 0)
+	for (int i = 0; i < n; i++)
+		if (apply_one(conn, &set[i], applied, e) < 0)
 			return -1;
 	return 0;
+}
+
+int migrate_apply(PGconn *conn, int *applied, struct err *e)
+{
+	return apply_set(conn, migrations, migrations_count, applied, e);
+}
+
+int migrate_apply_proxy(PGconn *conn, int *applied, struct err *e)
+{
+	return apply_set(conn, proxy_migrations, proxy_migrations_count, applied, e);
 }
 
 int migrate_current(PGconn *conn, struct err *e)

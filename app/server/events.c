@@ -4,7 +4,7 @@
  *
  * The reads page as the other lists do (page.h): keyset cursors, at most
  * limit items and max_answer bytes. The two commands run a database
- * function (sql/023_recover.sql) through the keyed runner (cmd.h), so a
+ * function (sql/022_recover.sql) through the keyed runner (cmd.h), so a
  * retry under the same Idempotency-Key replays the stored answer and sets
  * nothing pending a second time.
  */

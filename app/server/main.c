@@ -70,6 +70,12 @@ int main(int argc, char **argv)
 	log_min_level = c->log_level;
 	/* A statement whose parameters drifted from its SQL is a bug: refuse
 	 * to start, rather than answer 500 for it later. */
+	if (queries_for(c->routing) == NULL) {
+		fprintf(stderr, "idemflow-fcgi: routing = \"%s\": expected direct or proxy\n",
+		        c->routing);
+		conf_free(c);
+		return EX_CONFIG;
+	}
 	if (queries_check(&e) < 0) {
 		fprintf(stderr, "idemflow-fcgi: %s\n", e.msg);
 		conf_free(c);

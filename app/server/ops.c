@@ -160,6 +160,10 @@ static int schema_version_direct(const struct conf *c, struct err *e)
  * multi-host conninfo). A schema newer than the build counts as ready:
  * during an upgrade the migration runs before the workers are replaced, and
  * the old workers must keep serving meanwhile (migrations only add).
+ * Through a PL/Proxy proxy (routing = proxy) the statement asks every
+ * partition: ready at the lowest version of those that answer, each
+ * partition's state in the body, "degraded" while some do not answer and
+ * 503 only when none does.
  */
 void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
@@ -168,7 +172,8 @@ void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	struct err e, direct;
 	PGresult *res = db_run(ctx->db, Q_SCHEMA_VERSION, 0, NULL, &e);
 	const char *read_only = NULL;
-	int version;
+	char *partitions = NULL, unreachable[128] = "";
+	int version, reachable = -1;
 
 	if (res != NULL) {
 		version = atoi(PQgetvalue(res, 0, 0));
@@ -176,12 +181,23 @@ void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 			read_only = "in recovery (a standby)";
 		else if (strcmp(PQgetvalue(res, 0, 2), "on") == 0)
 			read_only = "read-only (transaction_read_only is on)";
+		/* routing = proxy: each partition's state as well. */
+		if (PQnfields(res) > SCHEMA_COL_REACHABLE) {
+			partitions = strdup(PQgetvalue(res, 0, SCHEMA_COL_PARTITIONS));
+			snprintf(unreachable, sizeof(unreachable), "%s",
+			         PQgetvalue(res, 0, SCHEMA_COL_UNREACHABLE));
+			reachable = atoi(PQgetvalue(res, 0, SCHEMA_COL_REACHABLE));
+		}
 		PQclear(res);
 		direct_last.at.tv_sec = 0;
 	} else {
 		ctx->err = e; /* for the log line */
-		version = schema_version_direct(ctx->conf, &direct);
-		if (version < 0)
+		/* A proxy's own schema_migrations are the proxy's (sql/proxy/),
+		 * not the partitions': no second opinion there. */
+		version = strcmp(ctx->conf->routing, "proxy") == 0
+		              ? -1
+		              : schema_version_direct(ctx->conf, &direct);
+		if (version < 0 && strcmp(ctx->conf->routing, "proxy") != 0)
 			e = direct;
 	}
 	if (read_only != NULL) {
@@ -190,13 +206,29 @@ void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
 		http_resp_header(resp, "Retry-After", ra);
 		handler_problem(resp, req, P_UNAVAILABLE, detail);
-		return;
+		goto out;
+	}
+	/* Through a proxy: unready only when no partition answers. One that
+	 * does not is its own tenants' 503s, whichever server they ask, so
+	 * taking this server out of a balancer would help no one; the body
+	 * says which (status "degraded"). */
+	if (reachable == 0) {
+		snprintf(detail, sizeof(detail), "no partition answers (unreachable: %s)",
+		         unreachable);
+		snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+		http_resp_header(resp, "Retry-After", ra);
+		handler_problem(resp, req, P_UNAVAILABLE, detail);
+		goto out;
 	}
 	if (res != NULL && version >= latest) {
 		resp->status = 200;
 		resp->content_type = "application/json";
-		buf_printf(&resp->body, "{\"status\":\"ready\",\"schema_version\":%d}", version);
-		return;
+		buf_printf(&resp->body, "{\"status\":\"%s\",\"schema_version\":%d",
+		           unreachable[0] != '\0' ? "degraded" : "ready", version);
+		if (partitions != NULL)
+			buf_printf(&resp->body, ",\"partitions\":%s", partitions);
+		buf_puts(&resp->body, "}");
+		goto out;
 	}
 	if (version >= 0 && version < latest)
 		snprintf(detail, sizeof(detail),
@@ -209,6 +241,8 @@ void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp 
 	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
 	http_resp_header(resp, "Retry-After", ra);
 	handler_problem(resp, req, P_UNAVAILABLE, detail);
+out:
+	free(partitions);
 }
 
 int ops_metrics_token_match(const char *token, const char *authorization)

@@ -3,6 +3,9 @@
  * line. */
 #include "server/queries.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #define TS_UTC(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
 /* The keyed create, authenticating its own token: a plain keyed create is
@@ -577,7 +580,7 @@ const struct db_stmt queries[Q__COUNT] = {
 	                                                                          "        WHERE prev < $7::bigint) x ON true\n"
 	                                                                          " WHERE e.tenant_id = $1 AND e.id = $2\n"
 	                                                                          " ORDER BY x.workflow_id, x.seq\n" },
-	/* Recover and resend (sql/023_recover.sql). */
+	/* Recover and resend (sql/022_recover.sql). */
 	[Q_ENDPOINT_RECOVER] = { "endpoint_recover", ENDPOINT_RECOVER__N,
 	                         "SELECT *\n"
 	                         "  FROM idemflow_endpoint_recover($1, $2, $3::timestamptz,\n"
@@ -609,10 +612,111 @@ const struct db_stmt queries[Q__COUNT] = {
 	                           " ORDER BY k, 3 DESC, 4, 5\n" },
 };
 
+/*
+ * routing = proxy: the statements as calls of the proxy's functions of the
+ * same names (sql/proxy/001_proxy.sql), each run on one partition (or, for
+ * the flush, the schema version and the metrics, on all of them), where it
+ * is the function of sql/024_partition_functions.sql. Statements that need
+ * no table (transaction control, the trace context, a notification) run
+ * on the proxy as they are; every other one is refused there
+ * (idemflow_unrouted) rather than run against its empty database.
+ */
+static const struct {
+	enum query_id id;
+	const char *sql;
+} proxied[] = {
+	{ Q_AUTH, "SELECT * FROM idemflow_auth($1)\n" },
+	{ Q_AUTH_KEY, "SELECT * FROM idemflow_auth_key($1, $2)\n" },
+	{ Q_CREATE_KEYED,
+	  "SELECT *\n"
+	  "  FROM idemflow_create_keyed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,\n"
+	  "                             $11, $12, $13, $14, $15, $16, $17, $18)\n" },
+	{ Q_KEY_GET, "SELECT * FROM idemflow_key_get($1, $2)\n" },
+	{ Q_KEY_DELETE_EXPIRED, "SELECT idemflow_key_delete_expired($1, $2)\n" },
+	{ Q_KEY_REFRESH, "SELECT idemflow_key_refresh($1, $2, $3)\n" },
+	{ Q_WF_GET, "SELECT * FROM idemflow_wf_get($1, $2)\n" },
+	{ Q_WF_EVENTS, "SELECT * FROM idemflow_wf_events($1, $2, $3, $4, $5)\n" },
+	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"
+	                    "  FROM idemflow_keystats_flush($1, $2, $3, $4, $5)\n" },
+	/* Ready when every partition is: the lowest version, any in
+	 * recovery, any read-only; then each partition's state (JSON) and
+	 * the numbers of those that did not answer ("" when all did), and
+	 * how many did. */
+	{ Q_SCHEMA_VERSION,
+	  "SELECT coalesce(min(version), 0), coalesce(bool_or(in_recovery), false),\n"
+	  "       coalesce(max(read_only), 'off'),\n"
+	  "       coalesce(jsonb_agg(jsonb_build_object('partition', partition,\n"
+	  "                                             'reachable', error IS NULL,\n"
+	  "                                             'schema_version', version)\n"
+	  "                          ORDER BY partition)::text, '[]'),\n"
+	  "       coalesce(string_agg(partition::text, ',' ORDER BY partition)\n"
+	  "                    FILTER (WHERE error IS NOT NULL), ''),\n"
+	  "       count(*) FILTER (WHERE error IS NULL)\n"
+	  "  FROM idemflow_partitions_status()\n" },
+	{ Q_METRICS_OUTBOX, "SELECT coalesce(sum(pending), 0), coalesce(max(oldest), 0),\n"
+	                    "       coalesce(sum(dead), 0), coalesce(sum(activatable), 0),\n"
+	                    "       coalesce(sum(leased), 0), coalesce(sum(expired), 0),\n"
+	                    "       coalesce(sum(incidents), 0)\n"
+	                    "  FROM idemflow_metrics_outbox()\n" },
+	{ Q_NOTIFY, NULL },
+	{ Q_BEGIN, NULL },
+	{ Q_COMMIT, NULL },
+	{ Q_ROLLBACK, NULL },
+	{ Q_TRACE_SET, NULL },
+};
+
+static struct db_stmt proxy_queries[Q__COUNT];
+/* The refusals' SQL: "SELECT idemflow_unrouted('name', $1::text, ...)". */
+static char unrouted_sql[Q__COUNT][64 + 48 + 12 * 24];
+
+static void proxy_init(void)
+{
+	for (int i = 0; i < Q__COUNT; i++) {
+		size_t off;
+		int j, n;
+
+		proxy_queries[i] = queries[i];
+		for (j = 0; j < (int)(sizeof(proxied) / sizeof(proxied[0])); j++)
+			if ((int)proxied[j].id == i)
+				break;
+		if (j < (int)(sizeof(proxied) / sizeof(proxied[0]))) {
+			if (proxied[j].sql != NULL)
+				proxy_queries[i].sql = proxied[j].sql;
+			continue;
+		}
+		n = queries[i].nparams;
+		off = (size_t)snprintf(unrouted_sql[i], sizeof(unrouted_sql[i]),
+		                       "SELECT idemflow_unrouted('%s'", queries[i].name);
+		for (int k = 1; k <= n && off < sizeof(unrouted_sql[i]); k++)
+			off += (size_t)snprintf(unrouted_sql[i] + off,
+			                        sizeof(unrouted_sql[i]) - off, ", $%d::text", k);
+		if (off < sizeof(unrouted_sql[i]))
+			snprintf(unrouted_sql[i] + off, sizeof(unrouted_sql[i]) - off, ")\n");
+		proxy_queries[i].sql = unrouted_sql[i];
+	}
+}
+
+const struct db_stmt *queries_for(const char *routing)
+{
+	static int proxy_ready;
+
+	if (routing == NULL || strcmp(routing, "direct") == 0)
+		return queries;
+	if (strcmp(routing, "proxy") != 0)
+		return NULL;
+	if (!proxy_ready) {
+		proxy_init();
+		proxy_ready = 1;
+	}
+	return proxy_queries;
+}
+
 int queries_check(struct err *e)
 {
+	const struct db_stmt *proxy = queries_for("proxy");
+
 	for (int i = 0; i < Q__COUNT; i++)
-		if (db_stmt_check(&queries[i], e) < 0)
+		if (db_stmt_check(&queries[i], e) < 0 || db_stmt_check(&proxy[i], e) < 0)
 			return -1;
 	return 0;
 }

@@ -64,7 +64,9 @@ enum query_id {
 	 * (tenant, key) once. */
 	Q_KEYSTATS_FLUSH,
 	/* -> (the highest applied migration (0 when none), in recovery,
-	 * transaction_read_only), for GET /readyz */
+	 * transaction_read_only), for GET /readyz; with routing = proxy,
+	 * the lowest over the partitions that answered, then
+	 * SCHEMA_COL_PARTITIONS, _UNREACHABLE and _REACHABLE */
 	Q_SCHEMA_VERSION,
 	/* GET /metrics, one cheap statement per scrape -> (pending events,
 	 * age in seconds of the oldest pending one or 0, dead events,
@@ -534,10 +536,26 @@ enum key_col {
 
 extern const struct db_stmt queries[Q__COUNT];
 
+/*
+ * The statements a worker prepares for the configuration's routing:
+ * "direct" (one database: the table above) or "proxy" (a PL/Proxy proxy
+ * in front of partitions, doc/distribution.md: the routed statements as
+ * calls of the proxy's functions, the others refused there). NULL for any
+ * other value. The proxy table is built on the first call and lives for
+ * the process.
+ */
+const struct db_stmt *queries_for(const char *routing);
+
 /* db_stmt_check() over the whole table: 0, or -1 with e naming the first
- * statement whose count and SQL differ. idemflow-fcgi runs it before it
+ * statement whose count and SQL differ, in either routing's table. idemflow-fcgi runs it before it
  * starts anything. */
 int queries_check(struct err *e) MUSTCHECK;
+
+/* Q_SCHEMA_VERSION's columns through a proxy: each partition's state, a
+ * JSON array of {"partition", "reachable", "schema_version"}; the
+ * partitions that did not answer, "0,3", or "" when all did; how many
+ * answered. */
+enum { SCHEMA_COL_PARTITIONS = 3, SCHEMA_COL_UNREACHABLE = 4, SCHEMA_COL_REACHABLE = 5 };
 
 /* Q_AUTH's second column: the token's id (KEY_COL_TOKEN in a key row). */
 enum { AUTH_COL_TOKEN = 1 };

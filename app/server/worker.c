@@ -345,7 +345,7 @@ static int worker_open(struct worker *w, int listen_fd)
 		                   .application_name = w->appname,
 		                   .lock_timeout_ms = c->idempotency_wait,
 		                   .statement_timeout_ms = c->statement_timeout,
-		                   .stmts = queries,
+		                   .stmts = queries_for(c->routing),
 		                   .nstmts = Q__COUNT };
 	w->ctx.conf = c;
 	w->ctx.rcache = &w->rcache;

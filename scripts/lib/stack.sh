@@ -4,6 +4,8 @@
 # Sourced by scripts/run (a local stack for trying the service by hand) and by
 # t/run-test (a throwaway stack per test). It starts, on loopback only:
 #   - a private PostgreSQL cluster     stack_pg_start DIR [fast] / stack_pg_stop
+#   - N partitions behind a PL/Proxy   stack_shards_start DIR N CLI [fast] / stack_shards_stop DIR
+#     proxy, all migrated
 #     or a throwaway one, migrated     stack_scratch_start NAME [CLI] / stack_scratch_stop
 #   - the FastCGI server idemflow-fcgi stack_fcgi_start CONF SOCK PIDFILE LOG / stack_fcgi_stop
 #   - nginx in a private prefix        stack_nginx_start DIR PORT SOCK TEMPLATE / stack_nginx_stop
@@ -351,6 +353,67 @@ stack_scratch_stop() {
 	stack_sweep "$STACK_SCRATCH"
 	rm -rf -- "$STACK_SCRATCH"
 	STACK_SCRATCH=
+}
+
+# ------------------------------------------------------- partitions and proxy
+
+# stack_shards_start DIR N CLI [fast]: N (a power of two) partitions, each
+# a private cluster as stack_pg_start makes it (DIR/p0, DIR/p1, ...),
+# migrated by "CLI migrate" and given its range of ids
+# (idemflow_partition_ids), and a proxy cluster (DIR/proxy) migrated by
+# "CLI migrate --proxy", whose foreign server idemflow_partitions names the
+# partitions (over their sockets, as the clusters' superuser, which the
+# proxy's backends are by peer authentication). Exports DATABASE_URL (the
+# proxy, what the workers connect to) and the PG* variables of the proxy;
+# sets STACK_SHARD_URL[i] and STACK_SHARD_DATA[i] for each partition.
+# Tenants and tokens are created on their partition with CLI, then
+# registered with stack_shards_sync.
+stack_shards_start() {
+	local dir=$1 n=$2 cli=$3 mode=${4:-} i opts=''
+	if ((n < 1 || (n & (n - 1)) != 0)); then
+		stack_log "partitions: $n is not a power of two (PL/Proxy needs one)"
+		return 1
+	fi
+	# Read by the caller (scripts/run, t/shards).
+	# shellcheck disable=SC2034
+	STACK_SHARD_URL=() STACK_SHARD_DATA=() STACK_SHARD_N=$n
+	for ((i = 0; i < n; i++)); do
+		install -d -m 755 -- "$dir/p$i" || return 1
+		stack_pg_start "$dir/p$i" "$mode" || return 1
+		# shellcheck disable=SC2034
+		STACK_SHARD_URL[i]=$DATABASE_URL STACK_SHARD_DATA[i]=$STACK_PG_DATA
+		"$cli" --db "$DATABASE_URL" migrate >/dev/null || return 1
+		"$STACK_PG_BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$DATABASE_URL" \
+			-c "SELECT idemflow_partition_ids($i)" >/dev/null || return 1
+		opts+="${opts:+, }p$i '${DATABASE_URL//\'/\'\'}'"
+	done
+	install -d -m 755 -- "$dir/proxy" || return 1
+	stack_pg_start "$dir/proxy" "$mode" || return 1
+	# shellcheck disable=SC2034
+	STACK_SHARD_PROXY_DATA=$STACK_PG_DATA
+	"$cli" --db "$DATABASE_URL" migrate --proxy >/dev/null || return 1
+	"$STACK_PG_BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >/dev/null <<EOT || return 1
+SET client_min_messages = warning;
+DROP SERVER IF EXISTS idemflow_partitions CASCADE;
+CREATE SERVER idemflow_partitions FOREIGN DATA WRAPPER plproxy OPTIONS ($opts);
+CREATE USER MAPPING FOR PUBLIC SERVER idemflow_partitions;
+EOT
+}
+
+# stack_shards_sync: register the partitions' tenants and tokens in the
+# proxy's directory ($DATABASE_URL, idemflow_directory_sync).
+stack_shards_sync() {
+	"$(stack_pg_bindir)/psql" -XAtq -v ON_ERROR_STOP=1 -d "$DATABASE_URL" \
+		-c "SELECT idemflow_directory_sync()" >/dev/null
+}
+
+# stack_shards_stop DIR: stop the proxy and every partition under DIR.
+stack_shards_stop() {
+	local dir=$1 d
+	for d in "$dir"/proxy "$dir"/p[0-9]*; do
+		[[ -d $d/pg ]] && stack_pg_stop "$d/pg"
+	done
+	return 0
 }
 
 # ------------------------------------------------------------------- FastCGI

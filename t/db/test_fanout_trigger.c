@@ -1,7 +1,7 @@
 /*
  * test_fanout_trigger.c - the deliveries the trigger outbox_deliveries
  * writes with each event (sql/020_endpoints.sql), and the filter it
- * matches types with, idemflow_type_matches (sql/024_type_matches.sql).
+ * matches types with, idemflow_type_matches (sql/023_type_matches.sql).
  *
  * Proves: the function gives the answers of its first definition on a
  * table of filters and types (NULL filter, exact names, "prefix.*" globs

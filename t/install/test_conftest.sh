@@ -67,6 +67,7 @@ cat >"$TMP/dump" <<DUMP
 db = host=/run/postgresql dbname=idemflow user=idemflow password=******** sslmode=require
 listen = /run/idemflow/idemflow.sock
 listen_mode = 0660
+routing = direct
 workers = 3
 max_requests = 0
 pid_file = ""

@@ -36,7 +36,7 @@ expect_keys() {
 	fi
 }
 
-expect_keys idemflow-fcgi "config db listen listen_mode workers max_requests pid_file
+expect_keys idemflow-fcgi "config db listen listen_mode routing workers max_requests pid_file
 	idempotency_key idempotency_ttl replay_cache_ttl idempotency_mismatch_status
 	problem_base_uri idempotency_wait statement_timeout max_body max_answer message_ttl_max
 	max_depth retry_after shutdown_timeout request_slowlog_timeout request_terminate_timeout

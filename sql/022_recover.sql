@@ -1,4 +1,4 @@
--- 023_recover.sql: recover an endpoint's dead and skipped deliveries, and
+-- 022_recover.sql: recover an endpoint's dead and skipped deliveries, and
 -- resend one event to one endpoint (POST /v1/endpoints/{id}/recover,
 -- POST /v1/events/{id}/resend, and the CLI's "endpoint recover" and
 -- "event resend", which run the same functions).

@@ -1,4 +1,4 @@
--- 024_type_matches.sql: idemflow_type_matches in PL/pgSQL: the same
+-- 023_type_matches.sql: idemflow_type_matches in PL/pgSQL: the same
 -- answers, several times cheaper, on the create's path.
 --
 -- 020 wrote it in SQL "so that the planner inlines it", but the planner
