@@ -385,6 +385,21 @@ CREATE FUNCTION public.idemflow_endpoint_should_disable(p_failures integer, p_fa
        AND p_at - p_failing_since >= p_after
 $$;
 
+CREATE FUNCTION public.idemflow_endpoints_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(OLD.tenant_id));
+        DELETE FROM deliveries WHERE tenant_id = OLD.tenant_id AND endpoint_id = OLD.id;
+        DELETE FROM delivery_attempts WHERE tenant_id = OLD.tenant_id AND endpoint_id = OLD.id;
+    ELSE
+        PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(NEW.tenant_id));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.idemflow_enter_step(p_tenant bigint, p_wf uuid, p_step integer) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -1173,6 +1188,7 @@ CREATE FUNCTION public.idemflow_outbox_deliveries() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(idemflow_subscriptions_lock_key(NEW.tenant_id));
     INSERT INTO deliveries (tenant_id, endpoint_id, workflow_id, seq, outbox_id, state)
     SELECT NEW.tenant_id, e.id, NEW.workflow_id, NEW.seq, NEW.id,
            CASE WHEN e.disabled THEN 'skipped' ELSE 'pending' END
@@ -1248,6 +1264,12 @@ CREATE FUNCTION public.idemflow_step_outputs(p_tenant bigint, p_wf uuid, p_befor
       FROM jobs
      WHERE tenant_id = p_tenant AND workflow_id = p_wf AND step BETWEEN 1 AND p_before - 1
        AND state = 'completed' AND output IS NOT NULL
+$$;
+
+CREATE FUNCTION public.idemflow_subscriptions_lock_key(p_tenant bigint) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('idemflow.subscriptions', p_tenant)
 $$;
 
 CREATE FUNCTION public.idemflow_timer_incident(p_tenant bigint, p_wf uuid, p_step integer, p_error text) RETURNS void
@@ -1969,6 +1991,8 @@ CREATE INDEX workflows_ended ON public.workflows USING btree (ended_at, tenant_i
 CREATE INDEX workflows_incident ON public.workflows USING btree (tenant_id, id) WHERE (state = 'incident'::text);
 
 CREATE INDEX workflows_state ON public.workflows USING btree (tenant_id, state, id);
+
+CREATE TRIGGER endpoints_changed AFTER INSERT OR DELETE OR UPDATE OF filter_types, disabled ON public.endpoints FOR EACH ROW EXECUTE FUNCTION public.idemflow_endpoints_changed();
 
 CREATE TRIGGER outbox_deliveries AFTER INSERT ON public.outbox FOR EACH ROW WHEN (((new.type !~~ 'endpoint.%'::text) AND (new.type !~~ 'delivery.%'::text))) EXECUTE FUNCTION public.idemflow_outbox_deliveries();
 

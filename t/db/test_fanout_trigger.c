@@ -10,12 +10,16 @@
  * gets exactly one delivery per matching one, pending, or skipped for the
  * disabled one, none for the endpoint whose filter does not pass its type
  * nor for another tenant's endpoint; an operational event
- * (endpoint.disabled) gets none.
+ * (endpoint.disabled) gets none. And subscriptions are decided at commit
+ * (the at_commit tests, sql/025_subscriptions_at_commit.sql).
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
 
 #include "tsql.h"
 
@@ -142,4 +146,145 @@ Test(trigger, one_delivery_per_matching_endpoint)
 	free(states);
 	free(t);
 	free(u);
+}
+
+/*
+ * Subscriptions at commit (sql/025_subscriptions_at_commit.sql): an
+ * endpoint created, or deleted, while an event's transaction is open
+ * waits for it; an event written while an endpoint's creation is open
+ * waits for that, then sees the endpoint. Each wait is seen in pg_locks
+ * (an advisory lock not granted to the waiting session) before the other
+ * side ends, so the order of the commits is the test's, not the clock's.
+ */
+#define E_LATE  "00000000-0000-4000-8000-000000000201"
+#define E_EARLY "00000000-0000-4000-8000-000000000202"
+#define E_GONE  "00000000-0000-4000-8000-000000000203"
+#define WF2     "00000000-0000-4000-8000-000000000200"
+
+/* Wait (up to 10 s) until conn's backend waits for an advisory lock. */
+static void expect_lock_wait(PGconn *conn, const char *what)
+{
+	char pid[16];
+
+	snprintf(pid, sizeof(pid), "%d", PQbackendPID(conn));
+	for (int i = 0; i < 1000; i++) {
+		if (tstack_count("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+		                 " AND NOT granted AND pid = $1::integer",
+		                 pid) == 1)
+			return;
+		usleep(10 * 1000);
+	}
+	/* Go on: what the rows say then is the other half of the failure. */
+	cr_expect_fail("%s did not wait for the subscriptions lock", what);
+}
+
+/* Send sql on conn without waiting for its answer. */
+static void send_async(PGconn *conn, const char *sql)
+{
+	cr_assert_eq(PQsendQuery(conn, sql), 1, "%s", PQerrorMessage(conn));
+}
+
+/* The answer of what send_async sent: a command that succeeded. */
+static void expect_done(PGconn *conn, const char *what)
+{
+	PGresult *res;
+	int ok = 1;
+
+	while ((res = PQgetResult(conn)) != NULL) {
+		if (PQresultStatus(res) != PGRES_COMMAND_OK &&
+		    PQresultStatus(res) != PGRES_TUPLES_OK)
+			ok = 0;
+		cr_expect(ok, "%s: %s", what, PQresultErrorMessage(res));
+		PQclear(res);
+	}
+	cr_assert(ok, "%s failed", what);
+}
+
+static char *insert_endpoint_sql(const char *tenant_id, const char *id)
+{
+	char *sql = NULL;
+
+	cr_assert(asprintf(&sql,
+	                   "INSERT INTO endpoints (tenant_id, id, url, secret)"
+	                   " VALUES (%s, '%s', 'http://127.0.0.1:9/hook', '" SECRET "')",
+	                   tenant_id, id) > 0);
+	return sql;
+}
+
+Test(at_commit, an_endpoint_created_during_an_events_transaction_commits_after_it)
+{
+	char *t = tenant("fanout-at-commit-1"), *sql = insert_endpoint_sql(t, E_LATE);
+	PGconn *ev = tstack_db_connect(), *ep = tstack_db_connect();
+
+	tstack_exec(ev, "BEGIN");
+	tstack_exec(ev,
+	            "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " VALUES ('at-commit-1', $1, '" WF2 "', 1, 'workflow.created', '{}')",
+	            t);
+	send_async(ep, sql);
+	expect_lock_wait(ep, "the endpoint's INSERT");
+	tstack_exec(ev, "COMMIT");
+	expect_done(ep, "the endpoint's INSERT");
+	/* It did not exist when the event committed: no delivery; the next
+	 * event has one. */
+	cr_assert_eq(tstack_count("SELECT count(*) FROM deliveries WHERE endpoint_id = $1", E_LATE),
+	             0);
+	event(t, "at-commit-2", WF2, "2", "workflow.completed");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM deliveries WHERE endpoint_id = $1", E_LATE),
+	             1);
+	PQfinish(ev);
+	PQfinish(ep);
+	free(sql);
+	free(t);
+}
+
+Test(at_commit, an_event_written_during_an_endpoints_creation_gets_its_delivery)
+{
+	char *t = tenant("fanout-at-commit-2"), *sql = insert_endpoint_sql(t, E_EARLY);
+	PGconn *ev = tstack_db_connect(), *ep = tstack_db_connect();
+	char *insert = NULL;
+
+	tstack_exec(ep, "BEGIN");
+	tstack_exec(ep, sql);
+	cr_assert(
+	    asprintf(&insert,
+	             "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	             " VALUES ('at-commit-3', %s, '" WF2 "', 3, 'workflow.created', '{}')",
+	             t) > 0);
+	send_async(ev, insert);
+	expect_lock_wait(ev, "the event's INSERT");
+	tstack_exec(ep, "COMMIT");
+	expect_done(ev, "the event's INSERT");
+	/* The endpoint existed when the event committed: its delivery. */
+	cr_assert_eq(tstack_count("SELECT count(*) FROM deliveries WHERE endpoint_id = $1"
+	                          " AND state = 'pending'",
+	                          E_EARLY),
+	             1);
+	PQfinish(ev);
+	PQfinish(ep);
+	free(insert);
+	free(sql);
+	free(t);
+}
+
+Test(at_commit, an_endpoint_deleted_during_an_events_transaction_leaves_no_delivery)
+{
+	char *t = tenant("fanout-at-commit-3");
+	PGconn *ev = tstack_db_connect(), *ep = tstack_db_connect();
+
+	endpoint(t, E_GONE, NULL, "false");
+	tstack_exec(ev, "BEGIN");
+	tstack_exec(ev,
+	            "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
+	            " VALUES ('at-commit-4', $1, '" WF2 "', 4, 'workflow.created', '{}')",
+	            t);
+	send_async(ep, "DELETE FROM endpoints WHERE id = '" E_GONE "'");
+	expect_lock_wait(ep, "the endpoint's DELETE");
+	tstack_exec(ev, "COMMIT");
+	expect_done(ep, "the endpoint's DELETE");
+	cr_assert_eq(tstack_count("SELECT count(*) FROM deliveries WHERE endpoint_id = $1", E_GONE),
+	             0);
+	PQfinish(ev);
+	PQfinish(ep);
+	free(t);
 }
