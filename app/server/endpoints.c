@@ -471,6 +471,27 @@ static int known_id(const struct http_req *req, struct http_resp *resp, const ch
 	return 0;
 }
 
+/* The body's filter_types and metadata, written into ctx->scratch at
+ * *filter_off and *meta_off (see filter_member and metadata_member).
+ * Returns 0; -1 with detail filled (422); -2 with resp filled. */
+static int filter_and_metadata(struct handler_ctx *ctx, struct http_req *req,
+                               struct http_resp *resp, struct json_object *root, int *set,
+                               int *have_filter, size_t *filter_off, int *have_meta,
+                               size_t *meta_off, char *detail, size_t dlen)
+{
+	int rc = metadata_member(ctx, req, resp, root, have_meta, meta_off, detail, dlen);
+
+	if (rc < 0)
+		return rc;
+	if (filter_member(root, &ctx->scratch, set, have_filter, filter_off, detail, dlen) < 0)
+		return -1;
+	if (ctx->scratch.oom) {
+		handler_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
+		return -2;
+	}
+	return 0;
+}
+
 void endpoints_create(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	static const char *const members[] = { "url",      "filter_types", "ordering", "disabled",
@@ -496,16 +517,12 @@ void endpoints_create(struct handler_ctx *ctx, struct http_req *req, struct http
 		goto invalid;
 	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
 		goto out;
-	rc = metadata_member(ctx, req, resp, root, &have_meta, &meta_off, detail, sizeof(detail));
+	rc = filter_and_metadata(ctx, req, resp, root, &set, &have_filter, &filter_off, &have_meta,
+	                         &meta_off, detail, sizeof(detail));
 	if (rc == -2)
 		goto out;
-	if (rc < 0 || filter_member(root, &ctx->scratch, &set, &have_filter, &filter_off, detail,
-	                            sizeof(detail)) < 0)
+	if (rc < 0)
 		goto invalid;
-	if (ctx->scratch.oom) {
-		handler_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
-		goto out;
-	}
 	snprintf(ec.tenant, sizeof(ec.tenant), "%ld", ctx->tenant_id);
 	ec.p[ENDPOINT_CREATE_TENANT] = ec.tenant;
 	ec.p[ENDPOINT_CREATE_URL] = url;
@@ -561,16 +578,12 @@ void endpoints_update(struct handler_ctx *ctx, struct http_req *req, const char 
 		goto out;
 	if (cmd_fingerprint(ctx, req, resp, root, fp_text) < 0)
 		goto out;
-	rc = metadata_member(ctx, req, resp, root, &have_meta, &meta_off, detail, sizeof(detail));
+	rc = filter_and_metadata(ctx, req, resp, root, &set, &have_filter, &filter_off, &have_meta,
+	                         &meta_off, detail, sizeof(detail));
 	if (rc == -2)
 		goto out;
-	if (rc < 0 || filter_member(root, &ctx->scratch, &set, &have_filter, &filter_off, detail,
-	                            sizeof(detail)) < 0)
+	if (rc < 0)
 		goto invalid;
-	if (ctx->scratch.oom) {
-		handler_problem(resp, req, P_BODY_TOO_LARGE, "the body is too large to process");
-		goto out;
-	}
 	snprintf(ec.tenant, sizeof(ec.tenant), "%ld", ctx->tenant_id);
 	ec.p[ENDPOINT_UPDATE_TENANT] = ec.tenant;
 	ec.p[ENDPOINT_UPDATE_ID] = id;

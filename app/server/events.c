@@ -23,6 +23,7 @@
 #include "server/cmd.h"
 #include "server/page.h"
 #include "server/queries.h"
+#include "server/wf.h"
 
 /* An event id, "<stream uuid>.<seq>" (wf.c), is at most this long. */
 #define EVENTS_ID_MAX (IDS_UUID_LEN + 11)
@@ -110,29 +111,6 @@ static int attempt_item(struct handler_ctx *ctx, struct buf *out, const PGresult
 	return 0;
 }
 
-/* An event of the feed: its stored payload, and its actor, as a
- * workflow's events are written (wf.c). */
-static int feed_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
-                     struct err *e)
-{
-	struct json_object *v;
-	int rc;
-
-	v = canon_parse(PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1), CANON_STORED_DEPTH,
-	                e);
-	if (v == NULL || !json_object_is_type(v, json_type_object)) {
-		json_object_put(v);
-		return err_set(e, ERR_INTERNAL, "stored event %s is not valid JSON",
-		               PQgetvalue(res, i, 0));
-	}
-	json_object_object_add(
-	    v, "actor",
-	    PQgetisnull(res, i, 3) ? NULL : json_object_new_string(PQgetvalue(res, i, 3)));
-	rc = canon_write(out, v, e);
-	json_object_put(v);
-	return rc;
-}
-
 /* A non-negative integer cursor within [0, max] into *out; 0 when absent.
  * Returns 0, or -1 with resp filled (422). */
 static int int_cursor(const struct http_req *req, struct http_resp *resp, const char *text,
@@ -188,7 +166,7 @@ void events_feed(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 		n--;
 		resume = PQgetvalue(res, n, 0);
 	}
-	page_answer_from(ctx, req, resp, "events", res, n, limit, 2, feed_item, resume);
+	page_answer_from(ctx, req, resp, "events", res, n, limit, 2, wf_event_item, resume);
 	PQclear(res);
 }
 

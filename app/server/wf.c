@@ -471,8 +471,8 @@ static int list_item(struct handler_ctx *ctx, struct buf *out, const PGresult *r
  * that a delivery does not carry: "actor", who caused the event
  * ("token:<id>", "system:reaper", or null for an event recorded before
  * actors were: sql/014_actor.sql). */
-static int event_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
-                      struct err *e)
+int wf_event_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                  struct err *e)
 {
 	struct json_object *v;
 	int rc;
@@ -583,7 +583,7 @@ void wf_events(struct handler_ctx *ctx, struct http_req *req, const char *id,
 	}
 	if (PQgetisnull(res, 0, 0))
 		n = 0;
-	page_answer(ctx, req, resp, "events", res, n, limit, 2, event_item);
+	page_answer(ctx, req, resp, "events", res, n, limit, 2, wf_event_item);
 	PQclear(res);
 }
 

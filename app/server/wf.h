@@ -61,4 +61,13 @@ void wf_write(struct buf *out, const struct wf_view *w);
 int wf_write_row(struct buf *out, struct buf *tmp, const PGresult *res, int row, int col,
                  int existing, struct err *e) MUSTCHECK;
 
+/*
+ * Append the event in row i of res, whose columns are (id, payload, ...,
+ * actor at 3), as the history and the event feed show it: the stored
+ * payload in the canonical form, with "actor". A page's item writer
+ * (page.h); ctx is unused. Returns 0, or -1 with e filled.
+ */
+int wf_event_item(struct handler_ctx *ctx, struct buf *out, const PGresult *res, int i,
+                  struct err *e) MUSTCHECK;
+
 #endif
