@@ -1,0 +1,43 @@
+-- proxy/004_commands.sql: the unkeyed create, the list of workflows, an
+-- endpoint, the list of endpoints and the event feed through the proxy,
+-- on the tenant's partition (sql/026_partition_commands.sql).
+
+CREATE FUNCTION idemflow_create_unkeyed(
+    p_tenant bigint, p_created_at timestamptz, p_id uuid, p_type text, p_input jsonb,
+    p_event_id text, p_payload_head text, p_payload_tail text,
+    p_traceparent text, p_tracestate text, p_actor text)
+RETURNS integer AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_wf_list(p_tenant bigint, p_state text, p_type text, p_after uuid,
+                                 p_limit integer, p_budget bigint)
+RETURNS TABLE (id uuid, type text, state text, input text, created_at text, business_key text,
+               steps text, step integer, within boolean) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_endpoint_get(p_tenant bigint, p_id uuid)
+RETURNS TABLE (id uuid, url text, filter_types text, ordering text, disabled boolean,
+               disabled_reason text, metadata text, created_at text, updated_at text) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_endpoint_list(p_tenant bigint, p_after uuid, p_limit integer,
+                                       p_budget bigint)
+RETURNS TABLE (id uuid, url text, filter_types text, ordering text, disabled boolean,
+               disabled_reason text, metadata text, created_at text, updated_at text,
+               within boolean) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_events_feed(p_tenant bigint, p_after bigint, p_limit integer,
+                                     p_budget bigint, p_scan integer)
+RETURNS TABLE (id bigint, payload text, within boolean, actor text) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
