@@ -1,7 +1,8 @@
 -- 026_partition_commands.sql: more of the request path as partition
 -- functions (doc/distribution.md, "PL/Proxy as built"): the unkeyed
 -- create, the list of workflows, an endpoint and the list of endpoints,
--- the event feed. Each is the server's statement of the same name
+-- the event feed, an endpoint's secret, an event's deliveries and an
+-- endpoint's undelivered ones. Each is the server's statement of the same name
 -- (app/server/queries.c) with its $n as parameters, one statement in one
 -- transaction of the tenant's partition; the first argument, the tenant
 -- id, routes the proxy's call (sql/proxy/004_commands.sql).
@@ -162,5 +163,101 @@ BEGIN
       FROM s
     HAVING count(*) = p_scan::bigint
      ORDER BY 1, 2;
+END;
+$$;
+
+-- Q_ENDPOINT_SECRET: an endpoint's secrets; a previous one past its end
+-- no longer signs and is not shown.
+CREATE FUNCTION idemflow_endpoint_secret(p_tenant bigint, p_id uuid)
+RETURNS TABLE (secret text, previous_secret text, previous_secret_until text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT e.secret,
+           CASE WHEN e.previous_secret_until > now() THEN e.previous_secret END,
+           CASE WHEN e.previous_secret_until > now()
+                THEN to_char(e.previous_secret_until AT TIME ZONE 'UTC',
+                             'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END
+      FROM endpoints e
+     WHERE e.tenant_id = p_tenant AND e.id = p_id;
+END;
+$$;
+
+-- Q_EVENT_DELIVERIES: one event's deliveries, a page in endpoint id order.
+CREATE FUNCTION idemflow_event_deliveries(p_tenant bigint, p_event text, p_after uuid,
+                                          p_limit integer, p_budget bigint)
+RETURNS TABLE (endpoint_id uuid, event_id text, state text, attempts integer,
+               next_attempt_at text, last_error text, updated_at text, within boolean)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.endpoint_id, o.event_id, x.state, x.attempts,
+           to_char(x.next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.last_error,
+           to_char(x.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.within
+      FROM outbox o
+      LEFT JOIN LATERAL (
+           SELECT t.*, t.start < p_budget AS within
+             FROM (SELECT l.*,
+                          lag(l.start, 1, 0::bigint) OVER (ORDER BY l.endpoint_id) AS prev
+                     FROM (SELECT d.endpoint_id, d.state, d.attempts, d.next_attempt_at,
+                                  d.last_error, d.updated_at,
+                                  sum(200 + octet_length(coalesce(d.last_error, ''))::bigint)
+                                      OVER (ORDER BY d.endpoint_id)
+                                  - 200 - octet_length(coalesce(d.last_error, '')) AS start
+                             FROM (SELECT e.id
+                                     FROM endpoints e
+                                    WHERE e.tenant_id = o.tenant_id
+                                      AND (p_after IS NULL OR e.id > p_after)
+                                    ORDER BY e.id) e
+                             JOIN deliveries d
+                               ON d.tenant_id = o.tenant_id AND d.endpoint_id = e.id
+                              AND d.workflow_id = o.workflow_id AND d.seq = o.seq
+                            ORDER BY d.endpoint_id
+                            LIMIT p_limit) l) t
+            WHERE t.prev < p_budget) x ON true
+     WHERE o.event_id = p_event AND o.tenant_id = p_tenant
+     ORDER BY x.endpoint_id;
+END;
+$$;
+
+-- Q_ENDPOINT_UNDELIVERED: one endpoint's deliveries in the given states,
+-- a page along the deliveries' primary key.
+CREATE FUNCTION idemflow_endpoint_undelivered(p_tenant bigint, p_id uuid, p_after_stream uuid,
+                                              p_after_seq integer, p_states text[],
+                                              p_limit integer, p_budget bigint)
+RETURNS TABLE (event_id text, endpoint_id uuid, state text, attempts integer,
+               next_attempt_at text, last_error text, updated_at text, within boolean)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.event_id, x.endpoint_id, x.state, x.attempts,
+           to_char(x.next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.last_error,
+           to_char(x.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.within
+      FROM endpoints e
+      LEFT JOIN LATERAL (
+           SELECT t.*, t.start < p_budget AS within
+             FROM (SELECT l.*,
+                          lag(l.start, 1, 0::bigint) OVER (ORDER BY l.workflow_id, l.seq)
+                              AS prev
+                     FROM (SELECT d.workflow_id, d.seq, d.workflow_id || '.' || d.seq AS event_id,
+                                  d.endpoint_id, d.state, d.attempts, d.next_attempt_at,
+                                  d.last_error, d.updated_at,
+                                  sum(200 + octet_length(coalesce(d.last_error, ''))::bigint)
+                                      OVER (ORDER BY d.workflow_id, d.seq)
+                                  - 200 - octet_length(coalesce(d.last_error, '')) AS start
+                             FROM deliveries d
+                            WHERE d.tenant_id = e.tenant_id AND d.endpoint_id = e.id
+                              AND d.state = ANY (p_states)
+                              AND (p_after_stream IS NULL
+                                   OR (d.workflow_id, d.seq) > (p_after_stream, p_after_seq))
+                            ORDER BY d.workflow_id, d.seq
+                            LIMIT p_limit) l) t
+            WHERE t.prev < p_budget) x ON true
+     WHERE e.tenant_id = p_tenant AND e.id = p_id
+     ORDER BY x.workflow_id, x.seq;
 END;
 $$;

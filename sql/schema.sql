@@ -442,12 +442,62 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_endpoint_secret(p_tenant bigint, p_id uuid) RETURNS TABLE(secret text, previous_secret text, previous_secret_until text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT e.secret,
+           CASE WHEN e.previous_secret_until > now() THEN e.previous_secret END,
+           CASE WHEN e.previous_secret_until > now()
+                THEN to_char(e.previous_secret_until AT TIME ZONE 'UTC',
+                             'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END
+      FROM endpoints e
+     WHERE e.tenant_id = p_tenant AND e.id = p_id;
+END;
+$$;
+
 CREATE FUNCTION public.idemflow_endpoint_should_disable(p_failures integer, p_failing_since timestamp with time zone, p_at timestamp with time zone, p_max_failures integer, p_after interval) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT p_failing_since IS NOT NULL
        AND p_failures >= p_max_failures
        AND p_at - p_failing_since >= p_after
+$$;
+
+CREATE FUNCTION public.idemflow_endpoint_undelivered(p_tenant bigint, p_id uuid, p_after_stream uuid, p_after_seq integer, p_states text[], p_limit integer, p_budget bigint) RETURNS TABLE(event_id text, endpoint_id uuid, state text, attempts integer, next_attempt_at text, last_error text, updated_at text, within boolean)
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.event_id, x.endpoint_id, x.state, x.attempts,
+           to_char(x.next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.last_error,
+           to_char(x.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.within
+      FROM endpoints e
+      LEFT JOIN LATERAL (
+           SELECT t.*, t.start < p_budget AS within
+             FROM (SELECT l.*,
+                          lag(l.start, 1, 0::bigint) OVER (ORDER BY l.workflow_id, l.seq)
+                              AS prev
+                     FROM (SELECT d.workflow_id, d.seq, d.workflow_id || '.' || d.seq AS event_id,
+                                  d.endpoint_id, d.state, d.attempts, d.next_attempt_at,
+                                  d.last_error, d.updated_at,
+                                  sum(200 + octet_length(coalesce(d.last_error, ''))::bigint)
+                                      OVER (ORDER BY d.workflow_id, d.seq)
+                                  - 200 - octet_length(coalesce(d.last_error, '')) AS start
+                             FROM deliveries d
+                            WHERE d.tenant_id = e.tenant_id AND d.endpoint_id = e.id
+                              AND d.state = ANY (p_states)
+                              AND (p_after_stream IS NULL
+                                   OR (d.workflow_id, d.seq) > (p_after_stream, p_after_seq))
+                            ORDER BY d.workflow_id, d.seq
+                            LIMIT p_limit) l) t
+            WHERE t.prev < p_budget) x ON true
+     WHERE e.tenant_id = p_tenant AND e.id = p_id
+     ORDER BY x.workflow_id, x.seq;
+END;
 $$;
 
 CREATE FUNCTION public.idemflow_enter_step(p_tenant bigint, p_wf uuid, p_step integer) RETURNS void
@@ -575,6 +625,42 @@ BEGIN
                                  AND dead_at IS NOT NULL)
                  THEN 'infinity'::timestamptz ELSE now() END);
 END
+$$;
+
+CREATE FUNCTION public.idemflow_event_deliveries(p_tenant bigint, p_event text, p_after uuid, p_limit integer, p_budget bigint) RETURNS TABLE(endpoint_id uuid, event_id text, state text, attempts integer, next_attempt_at text, last_error text, updated_at text, within boolean)
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.endpoint_id, o.event_id, x.state, x.attempts,
+           to_char(x.next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.last_error,
+           to_char(x.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.within
+      FROM outbox o
+      LEFT JOIN LATERAL (
+           SELECT t.*, t.start < p_budget AS within
+             FROM (SELECT l.*,
+                          lag(l.start, 1, 0::bigint) OVER (ORDER BY l.endpoint_id) AS prev
+                     FROM (SELECT d.endpoint_id, d.state, d.attempts, d.next_attempt_at,
+                                  d.last_error, d.updated_at,
+                                  sum(200 + octet_length(coalesce(d.last_error, ''))::bigint)
+                                      OVER (ORDER BY d.endpoint_id)
+                                  - 200 - octet_length(coalesce(d.last_error, '')) AS start
+                             FROM (SELECT e.id
+                                     FROM endpoints e
+                                    WHERE e.tenant_id = o.tenant_id
+                                      AND (p_after IS NULL OR e.id > p_after)
+                                    ORDER BY e.id) e
+                             JOIN deliveries d
+                               ON d.tenant_id = o.tenant_id AND d.endpoint_id = e.id
+                              AND d.workflow_id = o.workflow_id AND d.seq = o.seq
+                            ORDER BY d.endpoint_id
+                            LIMIT p_limit) l) t
+            WHERE t.prev < p_budget) x ON true
+     WHERE o.event_id = p_event AND o.tenant_id = p_tenant
+     ORDER BY x.endpoint_id;
+END;
 $$;
 
 CREATE FUNCTION public.idemflow_event_resend(p_tenant bigint, p_event text, p_endpoint uuid) RETURNS TABLE(problem text, detail text, endpoint_id uuid, event_id text, state text, attempts integer, next_attempt_at timestamp with time zone, last_error text, updated_at timestamp with time zone)

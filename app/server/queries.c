@@ -647,6 +647,10 @@ static const struct {
 	{ Q_ENDPOINT_GET, "SELECT * FROM idemflow_endpoint_get($1, $2)\n" },
 	{ Q_ENDPOINT_LIST, "SELECT * FROM idemflow_endpoint_list($1, $2, $3, $4)\n" },
 	{ Q_EVENTS_FEED, "SELECT * FROM idemflow_events_feed($1, $2, $3, $4, $5)\n" },
+	{ Q_ENDPOINT_SECRET, "SELECT * FROM idemflow_endpoint_secret($1, $2)\n" },
+	{ Q_EVENT_DELIVERIES, "SELECT * FROM idemflow_event_deliveries($1, $2, $3, $4, $5)\n" },
+	{ Q_ENDPOINT_UNDELIVERED,
+	  "SELECT * FROM idemflow_endpoint_undelivered($1, $2, $3, $4, $5, $6, $7)\n" },
 	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"
 	                    "  FROM idemflow_keystats_flush($1, $2, $3, $4, $5)\n" },
 	/* Ready when every partition is: the lowest version, any in

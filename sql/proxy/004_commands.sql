@@ -41,3 +41,26 @@ RETURNS TABLE (id bigint, payload text, within boolean, actor text) AS $$
     CLUSTER 'idemflow_partitions';
     RUN ON idemflow_partition_of_tenant(p_tenant);
 $$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_endpoint_secret(p_tenant bigint, p_id uuid)
+RETURNS TABLE (secret text, previous_secret text, previous_secret_until text) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_event_deliveries(p_tenant bigint, p_event text, p_after uuid,
+                                          p_limit integer, p_budget bigint)
+RETURNS TABLE (endpoint_id uuid, event_id text, state text, attempts integer,
+               next_attempt_at text, last_error text, updated_at text, within boolean) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_endpoint_undelivered(p_tenant bigint, p_id uuid, p_after_stream uuid,
+                                              p_after_seq integer, p_states text[],
+                                              p_limit integer, p_budget bigint)
+RETURNS TABLE (event_id text, endpoint_id uuid, state text, attempts integer,
+               next_attempt_at text, last_error text, updated_at text, within boolean) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;

@@ -8,6 +8,8 @@
 #   - GET /v1/workflows: the tenant's own workflows only;
 #   - GET /v1/endpoints and /v1/endpoints/{id}: the tenant's only;
 #   - GET /v1/events: the tenant's events only;
+#   - GET /v1/endpoints/{id}/secret, /v1/events/{id}/deliveries and
+#     /v1/endpoints/{id}/undelivered: the tenant's only;
 #   - a keyed create with a business key (claim, command and store in two round
 #     trips of one transaction) is still refused: 500, nothing stored.
 # Starts its own proxy and partitions (scripts/lib/stack.sh, about 10 s).
@@ -155,11 +157,27 @@ expect "tenant b: events 200, its one" \
 	"$(get v2 "$TB" /v1/events)|$(py v2 '" ".join(e["type"] + ":" + e["workflow_id"] for e in d["events"])')" \
 	"200|workflow.created:$B1"
 
+# ---- GET an endpoint's secret, an event's deliveries, an endpoint's undelivered
+expect "tenant a: its endpoint's secret" "$(get k1 "$TA" "/v1/endpoints/$EA/secret")|$(cat "$DIR/k1.body")" \
+	'200|{"key":"'"$SECRET"'","previous_key":null,"previous_expires_at":null}'
+expect "tenant b: tenant a's endpoint's secret 404" "$(get k2 "$TB" "/v1/endpoints/$EA/secret")" 404
+expect "tenant a: a create with its endpoint 201" "$(post a3 "$TA" '{"type":"t","input":{"n":4}}')" 201
+A3=$(wf_id a3)
+TS_FMT="'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'"
+NEXT=$(psql_at "$P0" "SELECT to_char(next_attempt_at AT TIME ZONE 'UTC', $TS_FMT) FROM deliveries WHERE workflow_id = '$A3'")
+UPD=$(psql_at "$P0" "SELECT to_char(updated_at AT TIME ZONE 'UTC', $TS_FMT) FROM deliveries WHERE workflow_id = '$A3'")
+DELIVERIES='{"deliveries":[{"endpoint_id":"'"$EA"'","event_id":"'"$A3"'.1","state":"pending","attempts":0,"next_attempt_at":"'"$NEXT"'","last_error":null,"updated_at":"'"$UPD"'"}],"next_cursor":null}'
+expect "tenant a: the event's deliveries" "$(get d1 "$TA" "/v1/events/$A3.1/deliveries")|$(cat "$DIR/d1.body")" \
+	"200|$DELIVERIES"
+expect "tenant b: the event's deliveries 404" "$(get d2 "$TB" "/v1/events/$A3.1/deliveries")" 404
+expect "tenant a: the endpoint's undelivered" "$(get d3 "$TA" "/v1/endpoints/$EA/undelivered")|$(cat "$DIR/d3.body")" \
+	"200|$DELIVERIES"
+
 # ---- still refused: a keyed command of two round trips
 expect "a keyed create with a business key is refused: 500" \
 	"$(post s1 "$TA" '{"type":"t","business_key":"bk1"}' ks1)" 500
 expect "and stores nothing" \
-	"$(psql_at "$P0" "SELECT (SELECT count(*) FROM workflows), (SELECT count(*) FROM idempotency_keys)")" "2|0"
+	"$(psql_at "$P0" "SELECT (SELECT count(*) FROM workflows), (SELECT count(*) FROM idempotency_keys)")" "3|0"
 
 echo "1..$n"
 if ((fails)); then
