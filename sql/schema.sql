@@ -346,6 +346,37 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_endpoint_attempts(p_tenant bigint, p_id uuid, p_before bigint, p_outcome text, p_status integer, p_limit integer, p_budget bigint) RETURNS TABLE(id bigint, event_id text, trigger text, started_at text, duration_ms double precision, status integer, outcome text, response text, within boolean)
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.id, x.event_id, x.trigger,
+           to_char(x.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           x.duration_ms, x.status, x.outcome, x.response, x.within
+      FROM endpoints e
+      LEFT JOIN LATERAL (
+           SELECT t.*, t.start < p_budget AS within
+             FROM (SELECT l.*, lag(l.start, 1, 0::bigint) OVER (ORDER BY l.id DESC) AS prev
+                     FROM (SELECT a.id, a.event_id, a.trigger, a.started_at, a.duration_ms,
+                                  a.status, a.outcome, a.response,
+                                  sum(300 + octet_length(a.response)::bigint)
+                                      OVER (ORDER BY a.id DESC)
+                                  - 300 - octet_length(a.response) AS start
+                             FROM delivery_attempts a
+                            WHERE a.tenant_id = e.tenant_id AND a.endpoint_id = e.id
+                              AND (p_before IS NULL OR a.id < p_before)
+                              AND (p_outcome IS NULL
+                                   OR (p_outcome = 'succeeded') = (a.outcome = 'succeeded'))
+                              AND (p_status IS NULL OR a.status = p_status)
+                            ORDER BY a.id DESC
+                            LIMIT p_limit) l) t
+            WHERE t.prev < p_budget) x ON true
+     WHERE e.tenant_id = p_tenant AND e.id = p_id
+     ORDER BY x.id DESC;
+END;
+$$;
+
 CREATE FUNCTION public.idemflow_endpoint_event(p_tenant bigint, p_endpoint uuid, p_type text, p_data jsonb, p_at timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     AS $$

@@ -649,6 +649,8 @@ static const struct {
 	{ Q_EVENTS_FEED, "SELECT * FROM idemflow_events_feed($1, $2, $3, $4, $5)\n" },
 	{ Q_ENDPOINT_SECRET, "SELECT * FROM idemflow_endpoint_secret($1, $2)\n" },
 	{ Q_EVENT_DELIVERIES, "SELECT * FROM idemflow_event_deliveries($1, $2, $3, $4, $5)\n" },
+	{ Q_ENDPOINT_ATTEMPTS,
+	  "SELECT * FROM idemflow_endpoint_attempts($1, $2, $3, $4, $5, $6, $7)\n" },
 	{ Q_ENDPOINT_UNDELIVERED,
 	  "SELECT * FROM idemflow_endpoint_undelivered($1, $2, $3, $4, $5, $6, $7)\n" },
 	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"

@@ -1,5 +1,6 @@
 -- proxy/004_commands.sql: the unkeyed create, the list of workflows, an
--- endpoint, the list of endpoints and the event feed through the proxy,
+-- endpoint, the list of endpoints, the event feed, an endpoint's secret,
+-- attempts and undelivered events and an event's deliveries through the proxy,
 -- on the tenant's partition (sql/026_partition_commands.sql).
 
 CREATE FUNCTION idemflow_create_unkeyed(
@@ -61,6 +62,16 @@ CREATE FUNCTION idemflow_endpoint_undelivered(p_tenant bigint, p_id uuid, p_afte
                                               p_limit integer, p_budget bigint)
 RETURNS TABLE (event_id text, endpoint_id uuid, state text, attempts integer,
                next_attempt_at text, last_error text, updated_at text, within boolean) AS $$
+    CLUSTER 'idemflow_partitions';
+    RUN ON idemflow_partition_of_tenant(p_tenant);
+$$ LANGUAGE plproxy;
+
+CREATE FUNCTION idemflow_endpoint_attempts(p_tenant bigint, p_id uuid, p_before bigint,
+                                           p_outcome text, p_status integer, p_limit integer,
+                                           p_budget bigint)
+RETURNS TABLE (id bigint, event_id text, trigger text, started_at text,
+               duration_ms double precision, status integer, outcome text, response text,
+               within boolean) AS $$
     CLUSTER 'idemflow_partitions';
     RUN ON idemflow_partition_of_tenant(p_tenant);
 $$ LANGUAGE plproxy;

@@ -8,8 +8,8 @@
 #   - GET /v1/workflows: the tenant's own workflows only;
 #   - GET /v1/endpoints and /v1/endpoints/{id}: the tenant's only;
 #   - GET /v1/events: the tenant's events only;
-#   - GET /v1/endpoints/{id}/secret, /v1/events/{id}/deliveries and
-#     /v1/endpoints/{id}/undelivered: the tenant's only;
+#   - GET /v1/endpoints/{id}/secret, /v1/events/{id}/deliveries,
+#     /v1/endpoints/{id}/attempts and /undelivered: the tenant's only;
 #   - a keyed create with a business key (claim, command and store in two round
 #     trips of one transaction) is still refused: 500, nothing stored.
 # Starts its own proxy and partitions (scripts/lib/stack.sh, about 10 s).
@@ -172,7 +172,10 @@ expect "tenant a: the event's deliveries" "$(get d1 "$TA" "/v1/events/$A3.1/deli
 expect "tenant b: the event's deliveries 404" "$(get d2 "$TB" "/v1/events/$A3.1/deliveries")" 404
 expect "tenant a: the endpoint's undelivered" "$(get d3 "$TA" "/v1/endpoints/$EA/undelivered")|$(cat "$DIR/d3.body")" \
 	"200|$DELIVERIES"
-
+psql_at "$P0" "INSERT INTO delivery_attempts (tenant_id, endpoint_id, workflow_id, seq, event_id, trigger, started_at, duration_ms, status, outcome, response) VALUES ($TA_ID, '$EA', '$A3', 1, '$A3.1', 'scheduled', '2026-01-02 03:04:05.5+00', 12.5, 502, 'http', 'bad gateway')" >/dev/null
+expect "tenant a: the endpoint's attempts" "$(get t1 "$TA" "/v1/endpoints/$EA/attempts")|$(py t1 '[(a["event_id"], a["trigger"], a["started_at"], a["status"], a["outcome"], a["response"]) for a in d["attempts"]]')" \
+	"200|[('$A3.1', 'scheduled', '2026-01-02T03:04:05.500000Z', 502, 'http', 'bad gateway')]"
+expect "tenant b: tenant a's endpoint's attempts 404" "$(get t2 "$TB" "/v1/endpoints/$EA/attempts")" 404
 # ---- still refused: a keyed command of two round trips
 expect "a keyed create with a business key is refused: 500" \
 	"$(post s1 "$TA" '{"type":"t","business_key":"bk1"}' ks1)" 500
