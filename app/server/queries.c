@@ -636,6 +636,23 @@ static const struct {
 	{ Q_KEY_REFRESH, "SELECT idemflow_key_refresh($1, $2, $3)\n" },
 	{ Q_WF_GET, "SELECT * FROM idemflow_wf_get($1, $2)\n" },
 	{ Q_WF_EVENTS, "SELECT * FROM idemflow_wf_events($1, $2, $3, $4, $5)\n" },
+	/* The trace context and actor that Q_TRACE_SET set for the proxy's
+	 * transaction, passed on to the partition's. */
+	{ Q_CREATE_UNKEYED,
+	  "SELECT idemflow_create_unkeyed($1, $2, $3, $4, $5, $6, $7, $8,\n"
+	  "                               current_setting('idemflow.traceparent', true),\n"
+	  "                               current_setting('idemflow.tracestate', true),\n"
+	  "                               current_setting('idemflow.actor', true))\n" },
+	{ Q_WF_LIST, "SELECT * FROM idemflow_wf_list($1, $2, $3, $4, $5, $6)\n" },
+	{ Q_ENDPOINT_GET, "SELECT * FROM idemflow_endpoint_get($1, $2)\n" },
+	{ Q_ENDPOINT_LIST, "SELECT * FROM idemflow_endpoint_list($1, $2, $3, $4)\n" },
+	{ Q_EVENTS_FEED, "SELECT * FROM idemflow_events_feed($1, $2, $3, $4, $5)\n" },
+	{ Q_ENDPOINT_SECRET, "SELECT * FROM idemflow_endpoint_secret($1, $2)\n" },
+	{ Q_EVENT_DELIVERIES, "SELECT * FROM idemflow_event_deliveries($1, $2, $3, $4, $5)\n" },
+	{ Q_ENDPOINT_ATTEMPTS,
+	  "SELECT * FROM idemflow_endpoint_attempts($1, $2, $3, $4, $5, $6, $7)\n" },
+	{ Q_ENDPOINT_UNDELIVERED,
+	  "SELECT * FROM idemflow_endpoint_undelivered($1, $2, $3, $4, $5, $6, $7)\n" },
 	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"
 	                    "  FROM idemflow_keystats_flush($1, $2, $3, $4, $5)\n" },
 	/* Ready when every partition is: the lowest version, any in
