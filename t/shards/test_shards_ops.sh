@@ -63,6 +63,7 @@ workers = 1
 replay_cache_ttl = 0
 retry_after = 1
 timeout = 10s
+metrics_token = m3tricsm3tricsm3tricsm3trics
 EOT
 stack_fcgi_start "$DIR/idemflow.conf" "$DIR/fcgi.sock" "$DIR/fcgi.pid" "$DIR/fcgi.log" || exit 99
 stack_nginx_start "$DIR" "" "$DIR/fcgi.sock" "$top_srcdir/nginx/idemflow-local.conf.in" || exit 99
@@ -174,6 +175,27 @@ expect "audit --json over two partitions refused: 64" "$rc" 64
 rc=0
 out=$("$CLI" --config "$DIR/upkeep.conf" --partition 1 audit 2>&1) || rc=$?
 expect "audit --partition 1: partition 1 only, no header" "$rc|$(echo "$out" | grep -c '^partition')" "0|0"
+
+# ---- partition 1 stopped: partition 0's upkeep, /metrics and key counts go on
+stack_pg_stop "${STACK_SHARD_DATA[1]}" || exit 99
+rc=0
+out=$("$CLI" --config "$DIR/upkeep.conf" reap 2>/dev/null) || rc=$?
+expect "partition 1 down: reap runs on partition 0, exit 75" "$rc|$(echo "$out" | tr '\n' ' ')" \
+	"75|partition 0: reap: jobs=0 partition 1: "
+expect "partition 1 down: tenant a's create 201" "$(post m1 "$TA" km '{"type":"t","input":{"m":1}}')" 201
+expect "partition 1 down: tenant a's replay 201" "$(post m2 "$TA" km '{"type":"t","input":{"m":1}}')" 201
+expect "partition 1 down: tenant a's replay again 201" "$(post m3 "$TA" km '{"type":"t","input":{"m":1}}')" 201
+curl -sS -o "$DIR/metrics.body" -w "%{http_code}" -H "Authorization: Bearer m3tricsm3tricsm3tricsm3trics" "$URL/metrics" >"$DIR/metrics.code"
+expect "partition 1 down: /metrics 200 with partition 0's outbox (2 pending)" \
+	"$(cat "$DIR/metrics.code")|$(grep -c '^idemflow_outbox_pending 2$' "$DIR/metrics.body")" "200|1"
+# The worker flushes its key counts a second after the last one (keystats.h).
+for ((i = 0; i < 40; i++)); do
+	[[ -n $(psql_at "$P0" "SELECT 1 FROM idempotency_key_stats WHERE key = 'km'") ]] && break
+	sleep 0.1
+done
+sleep 1.5
+expect "partition 1 down: tenant a's key counts stored on partition 0, once" \
+	"$(psql_at "$P0" "SELECT replays FROM idempotency_key_stats WHERE key = 'km'")" 2
 
 echo "1..$n"
 if ((fails)); then
