@@ -12,6 +12,7 @@
  * held past idempotency_wait, an outbox event held by a dispatcher), 78 configuration.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
 
@@ -35,11 +36,68 @@ static void quiet_notices(void *arg, const char *msg)
 {
 }
 
+/* One command on one database. */
+static int run_on(cli_noun_fn *run, struct conf *c, const char *db, int argc, char **argv)
+{
+	PGconn *conn;
+	struct err e;
+	int rc;
+
+	/* Six tries over about 3 s: a failover in progress is waited out,
+	 * a database that stays down is "try later" (75). */
+	conn = db_connect_retry(db, "idemflow-cli", 6, &e);
+	if (conn == NULL)
+		return cli_fail(EX_TEMPFAIL, &e);
+	PQsetNoticeProcessor(conn, quiet_notices, NULL);
+	/* A migration runs without timeouts: it waits for its advisory lock
+	 * and may rewrite a table for longer than a request's statement. */
+	if (run != cli_migrate && cli_session(conn, c, &e) < 0)
+		rc = cli_db_fail(&e);
+	else
+		rc = run(conn, c, argc, argv);
+	PQfinish(conn);
+	return rc;
+}
+
+/* One command on partition i of the configuration's partitions. */
+static int run_partition(cli_noun_fn *run, struct conf *c, int i, int argc, char **argv)
+{
+	char *db = conf_partition_db(c, i);
+	int rc;
+
+	if (db == NULL) {
+		fprintf(stderr, "idemflow: out of memory\n");
+		return EX_OSERR;
+	}
+	rc = run_on(run, c, db, argc, argv);
+	free(db);
+	return rc;
+}
+
+/* The commands that run on each of the partitions in turn when the
+ * configuration lists them (doc/distribution.md): the upkeep of every
+ * partition's rows. The others take db, or the one partition named. */
+static int per_partition(cli_noun_fn *run)
+{
+	return run == cli_prune || run == cli_reap || run == cli_audit;
+}
+
+/* The options that keep a command on one database: a loop that never
+ * ends, an output a program reads whole. */
+static int one_database_only(const char *arg)
+{
+	static const char *const opts[] = { "--loop", "--json", "--textfile", "--rebuild" };
+
+	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
+		if (strncmp(arg, opts[i], strlen(opts[i])) == 0)
+			return 1;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	cli_noun_fn *run = NULL;
 	struct conf *c = NULL;
-	PGconn *conn = NULL;
 	struct err e;
 	int next, rc, tflags;
 
@@ -80,23 +138,32 @@ int main(int argc, char **argv)
 		rc = cli_usage_error();
 		goto out;
 	}
-	/* Six tries over about 3 s: a failover in progress is waited out,
-	 * a database that stays down is "try later" (75). */
-	conn = db_connect_retry(c->db, "idemflow-cli", 6, &e);
-	if (conn == NULL) {
-		rc = cli_fail(EX_TEMPFAIL, &e);
-		goto out;
+	if (c->partition >= 0) {
+		rc = run_partition(run, c, c->partition, argc - next - 1, argv + next + 1);
+	} else if (per_partition(run) && conf_partition_count(c) > 0) {
+		for (int i = next + 1; i < argc; i++)
+			if (conf_partition_count(c) > 1 && one_database_only(argv[i])) {
+				fprintf(
+				    stderr,
+				    "idemflow: %s %s runs on one database: name one partition with "
+				    "--partition N\n",
+				    argv[next], argv[i]);
+				rc = EX_USAGE;
+				goto out;
+			}
+		rc = EX_OK;
+		for (int i = 0; i < conf_partition_count(c); i++) {
+			int prc;
+			printf("partition %d:\n", i);
+			fflush(stdout);
+			prc = run_partition(run, c, i, argc - next - 1, argv + next + 1);
+			if (rc == EX_OK)
+				rc = prc;
+		}
+	} else {
+		rc = run_on(run, c, c->db, argc - next - 1, argv + next + 1);
 	}
-	PQsetNoticeProcessor(conn, quiet_notices, NULL);
-	/* A migration runs without timeouts: it waits for its advisory lock
-	 * and may rewrite a table for longer than a request's statement. */
-	if (run != cli_migrate && cli_session(conn, c, &e) < 0) {
-		rc = cli_db_fail(&e);
-		goto out;
-	}
-	rc = run(conn, c, argc - next - 1, argv + next + 1);
 out:
-	PQfinish(conn);
 	conf_free(c);
 	return rc;
 }

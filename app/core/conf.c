@@ -68,6 +68,7 @@ static const struct {
 } conf_secrets[] = {
 	{ "db", M_CONNINFO },           { "metrics_token", M_WHOLE }, { "secret", M_WHOLE },
 	{ "secret_previous", M_WHOLE }, { "amqp_url", M_URL },        { "nats_url", M_URL },
+	{ "partitions", M_WHOLE },
 };
 
 static enum conf_mask key_mask(const char *name)
@@ -83,6 +84,10 @@ static enum conf_mask key_mask(const char *name)
 static const struct conf_key conf_keys[] = {
 	{ "db", P_ALL, T_STR, OFF(db), "", 0, 0,
 	  "libpq conninfo or URI (also $DATABASE_URL, PG* variables)" },
+	{ "partitions", P_DSP | P_CLI, T_STR, OFF(partitions), "", 0, 0,
+	  "the partitions' conninfos, \"; \"-separated: dispatch, reap, prune, audit run on each" },
+	{ "partition", P_DSP | P_CLI, T_INT, OFF(partition), "-1", -1, 32767,
+	  "run on this one of partitions only (-1 = each in turn); also db for other commands" },
 	{ "listen", P_SRV, T_STR, OFF(listen), "/run/idemflow/idemflow.sock", 0, 0,
 	  "FastCGI socket: a unix socket path, or host:port" },
 	{ "listen_mode", P_SRV, T_OCTAL, OFF(listen_mode), "0660", 0, 0777,
@@ -794,9 +799,52 @@ static int is_stop_flag(const char *a)
 #define TTL_WAIT_FACTOR      10 /* times idempotency_wait */
 #define TTL_STATEMENT_FACTOR 2  /* times statement_timeout */
 
+int conf_partition_count(const struct conf *c)
+{
+	int n = 0;
+
+	for (const char *p = c->partitions; *p != '\0';) {
+		size_t len = strcspn(p, ";");
+		const char *q = p;
+		while (q < p + len && isspace((unsigned char)*q))
+			q++;
+		if (q < p + len)
+			n++;
+		p += len;
+		if (*p == ';')
+			p++;
+	}
+	return n;
+}
+
+char *conf_partition_db(const struct conf *c, int i)
+{
+	int n = 0;
+
+	for (const char *p = c->partitions; *p != '\0';) {
+		size_t len = strcspn(p, ";");
+		const char *q = p, *end = p + len;
+		while (q < end && isspace((unsigned char)*q))
+			q++;
+		while (end > q && isspace((unsigned char)end[-1]))
+			end--;
+		if (q < end && n++ == i)
+			return strndup(q, (size_t)(end - q));
+		p += len;
+		if (*p == ';')
+			p++;
+	}
+	return NULL;
+}
+
 int conf_check(const struct conf *c, struct err *e)
 {
 	long min = TTL_WAIT_FACTOR * c->idempotency_wait;
+
+	if (c->partition >= 0 && c->partition >= conf_partition_count(c))
+		return err_set(e, ERR_CONFIG,
+		               "invalid value for \"partition\": %d, but \"partitions\" names %d",
+		               c->partition, conf_partition_count(c));
 
 	if (TTL_STATEMENT_FACTOR * c->statement_timeout > min)
 		min = TTL_STATEMENT_FACTOR * c->statement_timeout;

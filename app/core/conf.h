@@ -34,6 +34,8 @@ int conf_is_bool(const char *name);
 struct conf {
 	char *config_file; /* the file this was loaded from, or NULL */
 	char *db;          /* libpq conninfo; "" lets libpq use PG* variables */
+	char *partitions;  /* "; "-separated conninfos of the partitions, or "" */
+	int partition;     /* the one of partitions to run on, or -1: each in turn */
 	char *routing;     /* "direct", or "proxy" (doc/distribution.md); checked by the server */
 	char *listen;      /* unix socket path, or host:port */
 	int listen_mode;   /* permission bits of the unix socket */
@@ -135,6 +137,15 @@ struct conf *conf_from_args(int argc, char **argv, int *next, struct err *e) MUS
  * with e (ERR_CONFIG) naming the setting.
  */
 int conf_check(const struct conf *c, struct err *e) MUSTCHECK;
+
+/*
+ * The partitions a partitioned deployment's dispatcher, reap, prune and
+ * audit run on (doc/distribution.md): how many conninfos the key
+ * "partitions" lists (separated by ";", blanks around each ignored), and
+ * the i-th of them (0-based) as a new string (caller frees), or NULL.
+ */
+int conf_partition_count(const struct conf *c);
+char *conf_partition_db(const struct conf *c, int i) MUSTCHECK;
 
 /*
  * value read as the duration key name reads it: its units, its limits and

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -101,6 +102,25 @@ static int dispatch_check(const struct conf *c, struct err *e)
 	               c->sink);
 }
 
+/* A run's counters added to the runs' before it (one per partition). */
+static void add_stats(struct dispatch_stats *to, const struct dispatch_stats *one)
+{
+	to->claimed += one->claimed;
+	to->published += one->published;
+	to->broker_duplicates += one->broker_duplicates;
+	to->retried += one->retried;
+	to->dead += one->dead;
+	to->pending += one->pending;
+	if (one->oldest_pending_s > to->oldest_pending_s)
+		to->oldest_pending_s = one->oldest_pending_s;
+	to->duration_s += one->duration_s;
+	to->ep_claimed += one->ep_claimed;
+	to->ep_delivered += one->ep_delivered;
+	to->ep_retried += one->ep_retried;
+	to->ep_dead += one->ep_dead;
+	to->ep_disabled += one->ep_disabled;
+}
+
 int main(int argc, char **argv)
 {
 	struct err e = { 0 };
@@ -110,7 +130,8 @@ int main(int argc, char **argv)
 	struct dispatch_stats st = { 0 };
 	struct dmetrics_run run;
 	struct sigaction sa;
-	int next, rc = EX_OK, ran = 0, tflags;
+	int next, rc = EX_OK, ran = 0, tflags, nparts;
+	char *db = NULL, *part_db = NULL;
 
 	log_set_component("dispatch");
 	tflags = conftest_take_flags(&argc, argv);
@@ -166,9 +187,17 @@ int main(int argc, char **argv)
 	/* The tenant endpoints are delivered over HTTP whatever the sink. */
 	if (c->endpoints && (es = sink_http_open_endpoints(c, &e)) == NULL)
 		goto fail;
-	d = dispatch_new(c, s, es, &e);
-	if (d == NULL)
+	/* With partitions (doc/distribution.md): each in turn, or the one
+	 * named by partition. A --loop stays on one database. */
+	nparts = conf_partition_count(c);
+	if (c->partition < 0 && nparts > 1 && c->loop) {
+		err_set(
+		    &e, ERR_CONFIG,
+		    "--loop runs on one database: name one of the %d partitions with --partition N "
+		    "(one dispatcher per partition)",
+		    nparts);
 		goto fail;
+	}
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_stop; /* no SA_RESTART: wake a --loop wait */
@@ -186,8 +215,39 @@ int main(int argc, char **argv)
 	         c->loop ? "loop" : "once", c->batch, c->max_attempts,
 	         c->endpoints ? "true" : "false");
 	ran = 1;
-	if (dispatch_run(d, &st, &e) < 0)
-		goto fail;
+	db = c->db;
+	for (int i = c->partition >= 0 ? c->partition : 0; i < (c->partition >= 0 ? c->partition + 1
+	                                                        : nparts > 0      ? nparts
+	                                                                          : 1);
+	     i++) {
+		struct dispatch_stats one = { 0 };
+		if (nparts > 0) {
+			free(part_db);
+			part_db = conf_partition_db(c, i);
+			if (part_db == NULL) {
+				err_set(&e, ERR_INTERNAL, "out of memory");
+				goto fail;
+			}
+			c->db = part_db;
+			log_info("partition", "partition=%d", i);
+		}
+		d = dispatch_new(c, s, es, &e);
+		if (d == NULL || dispatch_run(d, &one, &e) < 0) {
+			/* The other partitions still get their run. */
+			char line[512];
+			size_t n = 0;
+			log_kv(line, sizeof(line), &n, "error", e.msg);
+			log_error("run failed", "%s partition=%d", line, i);
+			if (rc == EX_OK)
+				rc = exit_code(&e);
+		}
+		dispatch_free(d);
+		d = NULL;
+		add_stats(&st, &one);
+	}
+	c->db = db;
+	if (rc != EX_OK)
+		goto out;
 	log_info("run finished",
 	         "claimed=%ld published=%ld retried=%ld dead=%ld broker_duplicates=%ld pending=%ld "
 	         "oldest_pending_s=%.1f duration_s=%.3f",
@@ -223,6 +283,9 @@ out:
 		log_error("could not write the metrics textfile", "%s", line);
 	}
 	dispatch_free(d);
+	if (db != NULL)
+		c->db = db;
+	free(part_db);
 	if (s != NULL)
 		s->close(s);
 	if (es != NULL)

@@ -65,6 +65,8 @@ done
 cat >"$TMP/dump" <<DUMP
 # the effective configuration: $TMP/good.conf, \$DATABASE_URL and flags over the defaults; secrets masked
 db = host=/run/postgresql dbname=idemflow user=idemflow password=******** sslmode=require
+partitions = ""
+partition = -1
 listen = /run/idemflow/idemflow.sock
 listen_mode = 0660
 routing = direct

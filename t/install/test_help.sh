@@ -41,11 +41,11 @@ expect_keys idemflow-fcgi "config db listen listen_mode routing workers max_requ
 	problem_base_uri idempotency_wait statement_timeout max_body max_answer message_ttl_max
 	max_depth retry_after shutdown_timeout request_slowlog_timeout request_terminate_timeout
 	log_level application_name log_format log_file metrics_allow metrics_token"
-expect_keys idemflow-dispatch "config db statement_timeout log_level application_name
+expect_keys idemflow-dispatch "config db partitions partition statement_timeout log_level application_name
 	log_format log_file textfile once loop batch max_runtime max_attempts backoff lease
 	poll_interval sink url secret secret_previous timeout dead_on_4xx parallel endpoints endpoint_disable_failures endpoint_disable_after amqp_url exchange routing_key
 	nats_url nats_subject_prefix nats_stream exec"
-expect_keys idemflow "config db idempotency_ttl replay_cache_ttl idempotency_wait
+expect_keys idemflow "config db partitions partition idempotency_ttl replay_cache_ttl idempotency_wait
 	statement_timeout outbox_retention history_retention workflow_retention prune_batch"
 
 # The issue this guards, said plainly: the server names no sink's key.
