@@ -134,6 +134,15 @@ void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const str
 		    "stored, retry the same request later");
 		return;
 	}
+	if (e->code == ERR_LOCK_TIMEOUT) {
+		/* Not a key's owner (that is 409 key-in-flight, cmd.c): e.g. an
+		 * endpoint change waiting for the tenant's open events
+		 * (sql/025_subscriptions_at_commit.sql). */
+		handler_problem(resp, req, P_UNAVAILABLE,
+		                "the request waited longer than lock_timeout for another "
+		                "transaction; nothing was stored, retry the same request later");
+		return;
+	}
 	handler_problem(resp, req, P_UNAVAILABLE,
 	                "the database is unavailable; nothing was stored, retry the same request "
 	                "later");

@@ -894,6 +894,10 @@ Test(endpoint_deliveries, an_endpoint_waits_for_open_events_and_gets_only_later_
 	r = req(&t, "POST", "/v1/endpoints", key,
 	        "{\"url\":\"https://h/born\",\"filter_types\":[\"workflow.*\"]}");
 	tstack_expect_status(r, 503);
+	cr_assert_not_null(strstr(r->body, "\"detail\":\"the request waited longer than "
+	                                   "lock_timeout for another transaction; nothing was "
+	                                   "stored, retry the same request later\""),
+	                   "%s", r->body);
 	http_response_free(r);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM endpoints WHERE tenant_id = $1", t.id_text),
 	             0);
