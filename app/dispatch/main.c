@@ -123,7 +123,7 @@ static void add_stats(struct dispatch_stats *to, const struct dispatch_stats *on
 
 int main(int argc, char **argv)
 {
-	struct err e = { 0 };
+	struct err e = { 0 }, first = { 0 };
 	struct conf *c;
 	struct sink *s = NULL, *es = NULL;
 	struct dispatcher *d = NULL;
@@ -233,21 +233,29 @@ int main(int argc, char **argv)
 		}
 		d = dispatch_new(c, s, es, &e);
 		if (d == NULL || dispatch_run(d, &one, &e) < 0) {
-			/* The other partitions still get their run. */
-			char line[512];
-			size_t n = 0;
-			log_kv(line, sizeof(line), &n, "error", e.msg);
-			log_error("run failed", "%s partition=%d", line, i);
-			if (rc == EX_OK)
+			/* The other partitions still get their run; the first
+			 * failure is the run's (logged and its exit status at
+			 * fail, as without partitions). */
+			if (nparts > 0) {
+				char line[512];
+				size_t n = 0;
+				log_kv(line, sizeof(line), &n, "error", e.msg);
+				log_error("partition failed", "%s partition=%d", line, i);
+			}
+			if (rc == EX_OK) {
 				rc = exit_code(&e);
+				first = e;
+			}
 		}
 		dispatch_free(d);
 		d = NULL;
 		add_stats(&st, &one);
 	}
 	c->db = db;
-	if (rc != EX_OK)
-		goto out;
+	if (rc != EX_OK) {
+		e = first;
+		goto fail;
+	}
 	log_info("run finished",
 	         "claimed=%ld published=%ld retried=%ld dead=%ld broker_duplicates=%ld pending=%ld "
 	         "oldest_pending_s=%.1f duration_s=%.3f",
