@@ -168,7 +168,7 @@ static int schema_version_direct(const struct conf *c, struct err *e)
 void ops_readyz(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	const int latest = migrate_latest();
-	char detail[128], ra[24];
+	char detail[192], ra[24];
 	struct err e, direct;
 	PGresult *res = db_run(ctx->db, Q_SCHEMA_VERSION, 0, NULL, &e);
 	const char *read_only = NULL;

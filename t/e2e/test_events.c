@@ -779,7 +779,7 @@ Test(events_metrics, pending_per_endpoint_bounded)
 	char *wf = make_event(&a, "met.x");
 	wf[36] = '\0';
 	for (int i = 0; i < 12; i++) {
-		char n[8];
+		char n[16];
 		snprintf(n, sizeof(n), "%d", 100 + i);
 		tstack_exec(
 		    tstack_db(),
