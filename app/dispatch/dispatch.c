@@ -24,6 +24,7 @@ struct dispatcher {
 	struct sink *sink;
 	struct db *db;
 	char owner[128];      /* host:pid */
+	char appname[96];     /* the connection's application_name: db keeps a pointer */
 	unsigned long claims; /* claims made: each leases under owner:n */
 	char lease[32];
 	long delays[DISPATCH_BACKOFF_MAX];
@@ -103,7 +104,7 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct sin
                                 struct err *e)
 {
 	struct dispatcher *d = calloc(1, sizeof(*d));
-	char host[64] = "localhost", appname[96];
+	char host[64] = "localhost";
 	struct db_settings ds;
 
 	if (d == NULL) {
@@ -134,12 +135,13 @@ struct dispatcher *dispatch_new(const struct conf *c, struct sink *s, struct sin
 	gethostname(host, sizeof(host) - 1);
 	snprintf(d->owner, sizeof(d->owner), "%s:%ld", host, (long)getpid());
 	snprintf(d->lease, sizeof(d->lease), "%ld milliseconds", c->lease);
-	snprintf(appname, sizeof(appname), "%s-dispatch-%ld", c->application_name, (long)getpid());
+	snprintf(d->appname, sizeof(d->appname), "%s-dispatch-%ld", c->application_name,
+	         (long)getpid());
 	d->seed = (unsigned)getpid() ^ (unsigned)time(NULL);
 	clock_gettime(CLOCK_MONOTONIC, &d->started);
 
 	ds = (struct db_settings){ .conninfo = c->db,
-		                   .application_name = appname,
+		                   .application_name = d->appname,
 		                   .lock_timeout_ms = 0,
 		                   .statement_timeout_ms = c->statement_timeout,
 		                   .stmts = dispatch_queries,

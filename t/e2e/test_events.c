@@ -18,6 +18,31 @@
 
 #include "http.h"
 #include "tapi.h"
+
+/* What the helpers below return lives until the test's process ends (one
+ * process per test): every string and answer they make is held here, so
+ * that an assertion can take one inline and none is lost to
+ * LeakSanitizer. A test may still free one early. */
+static void **kept;
+static size_t nkept, capkept;
+
+static void *keep(void *p)
+{
+	if (nkept == capkept) {
+		capkept = capkept > 0 ? 2 * capkept : 256;
+		kept = realloc(kept, capkept * sizeof(*kept));
+		cr_assert_not_null(kept);
+	}
+	kept[nkept++] = p;
+	return p;
+}
+
+#define KEEP_JSON(...)      ((char *)keep(tstack_json(__VA_ARGS__)))
+#define KEEP_JSON_TYPE(...) ((char *)keep(tstack_json_type(__VA_ARGS__)))
+#define KEEP_TEXT(...)      ((char *)keep(tstack_text(__VA_ARGS__)))
+#define KEEP_CREATE(...)    ((char *)keep(tstack_create(__VA_ARGS__)))
+#define KEEP_GET(...)       ((struct http_response *)keep(tstack_get(__VA_ARGS__)))
+#define KEEP_POST(...)      ((struct http_response *)keep(tstack_post(__VA_ARGS__)))
 #include "tsql.h"
 #include "tstack.h"
 
@@ -44,7 +69,7 @@ static char *make_endpoint(const struct tstack_tenant *t, const char *filter)
 	         " VALUES ($1, $2, 'http://127.0.0.1:9/hook', '" SECRET "', %s)",
 	         filter);
 	tstack_exec(tstack_db(), sql, t->id_text, id);
-	return strdup(id);
+	return keep(strdup(id));
 }
 
 /* A workflow of t; the id of its workflow.created event (malloc'ed). */
@@ -53,11 +78,11 @@ static char *make_event(const struct tstack_tenant *t, const char *type)
 	char body[128], *id, *ev;
 
 	snprintf(body, sizeof(body), "{\"type\":\"%s\",\"input\":{}}", type);
-	id = tstack_create(t, body);
+	id = KEEP_CREATE(t, body);
 	ev = malloc(strlen(id) + 3);
 	sprintf(ev, "%s.1", id);
 	free(id);
-	return ev;
+	return keep(ev);
 }
 
 /* The path of the last request (without its query): a problem's
@@ -89,7 +114,7 @@ get(const struct tstack_tenant *t, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(path, sizeof(path), fmt, ap);
 	va_end(ap);
-	return tstack_get(t, path_of(path));
+	return KEEP_GET(t, path_of(path));
 }
 
 /* POST body under key (NULL: none) to the path fmt makes, as t. */
@@ -102,7 +127,7 @@ post(const struct tstack_tenant *t, const char *key, const char *body, const cha
 	va_start(ap, fmt);
 	vsnprintf(path, sizeof(path), fmt, ap);
 	va_end(ap);
-	return tstack_post(t, path_of(path), key, body);
+	return KEEP_POST(t, path_of(path), key, body);
 }
 
 /* The number of items of the page's array name. */
@@ -117,12 +142,11 @@ static long items(const char *body, const char *name)
 /* One delivery's columns as text, to compare before and after. */
 static char *delivery_row(const char *endpoint, const char *event)
 {
-	return tstack_text(
-	    "SELECT concat_ws(',', d.state, d.attempts, d.trigger, d.next_attempt_at,"
-	    "                 d.updated_at)"
-	    "  FROM deliveries d JOIN outbox o ON o.id = d.outbox_id"
-	    " WHERE d.endpoint_id = $1 AND o.event_id = $2",
-	    endpoint, event);
+	return KEEP_TEXT("SELECT concat_ws(',', d.state, d.attempts, d.trigger, d.next_attempt_at,"
+	                 "                 d.updated_at)"
+	                 "  FROM deliveries d JOIN outbox o ON o.id = d.outbox_id"
+	                 " WHERE d.endpoint_id = $1 AND o.event_id = $2",
+	                 endpoint, event);
 }
 
 static void set_delivery(const char *endpoint, const char *event, const char *state,
@@ -156,32 +180,31 @@ Test(feed, pages_the_tenants_events_in_order)
 
 	/* From just before its first event: the rows of other tests before
 	 * it are no part of this test. */
-	char *start = tstack_text("SELECT (id - 1)::text FROM outbox WHERE event_id = $1", e1);
+	char *start = KEEP_TEXT("SELECT (id - 1)::text FROM outbox WHERE event_id = $1", e1);
 	snprintf(path, sizeof(path), "/v1/events?limit=2&after=%s", start);
-	r = tstack_get(&a, path_of(path));
+	r = KEEP_GET(&a, path_of(path));
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "events"), 2, "%s", r->body);
-	cr_assert_str_eq(tstack_json(r->body, "{events,0,id}"), e1);
-	cr_assert_str_eq(tstack_json(r->body, "{events,1,id}"), e2);
-	cr_assert_str_eq(tstack_json(r->body, "{events,1,type}"), "workflow.created");
-	cursor = tstack_json(r->body, "{next_cursor}");
-	cr_assert_str_eq(cursor,
-	                 tstack_text("SELECT id::text FROM outbox WHERE event_id = $1", e2));
+	cr_assert_str_eq(KEEP_JSON(r->body, "{events,0,id}"), e1);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{events,1,id}"), e2);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{events,1,type}"), "workflow.created");
+	cursor = KEEP_JSON(r->body, "{next_cursor}");
+	cr_assert_str_eq(cursor, KEEP_TEXT("SELECT id::text FROM outbox WHERE event_id = $1", e2));
 	http_response_free(r);
 
 	snprintf(path, sizeof(path), "/v1/events?limit=2&after=%s", cursor);
-	r = tstack_get(&a, path_of(path));
+	r = KEEP_GET(&a, path_of(path));
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "events"), 1, "%s", r->body);
-	cr_assert_str_eq(tstack_json(r->body, "{events,0,id}"), e3);
-	cr_assert_str_eq(tstack_json_type(r->body, "{next_cursor}"), "null");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{events,0,id}"), e3);
+	cr_assert_str_eq(KEEP_JSON_TYPE(r->body, "{next_cursor}"), "null");
 	cr_assert_null(strstr(r->body, other), "another tenant's event: %s", r->body);
 	http_response_free(r);
 
-	r = tstack_get(&a, path_of("/v1/events?after=-1"));
+	r = KEEP_GET(&a, path_of("/v1/events?after=-1"));
 	problem(r, 422, "invalid-request");
 	http_response_free(r);
-	r = tstack_get(&a, path_of("/v1/events?after=x"));
+	r = KEEP_GET(&a, path_of("/v1/events?after=x"));
 	problem(r, 422, "invalid-request");
 	http_response_free(r);
 }
@@ -210,26 +233,26 @@ Test(feed, a_page_behind_other_tenants_rows_has_a_cursor)
 	            "   FROM generate_series(2, 10001) g",
 	            b.id_text, wf);
 	e2 = make_event(&a, "s.after");
-	after = tstack_text("SELECT (id - 1)::text FROM outbox WHERE event_id = $1", e1);
+	after = KEEP_TEXT("SELECT (id - 1)::text FROM outbox WHERE event_id = $1", e1);
 	/* The 10000th row from e1 on: the last one the first page reads. */
-	mark = tstack_text("SELECT max(id)::text FROM (SELECT id FROM outbox WHERE id > $1::bigint"
-	                   " ORDER BY id LIMIT 10000) s",
-	                   after);
+	mark = KEEP_TEXT("SELECT max(id)::text FROM (SELECT id FROM outbox WHERE id > $1::bigint"
+	                 " ORDER BY id LIMIT 10000) s",
+	                 after);
 
 	snprintf(path, sizeof(path), "/v1/events?after=%s", after);
-	r = tstack_get(&a, path_of(path));
+	r = KEEP_GET(&a, path_of(path));
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "events"), 1, "%s", r->body);
-	cr_assert_str_eq(tstack_json(r->body, "{events,0,id}"), e1);
-	cr_assert_str_eq(tstack_json(r->body, "{next_cursor}"), mark, "%s", r->body);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{events,0,id}"), e1);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{next_cursor}"), mark, "%s", r->body);
 	http_response_free(r);
 
 	snprintf(path, sizeof(path), "/v1/events?after=%s", mark);
-	r = tstack_get(&a, path_of(path));
+	r = KEEP_GET(&a, path_of(path));
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "events"), 1, "%s", r->body);
-	cr_assert_str_eq(tstack_json(r->body, "{events,0,id}"), e2);
-	cr_assert_str_eq(tstack_json_type(r->body, "{next_cursor}"), "null");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{events,0,id}"), e2);
+	cr_assert_str_eq(KEEP_JSON_TYPE(r->body, "{next_cursor}"), "null");
 	http_response_free(r);
 }
 
@@ -247,7 +270,7 @@ Test(feed, the_scans_last_row_is_the_tenants_event)
 	tstack_tenant_create(&a, "tie-a");
 	tstack_tenant_create(&b, "tie-b");
 	wf = make_event(&b, "t.bulk");
-	after = tstack_text("SELECT (id - 1)::text FROM outbox WHERE event_id = $1", wf);
+	after = KEEP_TEXT("SELECT (id - 1)::text FROM outbox WHERE event_id = $1", wf);
 	wf[36] = '\0';
 	tstack_exec(tstack_db(),
 	            "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload)"
@@ -255,18 +278,18 @@ Test(feed, the_scans_last_row_is_the_tenants_event)
 	            "   FROM generate_series(2, 9999) g",
 	            b.id_text, wf);
 	e = make_event(&a, "t.tenth-thousand");
-	id = tstack_text("SELECT id::text FROM outbox WHERE event_id = $1", e);
+	id = KEEP_TEXT("SELECT id::text FROM outbox WHERE event_id = $1", e);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM outbox WHERE id > $1::bigint"
 	                          " AND id <= $2::bigint",
 	                          after, id),
 	             10000);
 
 	snprintf(path, sizeof(path), "/v1/events?after=%s", after);
-	r = tstack_get(&a, path_of(path));
+	r = KEEP_GET(&a, path_of(path));
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "events"), 1, "%s", r->body);
-	cr_assert_str_eq(tstack_json(r->body, "{events,0,id}"), e);
-	cr_assert_str_eq(tstack_json(r->body, "{next_cursor}"), id, "%s", r->body);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{events,0,id}"), e);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{next_cursor}"), id, "%s", r->body);
 	http_response_free(r);
 }
 
@@ -290,7 +313,7 @@ Test(ledger, an_events_deliveries)
 
 	r = get(&a, "/v1/events/%s/deliveries", ev);
 	tstack_expect_status(r, 200);
-	want = tstack_text(
+	want = KEEP_TEXT(
 	    "SELECT '{\"deliveries\":[' || string_agg("
 	    "  '{\"endpoint_id\":\"' || d.endpoint_id || '\",\"event_id\":\"' || $2 ||"
 	    "  '\",\"state\":\"pending\",\"attempts\":0,\"next_attempt_at\":\"' ||"
@@ -310,16 +333,16 @@ Test(ledger, an_events_deliveries)
 	r = get(&a, "/v1/events/%s/deliveries?limit=1", ev);
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "deliveries"), 1);
-	char *first = tstack_json(r->body, "{deliveries,0,endpoint_id}");
-	cr_assert_str_eq(tstack_json(r->body, "{next_cursor}"), first);
+	char *first = KEEP_JSON(r->body, "{deliveries,0,endpoint_id}");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{next_cursor}"), first);
 	http_response_free(r);
 	char path[300];
 	snprintf(path, sizeof(path), "/v1/events/%s/deliveries?limit=1&after=%s", ev, first);
-	r = tstack_get(&a, path_of(path));
+	r = KEEP_GET(&a, path_of(path));
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "deliveries"), 1);
-	cr_assert_str_neq(tstack_json(r->body, "{deliveries,0,endpoint_id}"), first);
-	cr_assert_str_eq(tstack_json_type(r->body, "{next_cursor}"), "null");
+	cr_assert_str_neq(KEEP_JSON(r->body, "{deliveries,0,endpoint_id}"), first);
+	cr_assert_str_eq(KEEP_JSON_TYPE(r->body, "{next_cursor}"), "null");
 	http_response_free(r);
 
 	r = get(&a, "/v1/events/%s/deliveries", "01890000-0000-7000-8000-000000000000.1");
@@ -341,7 +364,7 @@ Test(ledger, an_endpoints_attempts)
 	tstack_tenant_create(&a, "att");
 	ep = make_endpoint(&a, "NULL");
 	ev = make_event(&a, "att.x");
-	ids = tstack_text(
+	ids = KEEP_TEXT(
 	    "WITH i AS (INSERT INTO delivery_attempts (tenant_id, endpoint_id, workflow_id, seq,"
 	    "             event_id, trigger, started_at, duration_ms, status, outcome, response)"
 	    " SELECT $1::bigint, $2::uuid, split_part($3, '.', 1)::uuid, 1, $3, t, now(), 12.5, s, o, b"
@@ -360,35 +383,35 @@ Test(ledger, an_endpoints_attempts)
 	         "{\"attempts\":[{\"id\":%ld,\"event_id\":\"%s\",\"trigger\":\"manual\",", id3, ev);
 	cr_assert(strncmp(r->body, path, strlen(path)) == 0, "%s", r->body);
 	cr_assert_eq(items(r->body, "attempts"), 3);
-	cr_assert_str_eq(tstack_json(r->body, "{attempts,2,outcome}"), "http");
-	cr_assert_str_eq(tstack_json(r->body, "{attempts,2,response}"), "oops");
-	cr_assert_str_eq(tstack_json(r->body, "{attempts,2,status}"), "500");
-	cr_assert_str_eq(tstack_json(r->body, "{attempts,2,duration_ms}"), "12.5");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{attempts,2,outcome}"), "http");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{attempts,2,response}"), "oops");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{attempts,2,status}"), "500");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{attempts,2,duration_ms}"), "12.5");
 	http_response_free(r);
 
 	r = get(&a, "/v1/endpoints/%s/attempts?status=failed", ep);
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "attempts"), 2, "%s", r->body);
-	cr_assert_eq(atol(tstack_json(r->body, "{attempts,0,id}")), id2);
+	cr_assert_eq(atol(KEEP_JSON(r->body, "{attempts,0,id}")), id2);
 	http_response_free(r);
 	r = get(&a, "/v1/endpoints/%s/attempts?status=succeeded", ep);
 	cr_assert_eq(items(r->body, "attempts"), 1, "%s", r->body);
-	cr_assert_eq(atol(tstack_json(r->body, "{attempts,0,id}")), id3);
+	cr_assert_eq(atol(KEEP_JSON(r->body, "{attempts,0,id}")), id3);
 	http_response_free(r);
 	r = get(&a, "/v1/endpoints/%s/attempts?status=500", ep);
 	cr_assert_eq(items(r->body, "attempts"), 1, "%s", r->body);
-	cr_assert_eq(atol(tstack_json(r->body, "{attempts,0,id}")), id1);
+	cr_assert_eq(atol(KEEP_JSON(r->body, "{attempts,0,id}")), id1);
 	http_response_free(r);
 
 	r = get(&a, "/v1/endpoints/%s/attempts?limit=2", ep);
 	cr_assert_eq(items(r->body, "attempts"), 2);
-	cr_assert_eq(atol(tstack_json(r->body, "{next_cursor}")), id2);
+	cr_assert_eq(atol(KEEP_JSON(r->body, "{next_cursor}")), id2);
 	http_response_free(r);
 	snprintf(path, sizeof(path), "/v1/endpoints/%s/attempts?limit=2&after=%ld", ep, id2);
-	r = tstack_get(&a, path_of(path));
+	r = KEEP_GET(&a, path_of(path));
 	cr_assert_eq(items(r->body, "attempts"), 1);
-	cr_assert_eq(atol(tstack_json(r->body, "{attempts,0,id}")), id1);
-	cr_assert_str_eq(tstack_json_type(r->body, "{next_cursor}"), "null");
+	cr_assert_eq(atol(KEEP_JSON(r->body, "{attempts,0,id}")), id1);
+	cr_assert_str_eq(KEEP_JSON_TYPE(r->body, "{next_cursor}"), "null");
 	http_response_free(r);
 
 	const char *bad[] = { "status=bogus", "status=99", "status=5000", "status=20x", "after=z" };
@@ -425,33 +448,33 @@ Test(ledger, an_endpoints_undelivered)
 	tstack_expect_status(r, 200);
 	cr_assert_eq(items(r->body, "deliveries"), 3, "%s", r->body);
 	cr_assert_null(strstr(r->body, ev[0]), "a delivered one: %s", r->body);
-	cr_assert_str_eq(tstack_json(r->body, "{deliveries,0,last_error}"), "HTTP 500");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{deliveries,0,last_error}"), "HTTP 500");
 	http_response_free(r);
 
 	r = get(&a, "/v1/endpoints/%s/undelivered?state=dead", ep);
 	cr_assert_eq(items(r->body, "deliveries"), 1, "%s", r->body);
-	cr_assert_str_eq(tstack_json(r->body, "{deliveries,0,event_id}"), ev[1]);
-	cr_assert_str_eq(tstack_json(r->body, "{deliveries,0,state}"), "dead");
-	cr_assert_str_eq(tstack_json(r->body, "{deliveries,0,attempts}"), "3");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{deliveries,0,event_id}"), ev[1]);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{deliveries,0,state}"), "dead");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{deliveries,0,attempts}"), "3");
 	http_response_free(r);
 
 	/* Pages in stream order, the cursor an event id. */
 	r = get(&a, "/v1/endpoints/%s/undelivered?limit=1", ep);
-	char *first = tstack_json(r->body, "{deliveries,0,event_id}");
-	cr_assert_str_eq(tstack_json(r->body, "{next_cursor}"), first);
+	char *first = KEEP_JSON(r->body, "{deliveries,0,event_id}");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{next_cursor}"), first);
 	http_response_free(r);
 	int seen = 1;
 	char *cursor = first;
 	while (cursor != NULL) {
 		snprintf(path, sizeof(path), "/v1/endpoints/%s/undelivered?limit=1&after=%s", ep,
 		         cursor);
-		r = tstack_get(&a, path_of(path));
+		r = KEEP_GET(&a, path_of(path));
 		tstack_expect_status(r, 200);
-		cr_assert_gt(strcmp(tstack_json(r->body, "{deliveries,0,event_id}"), cursor), 0);
+		cr_assert_gt(strcmp(KEEP_JSON(r->body, "{deliveries,0,event_id}"), cursor), 0);
 		seen++;
-		cursor = strcmp(tstack_json_type(r->body, "{next_cursor}"), "null") == 0
+		cursor = strcmp(KEEP_JSON_TYPE(r->body, "{next_cursor}"), "null") == 0
 		             ? NULL
-		             : tstack_json(r->body, "{next_cursor}");
+		             : KEEP_JSON(r->body, "{next_cursor}");
 		http_response_free(r);
 	}
 	cr_assert_eq(seen, 3);
@@ -583,16 +606,16 @@ Test(recover, by_range_types_and_states)
 	         "/v1/endpoints/%s/recover", ep);
 	cr_assert_str_eq(r->body, "{\"recovered\":1}");
 	http_response_free(r);
-	cr_assert_str_eq(tstack_text("SELECT d.state || d.trigger FROM deliveries d JOIN outbox o"
-	                             " ON o.id = d.outbox_id WHERE o.event_id = $1",
-	                             ev[2]),
+	cr_assert_str_eq(KEEP_TEXT("SELECT d.state || d.trigger FROM deliveries d JOIN outbox o"
+	                           " ON o.id = d.outbox_id WHERE o.event_id = $1",
+	                           ev[2]),
 	                 "pendingrecover");
 	/* Since the second event was written: only it and the third. */
 	tstack_exec(tstack_db(), "UPDATE deliveries SET state = 'dead' WHERE endpoint_id = $1", ep);
-	char *since = tstack_text("SELECT to_char(created_at AT TIME ZONE 'UTC',"
-	                          " 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM outbox"
-	                          " WHERE event_id = $1",
-	                          ev[1]);
+	char *since = KEEP_TEXT("SELECT to_char(created_at AT TIME ZONE 'UTC',"
+	                        " 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM outbox"
+	                        " WHERE event_id = $1",
+	                        ev[1]);
 	snprintf(body, sizeof(body), "{\"since\":\"%s\",\"types\":[\"workflow.created\"]}", since);
 	tstack_key(key, sizeof(key), "rt");
 	r = post(&a, key, body, "/v1/endpoints/%s/recover", ep);
@@ -643,16 +666,16 @@ Test(resend, one_delivery_pending_again)
 	tstack_key(key, sizeof(key), "resend");
 	r = post(&a, key, body, "/v1/events/%s/resend", ev);
 	tstack_expect_status(r, 200);
-	cr_assert_str_eq(tstack_json(r->body, "{endpoint_id}"), ep);
-	cr_assert_str_eq(tstack_json(r->body, "{event_id}"), ev);
-	cr_assert_str_eq(tstack_json(r->body, "{state}"), "pending");
-	cr_assert_str_eq(tstack_json(r->body, "{attempts}"), "0");
-	cr_assert_str_eq(tstack_json_type(r->body, "{last_error}"), "null");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{endpoint_id}"), ep);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{event_id}"), ev);
+	cr_assert_str_eq(KEEP_JSON(r->body, "{state}"), "pending");
+	cr_assert_str_eq(KEEP_JSON(r->body, "{attempts}"), "0");
+	cr_assert_str_eq(KEEP_JSON_TYPE(r->body, "{last_error}"), "null");
 	cr_assert_str_eq(
 	    delivery_row(ep, ev),
-	    tstack_text("SELECT concat_ws(',', 'pending', 0, 'manual', d.next_attempt_at,"
-	                " d.updated_at) FROM deliveries d WHERE d.endpoint_id = $1",
-	                ep));
+	    KEEP_TEXT("SELECT concat_ws(',', 'pending', 0, 'manual', d.next_attempt_at,"
+	              " d.updated_at) FROM deliveries d WHERE d.endpoint_id = $1",
+	              ep));
 	cr_assert_eq(tstack_count("SELECT count(*) FROM deliveries WHERE endpoint_id = $1"
 	                          " AND next_attempt_at <= now()",
 	                          ep),
@@ -739,7 +762,7 @@ Test(events_isolation, another_tenants_ids_are_404)
 	r = post(&b, key, body, "/v1/events/%s/resend", ev);
 	problem(r, 404, "not-found");
 	http_response_free(r);
-	r = tstack_get(&b, "/v1/events");
+	r = KEEP_GET(&b, "/v1/events");
 	tstack_expect_status(r, 200);
 	cr_assert_null(strstr(r->body, ev), "%s", r->body);
 	http_response_free(r);
@@ -846,12 +869,11 @@ Test(events_cli, recover_and_resend)
 	                        "workflow.*", (char *)NULL),
 	             0, "%s", tstack_cli_stderr());
 	cr_assert_str_eq(out, "1");
-	cr_assert_str_eq(
-	    tstack_text("SELECT string_agg(d.state || '/' || d.attempts || '/' ||"
-	                " d.trigger, ' ' ORDER BY o.id) FROM deliveries d"
-	                " JOIN outbox o ON o.id = d.outbox_id WHERE d.endpoint_id = $1",
-	                ep),
-	    "delivered/7/scheduled pending/0/recover skipped/7/scheduled");
+	cr_assert_str_eq(KEEP_TEXT("SELECT string_agg(d.state || '/' || d.attempts || '/' ||"
+	                           " d.trigger, ' ' ORDER BY o.id) FROM deliveries d"
+	                           " JOIN outbox o ON o.id = d.outbox_id WHERE d.endpoint_id = $1",
+	                           ep),
+	                 "delivered/7/scheduled pending/0/recover skipped/7/scheduled");
 
 	cr_assert_eq(tstack_cli(out, sizeof(out), "event", "resend", "--tenant", a.name, ev[0],
 	                        "--endpoint", ep, (char *)NULL),
@@ -860,11 +882,11 @@ Test(events_cli, recover_and_resend)
 	cr_assert(strncmp(out, want, strlen(want)) == 0, "%s", out);
 	cr_assert_str_eq(
 	    delivery_row(ep, ev[0]),
-	    tstack_text("SELECT concat_ws(',', 'pending', 0, 'manual', d.next_attempt_at,"
-	                " d.updated_at) FROM deliveries d JOIN outbox o"
-	                " ON o.id = d.outbox_id WHERE o.event_id = $1"
-	                " AND d.endpoint_id = $2",
-	                ev[0], ep));
+	    KEEP_TEXT("SELECT concat_ws(',', 'pending', 0, 'manual', d.next_attempt_at,"
+	              " d.updated_at) FROM deliveries d JOIN outbox o"
+	              " ON o.id = d.outbox_id WHERE o.event_id = $1"
+	              " AND d.endpoint_id = $2",
+	              ev[0], ep));
 
 	cr_assert_eq(tstack_cli(out, sizeof(out), "event", "resend", "--tenant", a.name, ev[0],
 	                        "--endpoint", other, (char *)NULL),
