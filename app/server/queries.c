@@ -202,6 +202,12 @@ const struct db_stmt queries[Q__COUNT] = {
 	                  "UPDATE idempotency_keys\n"
 	                  "   SET status = $3, headers = $4, body = $5\n"
 	                  " WHERE tenant_id = $1 AND key = $2\n" },
+	[Q_KEYED_COMMAND] = { "keyed_command", KEYED_COMMAND__N,
+	                      "SELECT *\n"
+	                      "  FROM idemflow_keyed_command($1, $2, $3, $4, $5, $6, $7, $8, $9,\n"
+	                      "                              $10, $11, $12, $13)\n" },
+	[Q_KEY_STORE_ANSWER] = { "key_store_answer", KEY_STORE__N,
+	                         "SELECT idemflow_key_store_answer($1, $2, $3, $4, $5)\n" },
 	/* The event's payload as the keyed create's: around the tenant id. */
 	[Q_WF_CREATE_RUN] = { "wf_create_run", WF_CREATE_RUN__N,
 	                      "SELECT *\n"
@@ -653,6 +659,9 @@ static const struct {
 	  "SELECT * FROM idemflow_endpoint_attempts($1, $2, $3, $4, $5, $6, $7)\n" },
 	{ Q_ENDPOINT_UNDELIVERED,
 	  "SELECT * FROM idemflow_endpoint_undelivered($1, $2, $3, $4, $5, $6, $7)\n" },
+	/* The keyed commands of two round trips: cmd.c. */
+	{ Q_KEYED_COMMAND, NULL },
+	{ Q_KEY_STORE_ANSWER, NULL },
 	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"
 	                    "  FROM idemflow_keystats_flush($1, $2, $3, $4, $5)\n" },
 	/* Ready when every partition is: the lowest version, any in

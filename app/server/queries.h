@@ -86,6 +86,16 @@ enum query_id {
 	Q_KEY_CLAIM,
 	/* Store the answer on the key claimed by Q_KEY_CLAIM. */
 	Q_KEY_STORE,
+	/*
+	 * routing = proxy (sql/027_partition_keyed_commands.sql): a command
+	 * of two round trips as one call on the tenant's partition, its key
+	 * claimed (or none) -> (outcome, the command's rows as a JSON array
+	 * of record texts): 'created', 'taken', 'unstored' or 'unkeyed'.
+	 */
+	Q_KEYED_COMMAND,
+	/* ...then its rendered answer, unless the key has one already ->
+	 * 1 when stored, 0 when it was there. */
+	Q_KEY_STORE_ANSWER,
 	/* The commands (sql/005_runs.sql); each returns rows whose first
 	 * two columns are (problem slug or NULL, detail). */
 	/* -> idemflow_wf_row */
@@ -264,6 +274,26 @@ enum key_store_param {
 	KEY_STORE_BODY,
 	KEY_STORE__N
 };
+
+/* Q_KEYED_COMMAND */
+enum keyed_command_param {
+	KEYED_COMMAND_TENANT,
+	KEYED_COMMAND_KEY, /* NULL: run the command without a key */
+	KEYED_COMMAND_METHOD,
+	KEYED_COMMAND_PATH,
+	KEYED_COMMAND_FP,
+	KEYED_COMMAND_TTL,
+	KEYED_COMMAND_BYTES_FP,
+	KEYED_COMMAND_ACTOR,
+	KEYED_COMMAND_TRACEPARENT,
+	KEYED_COMMAND_TRACESTATE,
+	KEYED_COMMAND_SQL,   /* the command's statement, as queries[] has it */
+	KEYED_COMMAND_ARGS,  /* its parameters, a text[] literal */
+	KEYED_COMMAND_STORE, /* the problems a key keeps (cmd_stores), a text[] literal */
+	KEYED_COMMAND__N
+};
+/* Q_KEYED_COMMAND's columns */
+enum { KEYED_COMMAND_COL_OUTCOME, KEYED_COMMAND_COL_ROWS };
 
 /* Q_WF_CREATE_RUN */
 enum wf_create_run_param {
