@@ -1479,6 +1479,23 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.idemflow_metrics_deliveries(p_top integer) RETURNS TABLE(k integer, disabled bigint, pending bigint, tenant_id bigint, endpoint_id uuid)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT 0, (SELECT count(*) FROM endpoints WHERE disabled), count(*), NULL::bigint,
+           NULL::uuid
+      FROM deliveries
+     WHERE state = 'pending'
+     UNION ALL
+    SELECT 1, NULL, t.n, t.tenant_id, t.endpoint_id
+      FROM (SELECT d.tenant_id, d.endpoint_id, count(*) AS n
+              FROM deliveries d
+             WHERE d.state = 'pending'
+             GROUP BY d.tenant_id, d.endpoint_id
+             ORDER BY n DESC, d.tenant_id, d.endpoint_id
+             LIMIT p_top) t;
+$$;
+
 CREATE FUNCTION public.idemflow_metrics_outbox() RETURNS TABLE(pending bigint, oldest numeric, dead bigint, activatable bigint, leased bigint, expired bigint, incidents bigint)
     LANGUAGE sql STABLE
     AS $$

@@ -679,11 +679,38 @@ static const struct {
 	  "                    FILTER (WHERE error IS NOT NULL), ''),\n"
 	  "       count(*) FILTER (WHERE error IS NULL)\n"
 	  "  FROM idemflow_partitions_status()\n" },
+	/* The sums over the partitions that answered, then how many
+	 * partitions there are and the numbers of those that did not answer
+	 * ("" when all did): METRICS_COL_PARTITIONS, _UNREACHABLE. */
 	{ Q_METRICS_OUTBOX, "SELECT coalesce(sum(pending), 0), coalesce(max(oldest), 0),\n"
 	                    "       coalesce(sum(dead), 0), coalesce(sum(activatable), 0),\n"
 	                    "       coalesce(sum(leased), 0), coalesce(sum(expired), 0),\n"
-	                    "       coalesce(sum(incidents), 0)\n"
-	                    "  FROM idemflow_metrics_outbox()\n" },
+	                    "       coalesce(sum(incidents), 0), count(*),\n"
+	                    "       coalesce(string_agg(partition::text, ',' ORDER BY partition)\n"
+	                    "                    FILTER (WHERE error IS NOT NULL), '')\n"
+	                    "  FROM idemflow_metrics_outbox_by_partition()\n" },
+	/* The rows of the server's statement: the totals summed over the
+	 * partitions that answered, with the partitions' columns as
+	 * Q_METRICS_OUTBOX's (METRICS_DELIVERIES_COL_PARTITIONS,
+	 * _UNREACHABLE), then the $1 endpoints with the most pending
+	 * deliveries across the partitions' own tops of $1. */
+	{ Q_METRICS_DELIVERIES,
+	  "WITH d AS (SELECT * FROM idemflow_metrics_deliveries_by_partition($1::integer))\n"
+	  "SELECT 0 AS k, coalesce(sum(d.disabled), 0)::bigint,\n"
+	  "       coalesce(sum(d.pending) FILTER (WHERE d.k = 0), 0)::bigint,\n"
+	  "       NULL::bigint, NULL::uuid, count(DISTINCT d.partition),\n"
+	  "       coalesce(string_agg(d.partition::text, ',' ORDER BY d.partition)\n"
+	  "                    FILTER (WHERE d.error IS NOT NULL), '')\n"
+	  "  FROM d\n"
+	  " UNION ALL\n"
+	  "SELECT 1, NULL, t.n, t.tenant_id, t.endpoint_id, NULL, NULL\n"
+	  "  FROM (SELECT d.tenant_id, d.endpoint_id, sum(d.pending)::bigint AS n\n"
+	  "          FROM d\n"
+	  "         WHERE d.k = 1\n"
+	  "         GROUP BY d.tenant_id, d.endpoint_id\n"
+	  "         ORDER BY n DESC, d.tenant_id, d.endpoint_id\n"
+	  "         LIMIT $1::integer) t\n"
+	  " ORDER BY k, 3 DESC, 4, 5\n" },
 	{ Q_NOTIFY, NULL },
 	{ Q_BEGIN, NULL },
 	{ Q_COMMIT, NULL },

@@ -70,7 +70,9 @@ enum query_id {
 	Q_SCHEMA_VERSION,
 	/* GET /metrics, one cheap statement per scrape -> (pending events,
 	 * age in seconds of the oldest pending one or 0, dead events,
-	 * workflows in incident) */
+	 * activatable, leased and expired jobs, workflows in incident); with
+	 * routing = proxy, the sums over the partitions that answered, then
+	 * METRICS_COL_PARTITIONS and _UNREACHABLE */
 	Q_METRICS_OUTBOX,
 	/* Wake dispatchers waiting in --loop (sent outside any create). */
 	Q_NOTIFY,
@@ -170,7 +172,9 @@ enum query_id {
 	Q_EVENT_RESEND,
 	/* GET /metrics -> (disabled endpoints, pending deliveries) and
 	 * (tenant, endpoint, pending) rows of the METRICS_TOP endpoints with
-	 * the most pending deliveries (the first row's endpoint NULL) */
+	 * the most pending deliveries (the first row's endpoint NULL); with
+	 * routing = proxy, across the partitions that answered, the first
+	 * row ending with METRICS_DELIVERIES_COL_PARTITIONS and _UNREACHABLE */
 	Q_METRICS_DELIVERIES,
 	Q__COUNT
 };
@@ -586,6 +590,13 @@ int queries_check(struct err *e) MUSTCHECK;
  * partitions that did not answer, "0,3", or "" when all did; how many
  * answered. */
 enum { SCHEMA_COL_PARTITIONS = 3, SCHEMA_COL_UNREACHABLE = 4, SCHEMA_COL_REACHABLE = 5 };
+
+/* Through a proxy, Q_METRICS_OUTBOX's row and Q_METRICS_DELIVERIES's first
+ * row end with how many partitions the proxy names and the numbers of
+ * those that did not answer, "0,3", or "" when all did; the sums are of
+ * the partitions that answered. */
+enum { METRICS_COL_PARTITIONS = 7, METRICS_COL_UNREACHABLE = 8 };
+enum { METRICS_DELIVERIES_COL_PARTITIONS = 5, METRICS_DELIVERIES_COL_UNREACHABLE = 6 };
 
 /* Q_AUTH's second column: the token's id (KEY_COL_TOKEN in a key row). */
 enum { AUTH_COL_TOKEN = 1 };
