@@ -294,7 +294,8 @@ BEGIN
     SELECT greatest(1, ceil(p_batch::numeric / greatest(count(*), 1)))::integer INTO v_share
       FROM tenants tn
      WHERE EXISTS (SELECT 1 FROM timers x
-                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now());
+                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now())
+       AND NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = tn.id);
     RETURN QUERY
     SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at, w.state, w.step, w.steps
       FROM tenants tn
@@ -306,6 +307,7 @@ BEGIN
             LIMIT v_share
               FOR UPDATE SKIP LOCKED) t
       JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
+     WHERE NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = tn.id)
        FOR UPDATE OF w SKIP LOCKED;
 END
 $$;
@@ -534,13 +536,18 @@ $$;
 CREATE FUNCTION public.idemflow_endpoints_changed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    v_tenant bigint := CASE WHEN TG_OP = 'DELETE' THEN OLD.tenant_id ELSE NEW.tenant_id END;
 BEGIN
+    PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(v_tenant));
+    IF coalesce(current_setting('idemflow.move_tenant', true), '') <> v_tenant::text
+       AND EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = v_tenant) THEN
+        RAISE EXCEPTION 'tenant % is being moved to another partition', v_tenant
+            USING ERRCODE = 'IDFMV', HINT = 'retry the same request later';
+    END IF;
     IF TG_OP = 'DELETE' THEN
-        PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(OLD.tenant_id));
         DELETE FROM deliveries WHERE tenant_id = OLD.tenant_id AND endpoint_id = OLD.id;
         DELETE FROM delivery_attempts WHERE tenant_id = OLD.tenant_id AND endpoint_id = OLD.id;
-    ELSE
-        PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(NEW.tenant_id));
     END IF;
     RETURN NULL;
 END
@@ -1405,7 +1412,14 @@ CREATE FUNCTION public.idemflow_outbox_deliveries() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF current_setting('idemflow.move_tenant', true) = NEW.tenant_id::text THEN
+        RETURN NULL;
+    END IF;
     PERFORM pg_advisory_xact_lock_shared(idemflow_subscriptions_lock_key(NEW.tenant_id));
+    IF EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = NEW.tenant_id) THEN
+        RAISE EXCEPTION 'tenant % is being moved to another partition', NEW.tenant_id
+            USING ERRCODE = 'IDFMV', HINT = 'retry the same request later';
+    END IF;
     INSERT INTO deliveries (tenant_id, endpoint_id, workflow_id, seq, outbox_id, state)
     SELECT NEW.tenant_id, e.id, NEW.workflow_id, NEW.seq, NEW.id,
            CASE WHEN e.disabled THEN 'skipped' ELSE 'pending' END
@@ -1431,13 +1445,39 @@ BEGIN
     END IF;
     PERFORM setval('tenants_id_seq', v_base) WHERE nextval('tenants_id_seq') < v_base;
     PERFORM setval('api_tokens_id_seq', v_base) WHERE nextval('api_tokens_id_seq') < v_base;
+    PERFORM setval('outbox_id_seq', v_base) WHERE nextval('outbox_id_seq') < v_base;
+    PERFORM setval('delivery_attempts_id_seq', v_base)
+      WHERE nextval('delivery_attempts_id_seq') < v_base;
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_partition_ids_in_range(p_partition integer) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    v_lo bigint := p_partition::bigint << 48;
+    v_hi bigint := (p_partition::bigint + 1) << 48;
+BEGIN
+    RETURN NOT EXISTS (
+        SELECT 1
+          FROM (SELECT min(id) AS lo, max(id) AS hi FROM tenants
+                UNION ALL SELECT min(id), max(id) FROM api_tokens
+                UNION ALL SELECT min(id), max(id) FROM outbox
+                UNION ALL SELECT min(id), max(id) FROM delivery_attempts
+                UNION ALL SELECT last_value, last_value FROM tenants_id_seq
+                UNION ALL SELECT last_value, last_value FROM api_tokens_id_seq
+                UNION ALL SELECT last_value, last_value FROM outbox_id_seq
+                UNION ALL SELECT last_value, last_value FROM delivery_attempts_id_seq) r
+         WHERE r.lo < greatest(v_lo, 1) OR r.hi >= v_hi);
 END;
 $$;
 
 CREATE FUNCTION public.idemflow_partition_tokens(p_partition integer) RETURNS TABLE(token_hash bytea, tenant_id bigint)
     LANGUAGE sql STABLE
     AS $$
-    SELECT token_hash, tenant_id FROM api_tokens;
+    SELECT t.token_hash, t.tenant_id
+      FROM api_tokens t
+     WHERE NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = t.tenant_id);
 $$;
 
 CREATE FUNCTION public.idemflow_reap(p_batch integer) RETURNS integer
@@ -1449,6 +1489,7 @@ BEGIN
     WITH due AS (
         SELECT tenant_id, workflow_id, step FROM jobs
          WHERE state = 'active' AND due_at <= now()
+           AND NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = jobs.tenant_id)
          ORDER BY due_at LIMIT p_batch
            FOR UPDATE SKIP LOCKED
     )
@@ -1487,6 +1528,86 @@ CREATE FUNCTION public.idemflow_subscriptions_lock_key(p_tenant bigint) RETURNS 
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT hashtextextended('idemflow.subscriptions', p_tenant)
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_counts(p_tenant bigint) RETURNS TABLE(tbl text, n bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT 'tenants', count(*) FROM tenants WHERE id = p_tenant
+    UNION ALL SELECT 'api_tokens', count(*) FROM api_tokens WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'endpoints', count(*) FROM endpoints WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'workflows', count(*) FROM workflows WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'jobs', count(*) FROM jobs WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'messages', count(*) FROM messages WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'timers', count(*) FROM timers WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'idempotency_keys', count(*) FROM idempotency_keys
+                                          WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'idempotency_key_stats', count(*) FROM idempotency_key_stats
+                                               WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'outbox', count(*) FROM outbox WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'deliveries', count(*) FROM deliveries WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'delivery_attempts', count(*) FROM delivery_attempts
+                                           WHERE tenant_id = p_tenant;
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_delete(p_tenant bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_n bigint := 0;
+    v_rows bigint;
+BEGIN
+    PERFORM set_config('idemflow.move_tenant', p_tenant::text, true);
+    DELETE FROM delivery_attempts WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM deliveries WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM outbox WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM idempotency_key_stats WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM idempotency_keys WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM timers WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM messages WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM jobs WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM workflows WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM endpoints WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM api_tokens WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM tenants WHERE id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM frozen_tenants WHERE tenant_id = p_tenant;
+    RETURN v_n;
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_freeze(p_tenant bigint, p_role text, p_peer integer) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(p_tenant));
+    INSERT INTO frozen_tenants (tenant_id, role, peer)
+    VALUES (p_tenant, p_role, p_peer)
+        ON CONFLICT (tenant_id) DO NOTHING;
+END;
 $$;
 
 CREATE FUNCTION public.idemflow_timer_incident(p_tenant bigint, p_wf uuid, p_step integer, p_error text) RETURNS void
@@ -2018,6 +2139,17 @@ CREATE TABLE public.endpoints (
 
 COMMENT ON TABLE public.endpoints IS 'a tenant''s receivers: every event of the tenant whose type matches filter_types gets a delivery';
 
+CREATE TABLE public.frozen_tenants (
+    tenant_id bigint NOT NULL,
+    frozen_at timestamp with time zone DEFAULT now() NOT NULL,
+    role text NOT NULL,
+    peer integer NOT NULL,
+    CONSTRAINT frozen_tenants_peer_check CHECK ((peer >= 0)),
+    CONSTRAINT frozen_tenants_role_check CHECK ((role = ANY (ARRAY['source'::text, 'target'::text])))
+);
+
+COMMENT ON TABLE public.frozen_tenants IS 'tenants being moved to or from this partition: no event of theirs is written (027_tenant_move.sql)';
+
 CREATE TABLE public.idempotency_key_stats (
     tenant_id bigint NOT NULL,
     key text NOT NULL,
@@ -2161,6 +2293,9 @@ ALTER TABLE ONLY public.delivery_attempts
 
 ALTER TABLE ONLY public.endpoints
     ADD CONSTRAINT endpoints_pkey PRIMARY KEY (tenant_id, id);
+
+ALTER TABLE ONLY public.frozen_tenants
+    ADD CONSTRAINT frozen_tenants_pkey PRIMARY KEY (tenant_id);
 
 ALTER TABLE ONLY public.idempotency_key_stats
     ADD CONSTRAINT idempotency_key_stats_pkey PRIMARY KEY (tenant_id, key);
