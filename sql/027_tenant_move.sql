@@ -69,28 +69,53 @@ BEGIN
 END;
 $$;
 
--- True when every id this partition has drawn, and will draw next, is
--- in the range of partition p_partition: what a move checks on both ends
--- before it copies a row. False on a partition whose ranges were not set
--- (idemflow_partition_ids), or which wrote rows before they were.
+-- True when this partition's sequences draw their next ids from the
+-- range of partition p_partition: what a move checks on the target
+-- before it copies a row there (the rows it holds may carry ids of other
+-- ranges: a tenant moved in keeps its ids). False on a partition whose
+-- ranges were never set (idemflow_partition_ids).
 CREATE FUNCTION idemflow_partition_ids_in_range(p_partition integer)
-RETURNS boolean LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_lo bigint := p_partition::bigint << 48;
-    v_hi bigint := (p_partition::bigint + 1) << 48;
-BEGIN
-    RETURN NOT EXISTS (
-        SELECT 1
-          FROM (SELECT min(id) AS lo, max(id) AS hi FROM tenants
-                UNION ALL SELECT min(id), max(id) FROM api_tokens
-                UNION ALL SELECT min(id), max(id) FROM outbox
-                UNION ALL SELECT min(id), max(id) FROM delivery_attempts
-                UNION ALL SELECT last_value, last_value FROM tenants_id_seq
-                UNION ALL SELECT last_value, last_value FROM api_tokens_id_seq
-                UNION ALL SELECT last_value, last_value FROM outbox_id_seq
-                UNION ALL SELECT last_value, last_value FROM delivery_attempts_id_seq) r
-         WHERE r.lo < greatest(v_lo, 1) OR r.hi >= v_hi);
-END;
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT bool_and(r.v >= greatest(p_partition::bigint << 48, 1)
+                    AND r.v < (p_partition::bigint + 1) << 48)
+      FROM (SELECT last_value AS v FROM tenants_id_seq
+            UNION ALL SELECT last_value FROM api_tokens_id_seq
+            UNION ALL SELECT last_value FROM outbox_id_seq
+            UNION ALL SELECT last_value FROM delivery_attempts_id_seq) r;
+$$;
+
+-- The last id each sequence drew (or will draw first): the target's
+-- answer to idemflow_tenant_ids_fit on the source.
+CREATE FUNCTION idemflow_partition_ids_last(OUT tenants bigint, OUT api_tokens bigint,
+                                            OUT outbox bigint, OUT delivery_attempts bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT last_value FROM tenants_id_seq), (SELECT last_value FROM api_tokens_id_seq),
+           (SELECT last_value FROM outbox_id_seq),
+           (SELECT last_value FROM delivery_attempts_id_seq);
+$$;
+
+-- True when no id of the tenant's rows here is one that partition
+-- p_partition will still draw: none in its range above the last id its
+-- sequence drew (p_*_last, from idemflow_partition_ids_last there). An id
+-- of another range is never drawn there; one of its range at or below
+-- the last was drawn there before, by this tenant's own rows (a tenant
+-- moving back), and a collision with a row it holds fails the copy.
+CREATE FUNCTION idemflow_tenant_ids_fit(p_tenant bigint, p_partition integer,
+                                        p_tenants_last bigint, p_tokens_last bigint,
+                                        p_outbox_last bigint, p_attempts_last bigint)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    WITH r (lo, hi) AS (SELECT p_partition::bigint << 48, (p_partition::bigint + 1) << 48)
+    SELECT NOT EXISTS (SELECT 1 FROM tenants, r
+                        WHERE id = p_tenant AND id >= lo AND id < hi AND id > p_tenants_last)
+       AND NOT EXISTS (SELECT 1 FROM api_tokens, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_tokens_last)
+       AND NOT EXISTS (SELECT 1 FROM outbox, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_outbox_last)
+       AND NOT EXISTS (SELECT 1 FROM delivery_attempts, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_attempts_last);
 $$;
 
 -- As in 025_subscriptions_at_commit.sql, and the fence: an event of a

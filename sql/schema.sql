@@ -1452,24 +1452,22 @@ END;
 $$;
 
 CREATE FUNCTION public.idemflow_partition_ids_in_range(p_partition integer) RETURNS boolean
-    LANGUAGE plpgsql STABLE
+    LANGUAGE sql STABLE
     AS $$
-DECLARE
-    v_lo bigint := p_partition::bigint << 48;
-    v_hi bigint := (p_partition::bigint + 1) << 48;
-BEGIN
-    RETURN NOT EXISTS (
-        SELECT 1
-          FROM (SELECT min(id) AS lo, max(id) AS hi FROM tenants
-                UNION ALL SELECT min(id), max(id) FROM api_tokens
-                UNION ALL SELECT min(id), max(id) FROM outbox
-                UNION ALL SELECT min(id), max(id) FROM delivery_attempts
-                UNION ALL SELECT last_value, last_value FROM tenants_id_seq
-                UNION ALL SELECT last_value, last_value FROM api_tokens_id_seq
-                UNION ALL SELECT last_value, last_value FROM outbox_id_seq
-                UNION ALL SELECT last_value, last_value FROM delivery_attempts_id_seq) r
-         WHERE r.lo < greatest(v_lo, 1) OR r.hi >= v_hi);
-END;
+    SELECT bool_and(r.v >= greatest(p_partition::bigint << 48, 1)
+                    AND r.v < (p_partition::bigint + 1) << 48)
+      FROM (SELECT last_value AS v FROM tenants_id_seq
+            UNION ALL SELECT last_value FROM api_tokens_id_seq
+            UNION ALL SELECT last_value FROM outbox_id_seq
+            UNION ALL SELECT last_value FROM delivery_attempts_id_seq) r;
+$$;
+
+CREATE FUNCTION public.idemflow_partition_ids_last(OUT tenants bigint, OUT api_tokens bigint, OUT outbox bigint, OUT delivery_attempts bigint) RETURNS record
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT last_value FROM tenants_id_seq), (SELECT last_value FROM api_tokens_id_seq),
+           (SELECT last_value FROM outbox_id_seq),
+           (SELECT last_value FROM delivery_attempts_id_seq);
 $$;
 
 CREATE FUNCTION public.idemflow_partition_tokens(p_partition integer) RETURNS TABLE(token_hash bytea, tenant_id bigint)
@@ -1608,6 +1606,23 @@ BEGIN
     VALUES (p_tenant, p_role, p_peer)
         ON CONFLICT (tenant_id) DO NOTHING;
 END;
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_ids_fit(p_tenant bigint, p_partition integer, p_tenants_last bigint, p_tokens_last bigint, p_outbox_last bigint, p_attempts_last bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    WITH r (lo, hi) AS (SELECT p_partition::bigint << 48, (p_partition::bigint + 1) << 48)
+    SELECT NOT EXISTS (SELECT 1 FROM tenants, r
+                        WHERE id = p_tenant AND id >= lo AND id < hi AND id > p_tenants_last)
+       AND NOT EXISTS (SELECT 1 FROM api_tokens, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_tokens_last)
+       AND NOT EXISTS (SELECT 1 FROM outbox, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_outbox_last)
+       AND NOT EXISTS (SELECT 1 FROM delivery_attempts, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_attempts_last);
 $$;
 
 CREATE FUNCTION public.idemflow_timer_incident(p_tenant bigint, p_wf uuid, p_step integer, p_error text) RETURNS void

@@ -108,8 +108,8 @@ static const struct {
 /* One move: the tenant, both ends and their connections. */
 struct move {
 	const char *name;
-	char id[24];   /* the tenant's id, as text */
-	int from, to;  /* partition numbers */
+	char id[24];  /* the tenant's id, as text */
+	int from, to; /* partition numbers */
 	char from_s[12], to_s[12];
 	PGconn *proxy; /* borrowed */
 	PGconn *src, *dst;
@@ -184,8 +184,8 @@ static int move_counts(PGconn *conn, const char *what, const char *id, char *buf
 	buf[0] = '\0';
 	*total = 0;
 	for (int i = 0; i < PQntuples(res) && used < sz; i++) {
-		used += snprintf(buf + used, sz - used, "%s%s=%s", i ? " " : "", PQgetvalue(res, i, 0),
-		                 PQgetvalue(res, i, 1));
+		used += snprintf(buf + used, sz - used, "%s%s=%s", i ? " " : "",
+		                 PQgetvalue(res, i, 0), PQgetvalue(res, i, 1));
 		*total += atoll(PQgetvalue(res, i, 1));
 	}
 	PQclear(res);
@@ -276,7 +276,8 @@ static int move_copy(struct move *m)
 	              "SELECT set_config('idemflow.move_tenant', $1, true),\n"
 	              "       set_config('statement_timeout', '0', true)\n",
 	              1, p, NULL, 0) < 0 ||
-	    move_counts(m->src, "counting the source's rows", m->id, want, sizeof(want), &total) < 0)
+	    move_counts(m->src, "counting the source's rows", m->id, want, sizeof(want), &total) <
+	        0)
 		goto fail;
 	m->rows = total;
 	if (move_exec(m->dst, "the copy", "BEGIN", 0, NULL, NULL, 0) < 0 ||
@@ -335,10 +336,11 @@ static int move_wait_leases(struct move *m, long wait_ms)
 		if (strcmp(n, "0") == 0)
 			return 0;
 		if (now_ms() > until) {
-			fprintf(stderr,
-			        "idemflow: tenant move: %s of the tenant's events still leased by a "
-			        "dispatcher after %ld ms\n",
-			        n, wait_ms);
+			fprintf(
+			    stderr,
+			    "idemflow: tenant move: %s of the tenant's events still leased by a "
+			    "dispatcher after %ld ms\n",
+			    n, wait_ms);
 			return -1;
 		}
 		nanosleep(&(struct timespec){ 0, 50 * 1000000L }, NULL);
@@ -355,18 +357,20 @@ static void move_undo(struct move *m)
 	                  " WHERE tenant_id = $1::bigint AND role = 'target'\n";
 
 	if (move_exec(m->dst, "undoing the copy", del, 1, p, NULL, 0) < 0 ||
-	    move_exec(m->src, "unfreezing the source",
-	              "DELETE FROM frozen_tenants WHERE tenant_id = $1::bigint AND role = 'source'\n",
-	              1, p, NULL, 0) < 0 ||
+	    move_exec(
+	        m->src, "unfreezing the source",
+	        "DELETE FROM frozen_tenants WHERE tenant_id = $1::bigint AND role = 'source'\n", 1,
+	        p, NULL, 0) < 0 ||
 	    move_exec(m->proxy, "clearing the directory's mark",
 	              "UPDATE idemflow_tenant_partitions\n"
 	              "   SET moving_to = NULL, moving_since = NULL\n"
 	              " WHERE tenant_id = $1::bigint\n",
 	              1, p, NULL, 0) < 0)
-		fprintf(stderr,
-		        "idemflow: tenant move: not undone: run \"tenant move %s --to %d\" again to "
-		        "undo it, or --to %d to finish it\n",
-		        m->name, m->from, m->to);
+		fprintf(
+		    stderr,
+		    "idemflow: tenant move: not undone: run \"tenant move %s --to %d\" again to "
+		    "undo it, or --to %d to finish it\n",
+		    m->name, m->from, m->to);
 	else
 		fprintf(stderr, "idemflow: tenant move: undone: tenant %s stays on partition %d\n",
 		        m->name, m->from);
@@ -386,8 +390,9 @@ static int move_find(struct move *m, const struct conf *c, int *moving_to)
 		conn = move_connect(c, i);
 		if (conn == NULL)
 			return EX_TEMPFAIL;
-		if (move_exec(conn, "finding the tenant", "SELECT id FROM tenants WHERE name = $1\n", 1,
-		              p, id, sizeof(id)) < 0) {
+		if (move_exec(conn, "finding the tenant",
+		              "SELECT id FROM tenants WHERE name = $1\n", 1, p, id,
+		              sizeof(id)) < 0) {
 			PQfinish(conn);
 			return EX_TEMPFAIL;
 		}
@@ -408,9 +413,10 @@ static int move_find(struct move *m, const struct conf *c, int *moving_to)
 		return EX_DATAERR;
 	}
 	p[0] = m->id;
-	if (move_exec(m->proxy, "reading the directory",
-	              "SELECT partition FROM idemflow_tenant_partitions WHERE tenant_id = $1::bigint\n",
-	              1, p, part, sizeof(part)) < 0 ||
+	if (move_exec(
+	        m->proxy, "reading the directory",
+	        "SELECT partition FROM idemflow_tenant_partitions WHERE tenant_id = $1::bigint\n",
+	        1, p, part, sizeof(part)) < 0 ||
 	    move_exec(m->proxy, "reading the directory",
 	              "SELECT coalesce(moving_to, -1)\n"
 	              "  FROM idemflow_tenant_partitions\n"
@@ -429,37 +435,65 @@ static int move_find(struct move *m, const struct conf *c, int *moving_to)
 	return EX_OK;
 }
 
-/* Both ends run the same schema and draw their ids from their own
- * ranges: the rows keep their ids on the target. EX_OK or the status. */
+/* Both ends run the same schema, the target draws its ids from its own
+ * range, and none of the tenant's ids is one the target will still draw:
+ * the rows keep their ids there. EX_OK or the status (printed). */
 static int move_check(struct move *m)
 {
-	char v1[12], v2[12], ok1[4], ok2[4];
-	const char *p1[1] = { m->from_s }, *p2[1] = { m->to_s };
+	char v1[12], v2[12], ok[4], fit[4];
+	const char *p2[1] = { m->to_s };
+	const char *fp[6] = { m->id, m->to_s };
+	struct err e;
+	PGresult *res;
 
-	if (move_exec(m->src, "the source's schema", "SELECT max(version) FROM schema_migrations", 0,
-	              NULL, v1, sizeof(v1)) < 0 ||
-	    move_exec(m->dst, "the target's schema", "SELECT max(version) FROM schema_migrations", 0,
-	              NULL, v2, sizeof(v2)) < 0 ||
-	    move_exec(m->src, "the source's ids",
-	              "SELECT idemflow_partition_ids_in_range($1::integer)", 1, p1, ok1,
-	              sizeof(ok1)) < 0 ||
-	    move_exec(m->dst, "the target's ids",
-	              "SELECT idemflow_partition_ids_in_range($1::integer)", 1, p2, ok2,
-	              sizeof(ok2)) < 0)
+	if (move_exec(m->src, "the source's schema", "SELECT max(version) FROM schema_migrations",
+	              0, NULL, v1, sizeof(v1)) < 0 ||
+	    move_exec(m->dst, "the target's schema", "SELECT max(version) FROM schema_migrations",
+	              0, NULL, v2, sizeof(v2)) < 0)
 		return EX_TEMPFAIL;
 	if (strcmp(v1, v2) != 0) {
-		fprintf(stderr,
-		        "idemflow: tenant move: partition %d is at schema version %s, partition %d at "
-		        "%s: migrate both first\n",
-		        m->from, v1, m->to, v2);
+		fprintf(
+		    stderr,
+		    "idemflow: tenant move: partition %d is at schema version %s, partition %d at "
+		    "%s: migrate both first\n",
+		    m->from, v1, m->to, v2);
 		return EX_DATAERR;
 	}
-	if (strcmp(ok1, "t") != 0 || strcmp(ok2, "t") != 0) {
+	if (move_exec(m->dst, "the target's ids",
+	              "SELECT idemflow_partition_ids_in_range($1::integer)", 1, p2, ok,
+	              sizeof(ok)) < 0)
+		return EX_TEMPFAIL;
+	if (strcmp(ok, "t") != 0) {
 		fprintf(stderr,
-		        "idemflow: tenant move: partition %d draws ids outside its range "
-		        "(SELECT idemflow_partition_ids(%d) on it): a moved row could collide\n",
-		        strcmp(ok1, "t") != 0 ? m->from : m->to,
-		        strcmp(ok1, "t") != 0 ? m->from : m->to);
+		        "idemflow: tenant move: partition %d draws ids outside its range: run "
+		        "SELECT idemflow_partition_ids(%d) on it first\n",
+		        m->to, m->to);
+		return EX_DATAERR;
+	}
+	res = db_exec(m->dst, "SELECT * FROM idemflow_partition_ids_last()", 0, NULL, &e);
+	if (res == NULL || PQntuples(res) != 1) {
+		fprintf(stderr, "idemflow: tenant move: the target's ids: %s\n",
+		        res == NULL ? e.msg : "no row");
+		PQclear(res);
+		return EX_TEMPFAIL;
+	}
+	for (int i = 0; i < 4; i++)
+		fp[2 + i] = PQgetvalue(res, 0, i);
+	if (move_exec(
+	        m->src, "the tenant's ids",
+	        "SELECT idemflow_tenant_ids_fit($1::bigint, $2::integer, $3::bigint, $4::bigint,\n"
+	        "                               $5::bigint, $6::bigint)\n",
+	        6, fp, fit, sizeof(fit)) < 0) {
+		PQclear(res);
+		return EX_TEMPFAIL;
+	}
+	PQclear(res);
+	if (strcmp(fit, "t") != 0) {
+		fprintf(
+		    stderr,
+		    "idemflow: tenant move: tenant %s has ids that partition %d will still draw: "
+		    "they would collide there\n",
+		    m->name, m->to);
 		return EX_DATAERR;
 	}
 	return EX_OK;
@@ -477,8 +511,10 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 
 	to = strtol(to_arg, &end, 10);
 	if (*to_arg == '\0' || *end != '\0' || to < 0 || to >= conf_partition_count(c)) {
-		fprintf(stderr, "idemflow: tenant move: --to %s: the configuration's partitions are 0 to %d\n",
-		        to_arg, conf_partition_count(c) - 1);
+		fprintf(
+		    stderr,
+		    "idemflow: tenant move: --to %s: the configuration's partitions are 0 to %d\n",
+		    to_arg, conf_partition_count(c) - 1);
 		return EX_USAGE;
 	}
 	m.to = (int)to;
@@ -502,10 +538,11 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 		goto out;
 	}
 	if (moving_to >= 0 && moving_to != m.to) {
-		fprintf(stderr,
-		        "idemflow: tenant move: tenant %s is being moved to partition %d: finish with "
-		        "--to %d, or undo with --to %d\n",
-		        name, moving_to, moving_to, m.from);
+		fprintf(
+		    stderr,
+		    "idemflow: tenant move: tenant %s is being moved to partition %d: finish with "
+		    "--to %d, or undo with --to %d\n",
+		    name, moving_to, moving_to, m.from);
 		return EX_DATAERR;
 	}
 	if (m.from == m.to) {
@@ -532,7 +569,8 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 		if (m.dst == NULL)
 			return EX_TEMPFAIL;
 		rc = move_exec(m.dst, "unfreezing the target",
-		               "DELETE FROM frozen_tenants WHERE tenant_id = $1::bigint\n", 1, p, NULL, 0);
+		               "DELETE FROM frozen_tenants WHERE tenant_id = $1::bigint\n", 1, p,
+		               NULL, 0);
 		PQfinish(m.dst);
 		if (rc < 0)
 			return EX_TEMPFAIL;
@@ -554,19 +592,20 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 	p[0] = m.id;
 	p[1] = m.to_s;
 	t_mark = now_ms();
-	if (move_exec(proxy, "marking the tenant moving",
-	              "UPDATE idemflow_tenant_partitions\n"
-	              "   SET moving_to = $2::integer, moving_since = coalesce(moving_since, now())\n"
-	              " WHERE tenant_id = $1::bigint\n",
-	              2, p, NULL, 0) < 0)
+	if (move_exec(
+	        proxy, "marking the tenant moving",
+	        "UPDATE idemflow_tenant_partitions\n"
+	        "   SET moving_to = $2::integer, moving_since = coalesce(moving_since, now())\n"
+	        " WHERE tenant_id = $1::bigint\n",
+	        2, p, NULL, 0) < 0)
 		goto out;
 
 	/* 2. The fence on the source, then the dispatcher's leases. */
 	{
 		const char *fp[3] = { m.id, "source", m.to_s };
 		if (move_exec(m.src, "freezing the tenant on the source",
-		              "SELECT idemflow_tenant_freeze($1::bigint, $2, $3::integer)\n", 3, fp, NULL,
-		              0) < 0 ||
+		              "SELECT idemflow_tenant_freeze($1::bigint, $2, $3::integer)\n", 3, fp,
+		              NULL, 0) < 0 ||
 		    move_wait_leases(&m, c->lease) < 0)
 			goto undo;
 	}
@@ -589,10 +628,11 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 	              "RETURNING 't'\n",
 	              2, p, flipped, sizeof(flipped)) < 0 ||
 	    strcmp(flipped, "t") != 0) {
-		fprintf(stderr,
-		        "idemflow: tenant move: copied, but the directory does not name partition %d "
-		        "yet: run the same command again\n",
-		        m.to);
+		fprintf(
+		    stderr,
+		    "idemflow: tenant move: copied, but the directory does not name partition %d "
+		    "yet: run the same command again\n",
+		    m.to);
 		goto out;
 	}
 	t_flip = now_ms();
@@ -600,7 +640,8 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 	/* 5. The target unfrozen, the source's rows deleted. */
 	rc = EX_TEMPFAIL;
 	if (move_exec(m.dst, "unfreezing the target",
-	              "DELETE FROM frozen_tenants WHERE tenant_id = $1::bigint\n", 1, p, NULL, 0) < 0 ||
+	              "DELETE FROM frozen_tenants WHERE tenant_id = $1::bigint\n", 1, p, NULL,
+	              0) < 0 ||
 	    move_exec(m.src, "deleting the source's rows",
 	              "SELECT idemflow_tenant_delete($1::bigint)\n", 1, p, NULL, 0) < 0) {
 		fprintf(stderr,
@@ -609,8 +650,9 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 		        name, m.to);
 		goto out;
 	}
-	printf("tenant %s: moved from partition %d to partition %d: %lld rows; refused for %.0f ms\n",
-	       name, m.from, m.to, m.rows, t_flip - t_mark);
+	printf(
+	    "tenant %s: moved from partition %d to partition %d: %lld rows; refused for %.0f ms\n",
+	    name, m.from, m.to, m.rows, t_flip - t_mark);
 	rc = EX_OK;
 	goto out;
 undo:

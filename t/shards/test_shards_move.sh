@@ -29,7 +29,7 @@ CLI=$top_builddir/app/idemflow
 DISPATCH=$top_builddir/app/idemflow-dispatch
 export IDEMFLOW_FCGI=$top_builddir/app/idemflow-fcgi
 # How many keyed workflows tenant a has before the move.
-N=${MOVE_WORKFLOWS:-300}
+N=${MOVE_WORKFLOWS:-200}
 
 BINDIR=$(stack_pg_bindir) || exit 99
 if [[ ! -f $("$BINDIR/pg_config" --sharedir 2>/dev/null || echo /usr/share/postgresql/15)/extension/plproxy.control ]]; then
@@ -122,7 +122,7 @@ post() {
 header() { tr -d '\r' <"$DIR/$1.head" | sed -n "s/^$2: //Ip"; }
 counts() { psql_at "$1" "SELECT string_agg(tbl || '=' || n, ' ') FROM idemflow_tenant_counts($2)"; }
 
-expect "partition ids: both partitions draw every id from their own range" \
+expect "partition ids: both partitions draw their ids from their own range" \
 	"$(psql_at "$P0" "SELECT idemflow_partition_ids_in_range(0)")|$(psql_at "$P1" "SELECT idemflow_partition_ids_in_range(1)")|$(psql_at "$P1" "SELECT last_value >= 2^48 FROM outbox_id_seq")|$(psql_at "$P1" "SELECT last_value >= 2^48 FROM delivery_attempts_id_seq")" \
 	"t|t|t|t"
 psql_at "$P1" "SELECT idemflow_partition_ids(1)" >/dev/null
@@ -315,6 +315,27 @@ echo "# delivered $(wc -l <"$DIR/delivered") times for $(sort -u "$DIR/delivered
 # The outage: the longest time tenant a's clients got only 503s.
 awk '$2 == 503 && !s {s = $3} $2 != 503 && s {d = $3 - s; if (d > m) m = d; s = 0} END {print "# outage: tenant a refused (503) for at most " m + 0 " ms in a row, seen by its clients"}' "$DIR/la.log"
 echo "# tenant a: $(awk '$2 == 503' "$DIR/la.log" | wc -l) answers 503 of $(wc -l <"$DIR/la.log")"
+
+# ---- a move stopped half-way: undone by a move to the old partition,
+# finished by the same move again; then back to partition 0
+psql_at "$PROXY" "UPDATE idemflow_tenant_partitions SET moving_to = 0, moving_since = now() WHERE tenant_id = $A" >/dev/null
+psql_at "$P1" "SELECT idemflow_tenant_freeze($A, 'source', 0)" >/dev/null
+rc=0
+"$CLI" --config "$DIR/ops.conf" tenant move ta --to 1 >"$DIR/undo.out" 2>&1 || rc=$?
+expect "stopped move: undone with --to the old partition, served there" \
+	"$rc|$(psql_at "$PROXY" "SELECT partition, moving_to IS NULL FROM idemflow_tenant_partitions WHERE tenant_id = $A")|$(psql_at "$P1" "SELECT count(*) FROM frozen_tenants")|$(post u1 "$TA" k2 '{"type":"t","input":{"n":2}}')" \
+	"0|1|t|0|201"
+psql_at "$PROXY" "UPDATE idemflow_tenant_partitions SET moving_to = 0, moving_since = now() WHERE tenant_id = $A" >/dev/null
+psql_at "$P1" "SELECT idemflow_tenant_freeze($A, 'source', 0)" >/dev/null
+AFTER=$(counts "$P1" "$A")
+rc=0
+"$CLI" --config "$DIR/ops.conf" tenant move ta --to 0 >"$DIR/back.out" 2>&1 || rc=$?
+expect "stopped move: finished by the same move, back to partition 0 with every row" \
+	"$rc|$(psql_at "$PROXY" "SELECT partition, moving_to IS NULL FROM idemflow_tenant_partitions WHERE tenant_id = $A")|$(counts "$P0" "$A")|$(counts "$P1" "$A")" \
+	"0|0|t|$AFTER|tenants=0 api_tokens=0 endpoints=0 workflows=0 jobs=0 messages=0 timers=0 idempotency_keys=0 idempotency_key_stats=0 outbox=0 deliveries=0 delivery_attempts=0"
+expect "back on partition 0: a replay byte for byte, a create 201" \
+	"$(post b1 "$TA" k3 '{"type":"t","input":{"n":3}}')|$(cmp -s "$DIR/orig3.body" "$DIR/b1.body" && echo same)|$(post b2 "$TA" b2 '{"type":"t","input":{}}')" \
+	"201|same|201"
 
 echo "1..$n"
 if ((fails)); then
