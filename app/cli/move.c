@@ -105,6 +105,11 @@ static const struct {
 
 #define MOVE_TABLES ((int)(sizeof(move_tables) / sizeof(move_tables[0])))
 
+/* How long the move waits for a dispatcher's lease of the tenant's events
+ * to end: the dispatcher's default lease (idemflow.conf(5), lease). A
+ * longer lease that is still held then fails the move, which is undone. */
+#define MOVE_LEASE_WAIT_MS 120000L
+
 /* One move: the tenant, both ends and their connections. */
 struct move {
 	const char *name;
@@ -606,7 +611,7 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 		if (move_exec(m.src, "freezing the tenant on the source",
 		              "SELECT idemflow_tenant_freeze($1::bigint, $2, $3::integer)\n", 3, fp,
 		              NULL, 0) < 0 ||
-		    move_wait_leases(&m, c->lease) < 0)
+		    move_wait_leases(&m, MOVE_LEASE_WAIT_MS) < 0)
 			goto undo;
 	}
 
