@@ -512,7 +512,7 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 	char flipped[4], rows[24];
 	long to;
 	int moving_to, rc;
-	double t_mark = 0, t_flip;
+	double t_mark = 0, t_frozen = 0, t_leases = 0, t_copied = 0, t_flip;
 
 	to = strtol(to_arg, &end, 10);
 	if (*to_arg == '\0' || *end != '\0' || to < 0 || to >= conf_partition_count(c)) {
@@ -610,9 +610,12 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 		const char *fp[3] = { m.id, "source", m.to_s };
 		if (move_exec(m.src, "freezing the tenant on the source",
 		              "SELECT idemflow_tenant_freeze($1::bigint, $2, $3::integer)\n", 3, fp,
-		              NULL, 0) < 0 ||
-		    move_wait_leases(&m, MOVE_LEASE_WAIT_MS) < 0)
+		              NULL, 0) < 0)
 			goto undo;
+		t_frozen = now_ms();
+		if (move_wait_leases(&m, MOVE_LEASE_WAIT_MS) < 0)
+			goto undo;
+		t_leases = now_ms();
 	}
 
 	/* 3. The copy, unless a stopped move committed it already (the
@@ -624,6 +627,7 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 		goto undo;
 	if (strcmp(rows, "0") == 0 && move_copy(&m) < 0)
 		goto undo;
+	t_copied = now_ms();
 
 	/* 4. The flip: the target serves the tenant. */
 	if (move_exec(proxy, "naming the target in the directory",
@@ -655,9 +659,10 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 		        name, m.to);
 		goto out;
 	}
-	printf(
-	    "tenant %s: moved from partition %d to partition %d: %lld rows; refused for %.0f ms\n",
-	    name, m.from, m.to, m.rows, t_flip - t_mark);
+	printf("tenant %s: moved from partition %d to partition %d: %lld rows; refused for %.0f ms "
+	       "(freeze %.0f, leases %.0f, copy %.0f, flip %.0f)\n",
+	       name, m.from, m.to, m.rows, t_flip - t_mark, t_frozen - t_mark, t_leases - t_frozen,
+	       t_copied - t_leases, t_flip - t_copied);
 	rc = EX_OK;
 	goto out;
 undo:
