@@ -21,8 +21,9 @@
 --     IDFMV), nothing of it committed.
 -- Every state change of a workflow writes its event in its transaction,
 -- so every such change is fenced: a key and its workflow, a timer fired,
--- a job, a message taken, an endpoint created, changed or deleted (its
--- trigger takes the same lock). The dispatcher, the reaper and the
+-- a job completed or failed, a message taken, an endpoint created,
+-- changed or deleted (its trigger takes the same lock). A write without
+-- an event calls idemflow_tenant_fence first to be fenced. The dispatcher, the reaper and the
 -- timers skip a frozen tenant's rows (the claims, idemflow_reap,
 -- idemflow_due_timers), and the directory's sync does not see its tokens
 -- (idemflow_partition_tokens): during a move the tenant is on two
@@ -224,6 +225,22 @@ LANGUAGE sql STABLE AS $$
     SELECT t.token_hash, t.tenant_id
       FROM api_tokens t
      WHERE NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = t.tenant_id);
+$$;
+
+-- The fence for a write that writes no event (a job's activation or
+-- heartbeat, a message kept for later, a key stored without an event):
+-- a partition function that routes such a command through the proxy
+-- calls this first, in its transaction, and is then fenced as an event
+-- writer is. Raises IDFMV when the tenant is frozen here.
+CREATE FUNCTION idemflow_tenant_fence(p_tenant bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(idemflow_subscriptions_lock_key(p_tenant));
+    IF EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = p_tenant) THEN
+        RAISE EXCEPTION 'tenant % is being moved to another partition', p_tenant
+            USING ERRCODE = 'IDFMV', HINT = 'retry the same request later';
+    END IF;
+END;
 $$;
 
 -- Freeze a tenant on this partition: wait for its event transactions

@@ -1597,6 +1597,18 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.idemflow_tenant_fence(p_tenant bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(idemflow_subscriptions_lock_key(p_tenant));
+    IF EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = p_tenant) THEN
+        RAISE EXCEPTION 'tenant % is being moved to another partition', p_tenant
+            USING ERRCODE = 'IDFMV', HINT = 'retry the same request later';
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION public.idemflow_tenant_freeze(p_tenant bigint, p_role text, p_peer integer) RETURNS void
     LANGUAGE plpgsql
     AS $$

@@ -150,6 +150,8 @@ INSERT INTO jobs (tenant_id, workflow_id, step, name, job_type, state, due_at, w
 psql_at "$P0" "SELECT idemflow_tenant_freeze($C, 'source', 1)" >/dev/null
 out=$("$BINDIR/psql" -XAtq -v VERBOSITY=sqlstate -d "$P0" -c "INSERT INTO outbox (event_id, tenant_id, workflow_id, seq, type, payload) SELECT id || '.1', tenant_id, id, 1, 'workflow.created', '{}' FROM workflows WHERE tenant_id = $C" 2>&1) || true
 expect "fence: an event of a frozen tenant is refused (IDFMV)" "$out" "ERROR:  IDFMV"
+out=$("$BINDIR/psql" -XAtq -v VERBOSITY=sqlstate -d "$P0" -c "SELECT idemflow_tenant_fence($C)" 2>&1) || true
+expect "fence: idemflow_tenant_fence refuses a frozen tenant (IDFMV)" "$out" "ERROR:  IDFMV"
 out=$("$CLI" --db "$P0" reap 2>&1) || true
 expect "fence: reap leaves a frozen tenant's job and timer alone" \
 	"$out|$(psql_at "$P0" "SELECT state FROM jobs WHERE tenant_id = $C")|$(psql_at "$P0" "SELECT count(*) FROM timers WHERE tenant_id = $C AND fired_at IS NULL")" \
