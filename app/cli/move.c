@@ -509,7 +509,7 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 	struct move m = { .name = name, .proxy = proxy };
 	const char *p[2];
 	char *end;
-	char flipped[4], rows[24];
+	char flipped[4], rows[24], locked[4];
 	long to;
 	int moving_to, rc;
 	double t_mark = 0, t_frozen = 0, t_leases = 0, t_copied = 0, t_flip;
@@ -526,6 +526,20 @@ int cli_tenant_move(PGconn *proxy, const struct conf *c, const char *name, const
 	rc = move_find(&m, c, &moving_to);
 	if (rc != EX_OK)
 		return rc;
+	/* One move of a tenant at a time: an undo must never meet another
+	 * run's copy. The lock is the proxy session's, released when the
+	 * command ends, however it ends. */
+	p[0] = m.id;
+	if (move_exec(proxy, "taking the tenant's move lock",
+	              "SELECT pg_try_advisory_lock(\n"
+	              "           hashtextextended('idemflow.tenant_move', $1::bigint))\n",
+	              1, p, locked, sizeof(locked)) < 0)
+		return EX_TEMPFAIL;
+	if (strcmp(locked, "t") != 0) {
+		fprintf(stderr, "idemflow: tenant move: another move of tenant %s is running\n",
+		        name);
+		return EX_TEMPFAIL;
+	}
 	snprintf(m.from_s, sizeof(m.from_s), "%d", m.from);
 	snprintf(m.to_s, sizeof(m.to_s), "%d", m.to);
 	if (moving_to >= 0 && m.to == m.from) {

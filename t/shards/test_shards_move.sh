@@ -173,6 +173,17 @@ psql_at "$PROXY" "UPDATE idemflow_tenant_partitions SET moving_to = NULL, moving
 expect "marked moving: nothing stored on either partition" \
 	"$(psql_at "$P0" "SELECT count(*) FROM idempotency_keys WHERE key = 'mv1'")|$(psql_at "$P1" "SELECT count(*) FROM idempotency_keys WHERE key = 'mv1'")" "0|0"
 
+# ---- one move of a tenant at a time
+"$BINDIR/psql" -XAtq -d "$PROXY" -c "SELECT pg_advisory_lock(hashtextextended('idemflow.tenant_move', $A::bigint)), pg_sleep(3)" >/dev/null 2>&1 &
+HOLD=$!
+sleep 1
+rc=0
+"$CLI" --config "$DIR/ops.conf" tenant move ta --to 1 >"$DIR/busy.out" 2>&1 || rc=$?
+wait "$HOLD" || true
+expect "a second move of the tenant at once: refused, 75, nothing marked" \
+	"$rc|$(grep -c 'another move of tenant ta is running' "$DIR/busy.out")|$(psql_at "$PROXY" "SELECT partition, moving_to IS NULL FROM idemflow_tenant_partitions WHERE tenant_id = $A")" \
+	"75|1|0|t"
+
 # ---- a move that fails is undone: partition 1 refuses one workflow
 psql_at "$P0" "INSERT INTO workflows (tenant_id, id, type, input, created_at, updated_at) VALUES ($A, gen_random_uuid(), 'poison', '{}', now(), now())" >/dev/null
 psql_at "$P1" "ALTER TABLE workflows ADD CONSTRAINT no_poison CHECK (type <> 'poison') NOT VALID" >/dev/null
