@@ -191,4 +191,10 @@ GRANT INSERT ON outbox TO idemflow_dispatcher;
 -- keeps an event while a delivery of it is pending or dead (app/cli/prune.c).
 GRANT SELECT, DELETE ON deliveries, delivery_attempts TO idemflow_maintenance;
 
+-- The fence of a tenant being moved (sql/030_tenant_move.sql): whoever
+-- writes an event reads it (the trigger runs as the writer), the
+-- dispatcher's claims and reap's skip a frozen tenant. Freezing, copying
+-- and deleting a tenant stay with the owner ("idemflow tenant move").
+GRANT SELECT ON frozen_tenants TO idemflow_server, idemflow_dispatcher, idemflow_maintenance;
+
 COMMIT;

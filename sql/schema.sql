@@ -330,7 +330,8 @@ BEGIN
     SELECT greatest(1, ceil(p_batch::numeric / greatest(count(*), 1)))::integer INTO v_share
       FROM tenants tn
      WHERE EXISTS (SELECT 1 FROM timers x
-                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now());
+                    WHERE x.tenant_id = tn.id AND x.fired_at IS NULL AND x.due_at <= now())
+       AND NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = tn.id);
     RETURN QUERY
     SELECT t.tenant_id, t.workflow_id, t.step, t.kind, t.due_at, w.state, w.step, w.steps
       FROM tenants tn
@@ -342,6 +343,7 @@ BEGIN
             LIMIT v_share
               FOR UPDATE SKIP LOCKED) t
       JOIN workflows w ON w.tenant_id = t.tenant_id AND w.id = t.workflow_id
+     WHERE NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = tn.id)
        FOR UPDATE OF w SKIP LOCKED;
 END
 $$;
@@ -570,13 +572,18 @@ $$;
 CREATE FUNCTION public.idemflow_endpoints_changed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    v_tenant bigint := CASE WHEN TG_OP = 'DELETE' THEN OLD.tenant_id ELSE NEW.tenant_id END;
 BEGIN
+    PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(v_tenant));
+    IF coalesce(current_setting('idemflow.move_tenant', true), '') <> v_tenant::text
+       AND EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = v_tenant) THEN
+        RAISE EXCEPTION 'tenant % is being moved to another partition', v_tenant
+            USING ERRCODE = 'IDFMV', HINT = 'retry the same request later';
+    END IF;
     IF TG_OP = 'DELETE' THEN
-        PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(OLD.tenant_id));
         DELETE FROM deliveries WHERE tenant_id = OLD.tenant_id AND endpoint_id = OLD.id;
         DELETE FROM delivery_attempts WHERE tenant_id = OLD.tenant_id AND endpoint_id = OLD.id;
-    ELSE
-        PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(NEW.tenant_id));
     END IF;
     RETURN NULL;
 END
@@ -1529,7 +1536,14 @@ CREATE FUNCTION public.idemflow_outbox_deliveries() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF current_setting('idemflow.move_tenant', true) = NEW.tenant_id::text THEN
+        RETURN NULL;
+    END IF;
     PERFORM pg_advisory_xact_lock_shared(idemflow_subscriptions_lock_key(NEW.tenant_id));
+    IF EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = NEW.tenant_id) THEN
+        RAISE EXCEPTION 'tenant % is being moved to another partition', NEW.tenant_id
+            USING ERRCODE = 'IDFMV', HINT = 'retry the same request later';
+    END IF;
     INSERT INTO deliveries (tenant_id, endpoint_id, workflow_id, seq, outbox_id, state)
     SELECT NEW.tenant_id, e.id, NEW.workflow_id, NEW.seq, NEW.id,
            CASE WHEN e.disabled THEN 'skipped' ELSE 'pending' END
@@ -1555,13 +1569,37 @@ BEGIN
     END IF;
     PERFORM setval('tenants_id_seq', v_base) WHERE nextval('tenants_id_seq') < v_base;
     PERFORM setval('api_tokens_id_seq', v_base) WHERE nextval('api_tokens_id_seq') < v_base;
+    PERFORM setval('outbox_id_seq', v_base) WHERE nextval('outbox_id_seq') < v_base;
+    PERFORM setval('delivery_attempts_id_seq', v_base)
+      WHERE nextval('delivery_attempts_id_seq') < v_base;
 END;
+$$;
+
+CREATE FUNCTION public.idemflow_partition_ids_in_range(p_partition integer) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT bool_and(r.v >= greatest(p_partition::bigint << 48, 1)
+                    AND r.v < (p_partition::bigint + 1) << 48)
+      FROM (SELECT last_value AS v FROM tenants_id_seq
+            UNION ALL SELECT last_value FROM api_tokens_id_seq
+            UNION ALL SELECT last_value FROM outbox_id_seq
+            UNION ALL SELECT last_value FROM delivery_attempts_id_seq) r;
+$$;
+
+CREATE FUNCTION public.idemflow_partition_ids_last(OUT tenants bigint, OUT api_tokens bigint, OUT outbox bigint, OUT delivery_attempts bigint) RETURNS record
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT last_value FROM tenants_id_seq), (SELECT last_value FROM api_tokens_id_seq),
+           (SELECT last_value FROM outbox_id_seq),
+           (SELECT last_value FROM delivery_attempts_id_seq);
 $$;
 
 CREATE FUNCTION public.idemflow_partition_tokens(p_partition integer) RETURNS TABLE(token_hash bytea, tenant_id bigint)
     LANGUAGE sql STABLE
     AS $$
-    SELECT token_hash, tenant_id FROM api_tokens;
+    SELECT t.token_hash, t.tenant_id
+      FROM api_tokens t
+     WHERE NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = t.tenant_id);
 $$;
 
 CREATE FUNCTION public.idemflow_reap(p_batch integer) RETURNS integer
@@ -1573,6 +1611,7 @@ BEGIN
     WITH due AS (
         SELECT tenant_id, workflow_id, step FROM jobs
          WHERE state = 'active' AND due_at <= now()
+           AND NOT EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = jobs.tenant_id)
          ORDER BY due_at LIMIT p_batch
            FOR UPDATE SKIP LOCKED
     )
@@ -1611,6 +1650,115 @@ CREATE FUNCTION public.idemflow_subscriptions_lock_key(p_tenant bigint) RETURNS 
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT hashtextextended('idemflow.subscriptions', p_tenant)
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_counts(p_tenant bigint) RETURNS TABLE(tbl text, n bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT 'tenants', count(*) FROM tenants WHERE id = p_tenant
+    UNION ALL SELECT 'api_tokens', count(*) FROM api_tokens WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'endpoints', count(*) FROM endpoints WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'workflows', count(*) FROM workflows WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'jobs', count(*) FROM jobs WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'messages', count(*) FROM messages WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'timers', count(*) FROM timers WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'idempotency_keys', count(*) FROM idempotency_keys
+                                          WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'idempotency_key_stats', count(*) FROM idempotency_key_stats
+                                               WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'outbox', count(*) FROM outbox WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'deliveries', count(*) FROM deliveries WHERE tenant_id = p_tenant
+    UNION ALL SELECT 'delivery_attempts', count(*) FROM delivery_attempts
+                                           WHERE tenant_id = p_tenant;
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_delete(p_tenant bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_n bigint := 0;
+    v_rows bigint;
+BEGIN
+    PERFORM set_config('idemflow.move_tenant', p_tenant::text, true);
+    DELETE FROM delivery_attempts WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM deliveries WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM outbox WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM idempotency_key_stats WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM idempotency_keys WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM timers WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM messages WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM jobs WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM workflows WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM endpoints WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM api_tokens WHERE tenant_id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM tenants WHERE id = p_tenant;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM frozen_tenants WHERE tenant_id = p_tenant;
+    RETURN v_n;
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_fence(p_tenant bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(idemflow_subscriptions_lock_key(p_tenant));
+    IF EXISTS (SELECT 1 FROM frozen_tenants f WHERE f.tenant_id = p_tenant) THEN
+        RAISE EXCEPTION 'tenant % is being moved to another partition', p_tenant
+            USING ERRCODE = 'IDFMV', HINT = 'retry the same request later';
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_freeze(p_tenant bigint, p_role text, p_peer integer) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(idemflow_subscriptions_lock_key(p_tenant));
+    INSERT INTO frozen_tenants (tenant_id, role, peer)
+    VALUES (p_tenant, p_role, p_peer)
+        ON CONFLICT (tenant_id) DO NOTHING;
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_tenant_ids_fit(p_tenant bigint, p_partition integer, p_tenants_last bigint, p_tokens_last bigint, p_outbox_last bigint, p_attempts_last bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    WITH r (lo, hi) AS (SELECT p_partition::bigint << 48, (p_partition::bigint + 1) << 48)
+    SELECT NOT EXISTS (SELECT 1 FROM tenants, r
+                        WHERE id = p_tenant AND id >= lo AND id < hi AND id > p_tenants_last)
+       AND NOT EXISTS (SELECT 1 FROM api_tokens, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_tokens_last)
+       AND NOT EXISTS (SELECT 1 FROM outbox, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_outbox_last)
+       AND NOT EXISTS (SELECT 1 FROM delivery_attempts, r
+                        WHERE tenant_id = p_tenant AND id >= lo AND id < hi
+                          AND id > p_attempts_last);
 $$;
 
 CREATE FUNCTION public.idemflow_timer_incident(p_tenant bigint, p_wf uuid, p_step integer, p_error text) RETURNS void
@@ -2142,6 +2290,17 @@ CREATE TABLE public.endpoints (
 
 COMMENT ON TABLE public.endpoints IS 'a tenant''s receivers: every event of the tenant whose type matches filter_types gets a delivery';
 
+CREATE TABLE public.frozen_tenants (
+    tenant_id bigint NOT NULL,
+    frozen_at timestamp with time zone DEFAULT now() NOT NULL,
+    role text NOT NULL,
+    peer integer NOT NULL,
+    CONSTRAINT frozen_tenants_peer_check CHECK ((peer >= 0)),
+    CONSTRAINT frozen_tenants_role_check CHECK ((role = ANY (ARRAY['source'::text, 'target'::text])))
+);
+
+COMMENT ON TABLE public.frozen_tenants IS 'tenants being moved to or from this partition: no event of theirs is written (030_tenant_move.sql)';
+
 CREATE TABLE public.idempotency_key_stats (
     tenant_id bigint NOT NULL,
     key text NOT NULL,
@@ -2287,6 +2446,9 @@ ALTER TABLE ONLY public.delivery_attempts
 
 ALTER TABLE ONLY public.endpoints
     ADD CONSTRAINT endpoints_pkey PRIMARY KEY (tenant_id, id);
+
+ALTER TABLE ONLY public.frozen_tenants
+    ADD CONSTRAINT frozen_tenants_pkey PRIMARY KEY (tenant_id);
 
 ALTER TABLE ONLY public.idempotency_key_stats
     ADD CONSTRAINT idempotency_key_stats_pkey PRIMARY KEY (tenant_id, key);

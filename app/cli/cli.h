@@ -32,6 +32,8 @@ typedef int cli_noun_fn(PGconn *conn, struct conf *c, int argc, char **argv);
 int cli_migrate(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* tenant.c: create, list, set-ttl. */
 int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
+/* move.c: tenant move NAME --to N; conn is the proxy. */
+int cli_tenant_move(PGconn *conn, const struct conf *c, const char *name, const char *to) MUSTCHECK;
 /* token.c: create, revoke, list. */
 int cli_token(PGconn *conn, struct conf *c, int argc, char **argv) MUSTCHECK;
 /* outbox.c: list, show, requeue. */

@@ -171,6 +171,8 @@ int cli_tenant(PGconn *conn, struct conf *c, int argc, char **argv)
 		return tenant_list(conn);
 	if (argc == 3 && strcmp(argv[0], "set-ttl") == 0)
 		return tenant_set_ttl(conn, c, argv[1], argv[2]);
+	if (argc == 4 && strcmp(argv[0], "move") == 0 && strcmp(argv[2], "--to") == 0)
+		return cli_tenant_move(conn, c, argv[1], argv[3]);
 	if (argc == 3 && strcmp(argv[0], "set-workflow-retention") == 0)
 		return tenant_set_retention(conn, argv[1], argv[2]);
 	return cli_usage_error();

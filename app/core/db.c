@@ -167,6 +167,10 @@ int db_classify(PGconn *conn, const PGresult *res, struct err *e)
 		 * connection is the usual cause. */
 		if (conn == NULL || PQstatus(conn) == CONNECTION_BAD)
 			code = ERR_DB_DOWN;
+	} else if (strcmp(state, DB_TENANT_MOVING) == 0) {
+		/* Refused by the proxy's directory or the partition's fence,
+		 * before anything was stored: only this tenant waits. */
+		code = ERR_DB_DOWN;
 	} else if (proxy_failure(state, clean) != PROXY_NONE) {
 		/* The tenant's partition is unavailable. */
 		code = ERR_DB_DOWN;
@@ -694,6 +698,10 @@ static void after_failure(struct db *db, PGTransactionStatusType before, int n, 
 
 	const int refused = e->code == ERR_DB_DOWN && !lost && PQstatus(db->conn) == CONNECTION_OK;
 	struct timespec now;
+
+	/* A tenant being moved: the session and the server are fine. */
+	if (strcmp(e->sqlstate, DB_TENANT_MOVING) == 0)
+		return;
 
 	/* Only a partition failed: the session to the proxy stays. */
 	if (proxy != PROXY_NONE && PQstatus(db->conn) == CONNECTION_OK) {

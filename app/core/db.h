@@ -111,6 +111,15 @@ PGresult *db_run(struct db *db, int id, int nparams, const char *const *params,
 /* The most statements one db_pipeline() call sends. */
 #define DB_PIPELINE_MAX 16
 
+/*
+ * The SQLSTATE of a call refused because its tenant is being moved to
+ * another partition (sql/proxy/008_tenant_move.sql, and the fence of
+ * sql/030_tenant_move.sql): classified ERR_DB_DOWN with this sqlstate,
+ * nothing stored, the session kept. handler.c answers it 503 with
+ * Retry-After.
+ */
+#define DB_TENANT_MOVING "IDFMV"
+
 /* One statement of a pipeline: an index into the statement table and its
  * text parameters (borrowed). */
 struct db_call {

@@ -83,7 +83,8 @@ void handler_problem(struct http_resp *resp, const struct http_req *req, enum pr
  *   cancelled): 503 outcome-unknown (only for methods that write: a GET
  *   writes nothing);
  * - the database is unavailable (down, read-only, shutting down, out of a
- *   resource), a serialization failure or a lock timeout: 503 unavailable,
+ *   resource), a serialization failure, a lock timeout, or the tenant is
+ *   being moved to another partition (DB_TENANT_MOVING): 503 unavailable,
  *   nothing stored;
  * - a step entered with more input and outputs than an activation
  *   carries (SQLSTATE_ACTIVATION_TOO_LARGE): 413 activation-too-large, nothing
@@ -125,6 +126,12 @@ void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const str
 		          "was lost, or the commit's wait for the standby was cancelled): it "
 		          "may or may not have taken effect, and without an Idempotency-Key "
 		          "a retry may apply it twice");
+		return;
+	}
+	if (strcmp(e->sqlstate, DB_TENANT_MOVING) == 0) {
+		handler_problem(resp, req, P_UNAVAILABLE,
+		                "the tenant is being moved to another partition; nothing was "
+		                "stored, retry the same request after Retry-After");
 		return;
 	}
 	if (strcmp(e->sqlstate, "25006") == 0) {

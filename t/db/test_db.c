@@ -282,6 +282,45 @@ Test(db, a_key_held_past_the_wait_is_a_lock_timeout)
 	db_close(waiter);
 }
 
+/* A tenant frozen for a move (sql/030_tenant_move.sql): its keyed create
+ * is refused whole (IDFMV), nothing stored, and the worker's session,
+ * which is fine, is kept: no reconnect for every refused request. */
+Test(db, a_frozen_tenant_is_refused_whole_and_the_session_kept)
+{
+	struct db *db = open_db(5000);
+	const char *p[1] = { tenant };
+	struct claim c;
+	struct err e;
+	PGresult *res;
+
+	res = db_exec(admin, "SELECT idemflow_tenant_freeze($1::bigint, 'source', 1)", 1, p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
+	claim_init(&c, "frozen-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
+	cr_assert_null(res);
+	cr_assert_eq(e.code, ERR_DB_DOWN, "got %d (%s) %s", e.code, e.sqlstate, e.msg);
+	cr_assert_str_eq(e.sqlstate, DB_TENANT_MOVING);
+	cr_assert_eq(e.outcome_unknown, 0, "refused: nothing was committed");
+	cr_assert_eq(count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1::bigint"),
+	             0);
+	cr_assert_eq(count("SELECT count(*) FROM workflows WHERE tenant_id = $1::bigint"), 0);
+	cr_assert_eq(count("SELECT count(*) FROM outbox WHERE tenant_id = $1::bigint"), 0);
+	res = db_run(db, Q_SCHEMA_VERSION, 0, NULL, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
+	cr_assert_eq(db_reconnects(db), 0, "the session was dropped");
+	res = db_exec(admin, "DELETE FROM frozen_tenants WHERE tenant_id = $1::bigint", 1, p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	PQclear(res);
+	claim_init(&c, "frozen-key", "{\"type\":\"t\"}", "1 hour");
+	res = db_run(db, Q_CREATE_KEYED, CREATE_KEYED__N, c.p, &e);
+	cr_assert_not_null(res, "%s", e.msg);
+	cr_assert_str_eq(outcome(res), "created");
+	PQclear(res);
+	db_close(db);
+}
+
 Test(db, an_expired_key_is_reported_as_expired)
 {
 	struct db *db = open_db(5000);
