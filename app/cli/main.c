@@ -82,6 +82,35 @@ static int per_partition(cli_noun_fn *run)
 	return run == cli_prune || run == cli_reap || run == cli_audit;
 }
 
+/*
+ * "idemflow migrate" over the configuration's partitions: each
+ * partition's migrations in turn, then the proxy's in front of them
+ * (routing = proxy), whose functions call the partitions'. The first
+ * failure stops the run, so the proxy is never ahead of a partition. With
+ * an argument ("--proxy"), the proxy's alone, as without partitions.
+ */
+static int migrate_all(struct conf *c, int argc, char **argv)
+{
+	static char proxy_opt[] = "--proxy";
+	char *proxy_argv[] = { proxy_opt, NULL };
+	int rc;
+
+	if (argc != 0)
+		return run_on(cli_migrate, c, c->db, argc, argv);
+	for (int i = 0; i < conf_partition_count(c); i++) {
+		printf("partition %d:\n", i);
+		fflush(stdout);
+		rc = run_partition(cli_migrate, c, i, 0, argv);
+		if (rc != EX_OK)
+			return rc;
+	}
+	if (c->routing == NULL || strcmp(c->routing, "proxy") != 0)
+		return EX_OK;
+	printf("proxy:\n");
+	fflush(stdout);
+	return run_on(cli_migrate, c, c->db, 1, proxy_argv);
+}
+
 /* The options that keep a command on one database: a loop that never
  * ends, an output a program reads whole. */
 static int one_database_only(const char *arg)
@@ -140,6 +169,8 @@ int main(int argc, char **argv)
 	}
 	if (c->partition >= 0) {
 		rc = run_partition(run, c, c->partition, argc - next - 1, argv + next + 1);
+	} else if (run == cli_migrate && conf_partition_count(c) > 0) {
+		rc = migrate_all(c, argc - next - 1, argv + next + 1);
 	} else if (per_partition(run) && conf_partition_count(c) > 0) {
 		for (int i = next + 1; i < argc; i++)
 			if (conf_partition_count(c) > 1 && one_database_only(argv[i])) {

@@ -85,7 +85,7 @@ static const struct conf_key conf_keys[] = {
 	{ "db", P_ALL, T_STR, OFF(db), "", 0, 0,
 	  "libpq conninfo or URI (also $DATABASE_URL, PG* variables)" },
 	{ "partitions", P_DSP | P_CLI, T_STR, OFF(partitions), "", 0, 0,
-	  "the partitions' conninfos, \"; \"-separated: dispatch, reap, prune, audit run on each" },
+	  "the partitions' conninfos, \"; \"-separated: dispatch, reap, prune, audit, migrate run on each" },
 	{ "partition", P_DSP | P_CLI, T_INT, OFF(partition), "-1", -1, 32767,
 	  "run on this one of partitions only (-1 = each in turn); also db for other commands" },
 	{ "listen", P_SRV, T_STR, OFF(listen), "/run/idemflow/idemflow.sock", 0, 0,

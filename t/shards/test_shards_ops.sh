@@ -6,6 +6,8 @@
 #   - idemflow-dispatch --once delivers the events of both partitions in
 #     one run, --partition N only N's, --loop over two is refused (78);
 #   - idemflow reap, prune and audit act on, and report, each partition;
+#   - idemflow migrate over the configuration: each partition's
+#     migrations, then the proxy's; with a partition down it stops there;
 #   - one partition stopped: reap still runs on the other (exit 75);
 #     /metrics still answers, the stopped partition's outbox counts
 #     missing and named (idemflow_partition_up 0).
@@ -176,8 +178,30 @@ rc=0
 out=$("$CLI" --config "$DIR/upkeep.conf" --partition 1 audit 2>&1) || rc=$?
 expect "audit --partition 1: partition 1 only, no header" "$rc|$(echo "$out" | grep -c '^partition')" "0|0"
 
+# ---- migrate: each partition's migrations, then the proxy's
+cat "$DIR/upkeep.conf" >"$DIR/migrate.conf"
+printf 'db = %s\nrouting = proxy\n' "$DATABASE_URL" >>"$DIR/migrate.conf"
+VERSION=$(psql_at "$P0" "SELECT max(version) FROM schema_migrations")
+PROXY_VERSION=$(psql_at "$DATABASE_URL" "SELECT max(version) FROM schema_migrations")
+rc=0
+out=$("$CLI" --config "$DIR/migrate.conf" migrate 2>&1) || rc=$?
+expect "migrate over the partitions and the proxy: exit 0, each in order" \
+	"$rc|$(echo "$out" | tr '\n' ' ')" \
+	"0|partition 0: migrate: applied 0 migration(s); schema at version $VERSION partition 1: migrate: applied 0 migration(s); schema at version $VERSION proxy: migrate: applied 0 proxy migration(s); schema at version $PROXY_VERSION "
+rc=0
+out=$("$CLI" --config "$DIR/migrate.conf" migrate --proxy 2>&1) || rc=$?
+expect "migrate --proxy: the proxy alone" "$rc|$out" \
+	"0|migrate: applied 0 proxy migration(s); schema at version $PROXY_VERSION"
+expect "the proxy holds none of the partitions' tables" \
+	"$(psql_at "$DATABASE_URL" "SELECT count(*) FROM pg_tables WHERE tablename IN ('workflows', 'outbox', 'idempotency_keys')")" 0
+
 # ---- partition 1 stopped: partition 0's upkeep, /metrics and key counts go on
 stack_pg_stop "${STACK_SHARD_DATA[1]}" || exit 99
+rc=0
+out=$("$CLI" --config "$DIR/migrate.conf" migrate 2>/dev/null) || rc=$?
+expect "partition 1 down: migrate stops there (75), the proxy not reached" \
+	"$rc|$(echo "$out" | tr '\n' ' ')" \
+	"75|partition 0: migrate: applied 0 migration(s); schema at version $VERSION partition 1: "
 rc=0
 out=$("$CLI" --config "$DIR/upkeep.conf" reap 2>/dev/null) || rc=$?
 expect "partition 1 down: reap runs on partition 0, exit 75" "$rc|$(echo "$out" | tr '\n' ' ')" \
