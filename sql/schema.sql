@@ -1329,6 +1329,7 @@ DECLARE
     v_n integer;
 BEGIN
     PERFORM idemflow_commit_durable();
+    PERFORM idemflow_tenant_fence(p_tenant);
     UPDATE idempotency_keys
        SET status = p_status, headers = p_headers, body = p_body
      WHERE tenant_id = p_tenant AND key = p_key AND status = 1;
@@ -1356,8 +1357,10 @@ BEGIN
             set_config('idemflow.traceparent', coalesce(p_traceparent, ''), true),
             set_config('idemflow.tracestate', coalesce(p_tracestate, ''), true),
             set_config('idemflow.actor', coalesce(p_actor, ''), true);
-    PERFORM set_config('synchronous_commit', 'on', true)
-     WHERE current_setting('synchronous_commit') NOT IN ('on', 'remote_apply');
+    PERFORM idemflow_commit_durable();
+    -- A command may write no event (a job's activation or heartbeat, a
+    -- message kept for later): fenced here, not by the event trigger.
+    PERFORM idemflow_tenant_fence(p_tenant);
     IF p_key IS NULL THEN
         RETURN QUERY SELECT 'unkeyed'::text, idemflow_command_rows(p_sql, p_args);
         RETURN;

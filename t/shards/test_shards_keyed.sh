@@ -18,6 +18,8 @@
 #   - 12 concurrent copies of one keyed create with a business key: one
 #     workflow, one answer, byte for byte in every copy;
 #   - a keyed endpoint create: 201 with the row's Location, replayed;
+#   - a command that writes no event (a heartbeat) refused while its
+#     tenant is frozen for a move, nothing written;
 #   - every write of a partition whose default is synchronous_commit =
 #     off committed at "on" (the commit before the answer is durable).
 # Starts its own proxy and partitions (scripts/lib/stack.sh, about 10 s).
@@ -244,6 +246,31 @@ expect "one answer, byte for byte in every copy" "$distinct" 1
 expect "one workflow, one key, stored" \
 	"$(psql_at "$P1" "SELECT (SELECT count(*) FROM workflows WHERE business_key = 'B-9'), (SELECT status FROM idempotency_keys WHERE key = 'kp1')")" \
 	"1|201"
+
+# ---- a command that writes no event (a heartbeat) is fenced while its
+# tenant moves (sql/031_keyed_commands_fenced.sql): tenant b frozen on
+# partition 1.
+TB_ID=$(psql_at "$P1" "SELECT id FROM tenants WHERE name = 'tb'")
+expect "a create of one job step: 201" \
+	"$(req f0 "$TB" POST /v1/workflows '{"type":"fenced","steps":[{"name":"s","job_type":"fence-job"}]}' kf0)" 201
+F=$(py f0 'd["id"]')
+expect "its job activated: 200" \
+	"$(req f1 "$TB" POST /v1/jobs/activate '{"job_type":"fence-job","worker":"w"}')|$(py f1 '[j["key"] for j in d["jobs"]]')" \
+	"200|['$F.s1']"
+DEADLINE=$(psql_at "$P1" "SELECT due_at FROM jobs WHERE workflow_id = '$F'")
+psql_at "$P1" "SELECT idemflow_tenant_freeze($TB_ID, 'source', 0)" >/dev/null
+expect "frozen: a keyed heartbeat 503, the tenant is moving" \
+	"$(req f2 "$TB" POST "/v1/jobs/$F.s1/heartbeat" '{"worker":"w","lease_seconds":600}' kf2)|$(problem_type f2)" \
+	"503|unavailable"
+expect "nothing written: no key, the lease as it was" \
+	"$(psql_at "$P1" "SELECT (SELECT count(*) FROM idempotency_keys WHERE key = 'kf2'), (SELECT due_at = '$DEADLINE' FROM jobs WHERE workflow_id = '$F')")" \
+	"0|t"
+expect "frozen: an unkeyed heartbeat 503 too" \
+	"$(req f3 "$TB" POST "/v1/jobs/$F.s1/heartbeat" '{"worker":"w","lease_seconds":600}')" 503
+psql_at "$P1" "DELETE FROM frozen_tenants WHERE tenant_id = $TB_ID" >/dev/null
+expect "thawed: the keyed heartbeat 200, stored" \
+	"$(req f4 "$TB" POST "/v1/jobs/$F.s1/heartbeat" '{"worker":"w","lease_seconds":600}' kf2)|$(key_row "$P1" kf2)" \
+	"200|200"
 
 # ---- the commit level: every write of tenant b's requests committed at
 # synchronous_commit on, whatever partition 1's default says.
