@@ -221,8 +221,11 @@ int tstack_cli(char *out, size_t outsz, const char *arg, ...)
 	tstack_cli_err[len] = '\0';
 	fclose(errf);
 	status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-	if (status == 0 && strcmp(arg, "token") == 0)
-		tstack_shards_sync();
+	for (size_t i = 3; status == 0 && i < argc; i++)
+		if (strcmp(argv[i], "token") == 0) {
+			tstack_shards_sync();
+			break;
+		}
 	return status;
 }
 

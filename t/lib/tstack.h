@@ -47,7 +47,8 @@ const char *tstack_cli_stderr(void);
  * fill the proxy's directory from the partitions' tokens
  * (idemflow_directory_sync), so that a token created on the test's
  * partition routes there. tstack_cli does it after every successful
- * "token ..." command; a test that writes api_tokens by SQL calls it.
+ * command with a "token" argument; a test that writes api_tokens by SQL
+ * calls it.
  * Nothing without a proxy.
  */
 void tstack_shards_sync(void);
