@@ -70,6 +70,33 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.idemflow_command_rows(p_sql text, p_args text[]) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_name text := 'idemflow_' || md5(p_sql);
+    v_rows text[] := '{}';
+    v_call text;
+    r record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = v_name) THEN
+        EXECUTE format('PREPARE %I AS %s', v_name, p_sql);
+    END IF;
+    IF coalesce(cardinality(p_args), 0) = 0 THEN
+        v_call := format('EXECUTE %I', v_name);
+    ELSE
+        SELECT format('EXECUTE %I(%s)', v_name,
+                      string_agg(quote_nullable(a), ', ' ORDER BY i))
+          INTO v_call
+          FROM unnest(p_args) WITH ORDINALITY AS u(a, i);
+    END IF;
+    FOR r IN EXECUTE v_call LOOP
+        v_rows := v_rows || r::text;
+    END LOOP;
+    RETURN to_json(v_rows)::text;
+END;
+$$;
+
 CREATE FUNCTION public.idemflow_compensate_begin(p_tenant bigint, p_wf uuid, p_from text, p_step integer, p_error text) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -1278,6 +1305,75 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.idemflow_key_store_answer(p_tenant bigint, p_key text, p_status smallint, p_headers text, p_body text) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    UPDATE idempotency_keys
+       SET status = p_status, headers = p_headers, body = p_body
+     WHERE tenant_id = p_tenant AND key = p_key AND status = 1;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_keyed_command(p_tenant bigint, p_key text, p_method text, p_path text, p_fp bytea, p_ttl interval, p_bytes_fp bytea, p_actor text, p_traceparent text, p_tracestate text, p_sql text, p_args text[], p_store text[]) RETURNS TABLE(outcome text, rows text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows text;
+    v_problem text;
+BEGIN
+    -- The settings a worker pins on its own connection (app/core/db.c)
+    -- that the command's text and its commit depend on, for this call's
+    -- transaction: PL/Proxy's connection has the partition's defaults.
+    PERFORM set_config('bytea_output', 'hex', true),
+            set_config('DateStyle', 'ISO, MDY', true),
+            set_config('IntervalStyle', 'postgres', true),
+            set_config('TimeZone', 'UTC', true),
+            set_config('extra_float_digits', '1', true),
+            set_config('idemflow.traceparent', coalesce(p_traceparent, ''), true),
+            set_config('idemflow.tracestate', coalesce(p_tracestate, ''), true),
+            set_config('idemflow.actor', coalesce(p_actor, ''), true);
+    PERFORM set_config('synchronous_commit', 'on', true)
+     WHERE current_setting('synchronous_commit') NOT IN ('on', 'remote_apply');
+    IF p_key IS NULL THEN
+        RETURN QUERY SELECT 'unkeyed'::text, idemflow_command_rows(p_sql, p_args);
+        RETURN;
+    END IF;
+    BEGIN
+        INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,
+                                      headers, body, created_at, expires_at,
+                                      request_bytes_fp, actor)
+        VALUES (p_tenant, p_key, p_method, p_path, p_fp, 0, '', '', now(),
+                now() + coalesce((SELECT idempotency_ttl FROM tenants WHERE id = p_tenant),
+                                 p_ttl),
+                p_bytes_fp, nullif(p_actor, ''))
+            ON CONFLICT (tenant_id, key) DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'taken'::text, NULL::text;
+            RETURN;
+        END IF;
+        v_rows := idemflow_command_rows(p_sql, p_args);
+        -- The first column of a command's first row is its problem's
+        -- slug, or NULL (sql/005_runs.sql): a bare word in record text.
+        v_problem := substring(v_rows::json ->> 0 FROM '^\(([a-z-]+),');
+        IF v_problem IS NOT NULL AND NOT v_problem = ANY (p_store) THEN
+            RAISE EXCEPTION USING ERRCODE = 'IF001';
+        END IF;
+        UPDATE idempotency_keys
+           SET status = 1, body = v_rows
+         WHERE tenant_id = p_tenant AND key = p_key;
+        RETURN QUERY SELECT 'created'::text, v_rows;
+    EXCEPTION WHEN SQLSTATE 'IF001' THEN
+        RETURN QUERY SELECT 'unstored'::text, v_rows;
+    END;
+END;
+$$;
+
 CREATE FUNCTION public.idemflow_keystats_flush(p_tenants bigint[], p_keys text[], p_replays integer[], p_conflicts integer[], p_in_flight integer[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -1381,6 +1477,23 @@ BEGIN
     RETURN QUERY SELECT * FROM idemflow_message_publish(p_tenant, p_message_id, p_name, p_key,
                                                         p_ttl, p_payload);
 END
+$$;
+
+CREATE FUNCTION public.idemflow_metrics_deliveries(p_top integer) RETURNS TABLE(k integer, disabled bigint, pending bigint, tenant_id bigint, endpoint_id uuid)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT 0, (SELECT count(*) FROM endpoints WHERE disabled), count(*), NULL::bigint,
+           NULL::uuid
+      FROM deliveries
+     WHERE state = 'pending'
+     UNION ALL
+    SELECT 1, NULL, t.n, t.tenant_id, t.endpoint_id
+      FROM (SELECT d.tenant_id, d.endpoint_id, count(*) AS n
+              FROM deliveries d
+             WHERE d.state = 'pending'
+             GROUP BY d.tenant_id, d.endpoint_id
+             ORDER BY n DESC, d.tenant_id, d.endpoint_id
+             LIMIT p_top) t;
 $$;
 
 CREATE FUNCTION public.idemflow_metrics_outbox() RETURNS TABLE(pending bigint, oldest numeric, dead bigint, activatable bigint, leased bigint, expired bigint, incidents bigint)
@@ -2043,6 +2156,8 @@ CREATE TABLE public.idempotency_keys (
     CONSTRAINT idempotency_keys_actor_check CHECK ((actor ~ '^(token:[1-9][0-9]{0,18}|system:[a-z]{1,32})$'::text)),
     CONSTRAINT idempotency_keys_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 255)))
 );
+
+COMMENT ON COLUMN public.idempotency_keys.status IS 'the stored answer''s HTTP status; 0 while the claim is uncommitted; 1 through a proxy: the command is done and body holds its rows, the answer not stored yet (027_partition_keyed_commands.sql)';
 
 COMMENT ON COLUMN public.idempotency_keys.request_bytes_fp IS 'BLAKE2b-256 of the request as received (method, path, body bytes); NULL for rows made before it';
 

@@ -10,6 +10,7 @@
 #include "core/canon.h"
 #include "core/fp.h"
 #include "server/queries.h"
+#include "server/rowtext.h"
 #include "server/scoreboard.h"
 
 /* A 409 about the request's key: P_KEY_REUSED or P_KEY_IN_FLIGHT. */
@@ -44,6 +45,20 @@ static void key_problem(struct handler_ctx *ctx, struct http_resp *resp, const s
 static int key_expired(const PGresult *row)
 {
 	return strcmp(PQgetvalue(row, 0, KEY_COL_EXPIRED), "t") == 0;
+}
+
+/* Through a proxy, a key whose command is done and whose answer is not
+ * stored yet: its body holds the command's rows (status 1,
+ * sql/027_partition_keyed_commands.sql). */
+static int key_has_rows(const PGresult *row)
+{
+	return strcmp(PQgetvalue(row, 0, KEY_COL_STATUS), "1") == 0;
+}
+
+/* The server sends its statements to a PL/Proxy proxy (doc/distribution.md). */
+static int proxied(const struct handler_ctx *ctx)
+{
+	return strcmp(ctx->conf->routing, "proxy") == 0;
 }
 
 /* Replay the stored answer of a key row (enum key_col) when its
@@ -132,15 +147,6 @@ static int same_bytes(const struct handler_ctx *ctx, const PGresult *k)
 	       strcmp(PQgetvalue(k, 0, KEY_COL_BYTES_FP), ctx->bytes_fp) == 0;
 }
 
-/* Answer a live key row: a replay when the request is the one that made it
- * (the same bytes, or the same canonical fingerprint), else a conflict. */
-static void answer_row(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
-                       const PGresult *k, const char *fp_text)
-{
-	answer_existing(ctx, resp, req, k,
-	                same_bytes(ctx, k) ? PQgetvalue(k, 0, KEY_COL_FP) : fp_text);
-}
-
 /*
  * The key row found before the handler (ctx->key_row) is live and was stored
  * from exactly these bytes: answer the stored response without parsing the
@@ -151,7 +157,7 @@ static int replay_same_bytes(struct handler_ctx *ctx, struct http_req *req, stru
 {
 	const PGresult *k = ctx->key_row;
 
-	if (k == NULL || key_expired(k) || !same_bytes(ctx, k))
+	if (k == NULL || key_expired(k) || key_has_rows(k) || !same_bytes(ctx, k))
 		return 0;
 	answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, KEY_COL_FP));
 	return 1;
@@ -315,6 +321,210 @@ static const char *const *trace_params(const struct handler_ctx *ctx, const char
 }
 
 /*
+ * routing = proxy (doc/distribution.md, "Keyed commands through the
+ * proxy"). A proxy runs each call in a transaction of its own on the
+ * tenant's partition, so a command cannot span BEGIN ... COMMIT there:
+ * Q_KEYED_COMMAND claims the key, runs the command and keeps its rows on
+ * the key (status 1) in one call, and Q_KEY_STORE_ANSWER stores the
+ * answer rendered from them. Whichever request stores first gives the key
+ * its answer; an answer is sent only once it is stored, so every answer a
+ * client sees for a key is the stored one.
+ */
+
+/* The text[] literal of n values, NULL for a null one, into b. */
+static void array_literal(struct buf *b, int n, const char *const *v)
+{
+	buf_putc(b, '{');
+	for (int i = 0; i < n; i++) {
+		if (i > 0)
+			buf_putc(b, ',');
+		if (v[i] == NULL) {
+			buf_puts(b, "NULL");
+			continue;
+		}
+		buf_putc(b, '"');
+		for (const char *c = v[i]; *c != '\0'; c++) {
+			if (*c == '"' || *c == '\\')
+				buf_putc(b, '\\');
+			buf_putc(b, *c);
+		}
+		buf_putc(b, '"');
+	}
+	buf_puts(b, "}");
+}
+
+/* The problems a key keeps (cmd_stores), as a text[] literal. */
+static const char *stored_problems(void)
+{
+	static struct buf lit = BUF_INIT;
+
+	if (lit.len == 0) {
+		const char *slugs[P__COUNT];
+		int n = 0;
+
+		for (int k = 0; k < P__COUNT; k++)
+			if (cmd_stores(k))
+				slugs[n++] = problem_def((enum problem_kind)k)->slug;
+		array_literal(&lit, n, slugs);
+	}
+	return lit.data;
+}
+
+/*
+ * Q_KEYED_COMMAND: c's command under key (claimed with ttl), or without a
+ * key when key is NULL. Returns its one row, or NULL with e filled.
+ */
+static PGresult *keyed_command(struct handler_ctx *ctx, const struct http_req *req,
+                               const struct cmd *c, const char *key, const char *ttl, struct err *e)
+{
+	char tenant[24];
+	const char *p[KEYED_COMMAND__N];
+	struct buf args = BUF_INIT;
+	PGresult *res;
+
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	array_literal(&args, c->nparams, c->params);
+	if (args.oom) {
+		buf_free(&args);
+		err_set(e, ERR_INTERNAL, "out of memory");
+		return NULL;
+	}
+	p[KEYED_COMMAND_TENANT] = tenant;
+	p[KEYED_COMMAND_KEY] = key;
+	p[KEYED_COMMAND_METHOD] = req->method;
+	p[KEYED_COMMAND_PATH] = req->path;
+	p[KEYED_COMMAND_FP] = c->fp_text;
+	p[KEYED_COMMAND_TTL] = ttl;
+	p[KEYED_COMMAND_BYTES_FP] = ctx->bytes_fp[0] != '\0' ? ctx->bytes_fp : NULL;
+	p[KEYED_COMMAND_ACTOR] = handler_actor(ctx);
+	p[KEYED_COMMAND_TRACEPARENT] = handler_traceparent(ctx);
+	p[KEYED_COMMAND_TRACESTATE] = handler_tracestate(ctx);
+	/* The statement as one database runs it: the partition prepares it. */
+	p[KEYED_COMMAND_SQL] = queries[c->stmt].sql;
+	p[KEYED_COMMAND_ARGS] = args.data;
+	p[KEYED_COMMAND_STORE] = stored_problems();
+	res = db_run(ctx->db, Q_KEYED_COMMAND, KEYED_COMMAND__N, p, e);
+	buf_free(&args);
+	if (res != NULL && (PQntuples(res) != 1 || PQnfields(res) != KEYED_COMMAND_COL_ROWS + 1)) {
+		err_set(e, ERR_INTERNAL, "the keyed command returned %d rows of %d columns",
+		        PQntuples(res), PQnfields(res));
+		PQclear(res);
+		res = NULL;
+	}
+	return res;
+}
+
+/* A command's answer from its rows as record texts (rowtext.h):
+ * answer_command()'s return. */
+static int answer_rows(struct handler_ctx *ctx, const struct http_req *req, struct http_resp *resp,
+                       const struct cmd *c, const char *rows, size_t len, struct err *e)
+{
+	PGresult *res = rowtext_result(rows, len, e);
+	int rc;
+
+	if (res == NULL)
+		return -1;
+	rc = answer_command(ctx, req, resp, res, c, e);
+	PQclear(res);
+	return rc;
+}
+
+/* Q_KEY_STORE_ANSWER: 1 when the answer in resp is now the key's, 0 when
+ * the key had one already, -1 with e filled. */
+static int store_answer(struct handler_ctx *ctx, const struct http_req *req,
+                        const struct http_resp *resp, struct err *e)
+{
+	char tenant[24], status[12];
+	const char *sp[KEY_STORE__N] = { [KEY_STORE_TENANT] = tenant,
+		                         [KEY_STORE_KEY] = req->idem_key,
+		                         [KEY_STORE_STATUS] = status,
+		                         [KEY_STORE_HEADERS] =
+		                             resp->headers.data ? resp->headers.data : "",
+		                         [KEY_STORE_BODY] =
+		                             resp->body.data ? resp->body.data : "" };
+	PGresult *r;
+	int stored;
+
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	snprintf(status, sizeof(status), "%d", resp->status);
+	r = db_run(ctx->db, Q_KEY_STORE_ANSWER, KEY_STORE__N, sp, e);
+	if (r == NULL)
+		return -1;
+	stored = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
+	PQclear(r);
+	return stored;
+}
+
+static void resp_clear(struct http_resp *resp)
+{
+	buf_reset(&resp->headers);
+	buf_reset(&resp->body);
+}
+
+/*
+ * The answer of a key whose command is done, from the command's rows:
+ * stored, then sent (replay: a request that found the rows on the key).
+ * When another request stored its answer first, that one is sent.
+ */
+static void answer_and_store(struct handler_ctx *ctx, const struct http_req *req,
+                             struct http_resp *resp, const struct cmd *c, const char *rows,
+                             size_t len, int replay)
+{
+	struct err e;
+	const char *kg[KEY_GET__N];
+	char tenant[24], ra[24];
+	PGresult *k;
+
+	if (answer_rows(ctx, req, resp, c, rows, len, &e) <= 0) {
+		if (e.code == ERR_NONE)
+			err_set(&e, ERR_INTERNAL, "a key's rows are not an answer it keeps");
+		goto unstored;
+	}
+	if (replay) {
+		ctx->created = 0;
+		ctx->refused = 0;
+	}
+	switch (store_answer(ctx, req, resp, &e)) {
+	case 1:
+		ctx->idem = replay ? IDEM_REPLAYED : IDEM_CREATED;
+		if (replay)
+			http_resp_header(resp, "Idempotent-Replayed", "true");
+		return;
+	case 0: break;
+	default: goto unstored;
+	}
+	/* Another request stored the key's answer first: that one. */
+	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
+	kg[KEY_GET_TENANT] = tenant;
+	kg[KEY_GET_KEY] = req->idem_key;
+	k = db_run(ctx->db, Q_KEY_GET, KEY_GET__N, kg, &e);
+	if (k == NULL)
+		goto unstored;
+	if (PQntuples(k) != 1 || key_has_rows(k)) {
+		err_set(&e, ERR_INTERNAL, "the key's answer was stored and is gone");
+		PQclear(k);
+		goto unstored;
+	}
+	resp_clear(resp);
+	ctx->created = 0;
+	ctx->refused = 0;
+	answer_existing(ctx, resp, req, k, PQgetvalue(k, 0, KEY_COL_FP));
+	PQclear(k);
+	return;
+unstored:
+	/* The command took effect; its answer is on the key's rows, and the
+	 * same request renders it again. */
+	ctx->err = e;
+	ctx->created = 0;
+	resp_clear(resp);
+	snprintf(ra, sizeof(ra), "%ld", ctx->conf->retry_after);
+	http_resp_header(resp, "Retry-After", ra);
+	handler_problem(resp, req, P_UNAVAILABLE,
+	                "the request took effect, but its answer could not be stored; send "
+	                "the same request with the same Idempotency-Key to receive it");
+}
+
+/*
  * Run one statement after Q_TRACE_SET, in one round trip and one
  * transaction (the implicit one of the pipeline, or the caller's): what
  * it inserts keeps the request's trace context. Returns the statement's
@@ -355,6 +565,12 @@ static void run_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct ht
 		} else {
 			fail(ctx, resp, req, &e);
 		}
+	} else if (proxied(ctx)) {
+		res = keyed_command(ctx, req, c, NULL, NULL, &e);
+		if (res == NULL ||
+		    answer_rows(ctx, req, resp, c, PQgetvalue(res, 0, KEYED_COMMAND_COL_ROWS),
+		                (size_t)PQgetlength(res, 0, KEYED_COMMAND_COL_ROWS), &e) < 0)
+			fail(ctx, resp, req, &e);
 	} else {
 		res = run_traced(ctx, c->stmt, c->nparams, c->params, &e);
 		if (res == NULL || answer_command(ctx, req, resp, res, c, &e) < 0)
@@ -549,6 +765,62 @@ static enum attempt attempt_single(struct handler_ctx *ctx, const struct http_re
 	return ATTEMPT_DONE;
 }
 
+/* CMD_TX_PIPELINE through a proxy: the claim, the command and its rows in
+ * one call, then the answer stored (see answer_and_store). */
+static enum attempt attempt_proxied(struct handler_ctx *ctx, const struct http_req *req,
+                                    struct http_resp *resp, const struct cmd *c,
+                                    const struct keyed *k, PGresult **row, int *in_flight,
+                                    struct err *e)
+{
+	struct timespec t0;
+	PGresult *res;
+	const char *outcome, *rows;
+	size_t len;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	res = keyed_command(ctx, req, c, req->idem_key, k->ttl, e);
+	if (res == NULL) {
+		*in_flight = e->code == ERR_LOCK_TIMEOUT;
+		return ATTEMPT_FAILED;
+	}
+	outcome = PQgetvalue(res, 0, KEYED_COMMAND_COL_OUTCOME);
+	rows = PQgetvalue(res, 0, KEYED_COMMAND_COL_ROWS);
+	len = (size_t)PQgetlength(res, 0, KEYED_COMMAND_COL_ROWS);
+	if (strcmp(outcome, "taken") == 0) {
+		PQclear(res);
+		*row = NULL;
+		return ATTEMPT_TAKEN;
+	}
+	if (strcmp(outcome, "created") != 0) {
+		/* 'unstored': rolled back, the key free again. */
+		if (answer_rows(ctx, req, resp, c, rows, len, e) < 0) {
+			PQclear(res);
+			return ATTEMPT_FAILED;
+		}
+		PQclear(res);
+		return ATTEMPT_DONE;
+	}
+	refresh_key(ctx, req->idem_key, k->ttl, &t0);
+	answer_and_store(ctx, req, resp, c, rows, len, 0);
+	PQclear(res);
+	return ATTEMPT_DONE;
+}
+
+/* A live key row for c's request: its stored answer, or a conflict; or,
+ * through a proxy, the answer from its command's rows when none is
+ * stored yet. */
+static void answer_key(struct handler_ctx *ctx, struct http_resp *resp, const struct http_req *req,
+                       const PGresult *k, const struct cmd *c)
+{
+	const char *fp = same_bytes(ctx, k) ? PQgetvalue(k, 0, KEY_COL_FP) : c->fp_text;
+
+	if (key_has_rows(k) && idem_compare(PQgetvalue(k, 0, KEY_COL_FP), fp) != IDEM_CONFLICT)
+		answer_and_store(ctx, req, resp, c, PQgetvalue(k, 0, KEY_COL_BODY),
+		                 (size_t)PQgetlength(k, 0, KEY_COL_BODY), 1);
+	else
+		answer_existing(ctx, resp, req, k, fp);
+}
+
 /* Claim the key until this request owned it or found its row. Three
  * rounds cover an expired key (delete it, claim again) and a row that
  * vanished between the claim and the read (pruned: claim again). */
@@ -582,6 +854,8 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 		scoreboard_stage(SB_WAITING_KEY);
 		if (c->tx == CMD_TX_SINGLE)
 			a = attempt_single(ctx, req, resp, c, &row, &in_flight, &e);
+		else if (proxied(ctx))
+			a = attempt_proxied(ctx, req, resp, c, &k, &row, &in_flight, &e);
 		else
 			a = attempt_pipeline(ctx, req, resp, c, &k, &row, &in_flight, &e);
 		scoreboard_stage(SB_IN_DB);
@@ -605,7 +879,7 @@ static void run_keyed(struct handler_ctx *ctx, struct http_req *req, struct http
 			}
 		}
 		if (fresh || !key_expired(row)) {
-			answer_row(ctx, resp, req, row, c->fp_text);
+			answer_key(ctx, resp, req, row, c);
 			PQclear(row);
 			return;
 		}
@@ -636,12 +910,18 @@ void cmd_run(struct handler_ctx *ctx, struct http_req *req, struct http_resp *re
 	/* The key's row came before the handler (ctx->key_row): a replay or a
 	 * conflict is answered now, without another statement. Expired:
 	 * the claim finds it again and takes it over. */
-	if (ctx->key_row != NULL && !key_expired(ctx->key_row)) {
+	if (ctx->key_row != NULL && !key_expired(ctx->key_row) && !key_has_rows(ctx->key_row)) {
 		answer_existing(ctx, resp, req, ctx->key_row, c->fp_text);
 		return;
 	}
 	if (c->prepare != NULL && c->prepare(ctx, req, resp, c) < 0)
 		return;
+	/* Through a proxy: the rows of a command done, rendered now, after
+	 * what the render reads was prepared. */
+	if (ctx->key_row != NULL && !key_expired(ctx->key_row)) {
+		answer_key(ctx, resp, req, ctx->key_row, c);
+		return;
+	}
 	if (req->idem_key == NULL)
 		run_unkeyed(ctx, req, resp, c);
 	else

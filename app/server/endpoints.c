@@ -359,7 +359,6 @@ static int write_endpoint(struct buf *out, const PGresult *res, int i, int col, 
 struct ep_cmd {
 	char tenant[24];
 	char id[IDS_UUID_LEN + 1];
-	char location[64];
 	char grace[40];
 	char secret[ENDPOINTS_SECRET_MAX];
 	const char *p[ENDPOINT_UPDATE__N]; /* the largest parameter list */
@@ -379,7 +378,6 @@ static int ep_prepare(struct handler_ctx *ctx, const struct http_req *req, struc
 		if (ids_uuid7(ec->id) < 0)
 			goto random;
 		ec->p[ec->id_param] = ec->id;
-		snprintf(ec->location, sizeof(ec->location), "/v1/endpoints/%s", ec->id);
 	}
 	if (ec->secret_param >= 0 && ec->p[ec->secret_param] == NULL) {
 		if (make_secret(ec->secret) < 0)
@@ -404,13 +402,17 @@ static int render_created(struct handler_ctx *ctx, const struct http_req *req,
                           struct http_resp *resp, const PGresult *res, const struct cmd *c,
                           struct err *e)
 {
-	const struct ep_cmd *ec = c->arg;
+	char location[64];
 
+	/* From the row, not the id made for it: a render through a proxy
+	 * may read rows made by an earlier request (cmd.c). */
 	if (one_row(res, "the endpoint's insert", e) < 0)
 		return -1;
 	resp->status = 201;
 	resp->content_type = "application/json";
-	http_resp_header(resp, "Location", ec->location);
+	snprintf(location, sizeof(location), "/v1/endpoints/%s",
+	         PQgetvalue(res, 0, CMD_COLS + COL_ID));
+	http_resp_header(resp, "Location", location);
 	return write_endpoint(&resp->body, res, 0, CMD_COLS, e);
 }
 

@@ -390,6 +390,19 @@ void metrics_render(struct buf *out, const struct metrics_outbox *ob)
 	buf_printf(out, "idemflow_workflows_incident %ld\n", ob->incidents);
 }
 
+void metrics_render_partitions(struct buf *out, const struct metrics_partitions *mp)
+{
+	int n = mp->n < METRICS_PARTITIONS_MAX ? mp->n : METRICS_PARTITIONS_MAX;
+
+	help(out, "idemflow_partition_up", "gauge",
+	     "1 when the partition answered this scrape's database statements through the "
+	     "proxy; the outbox, job, incident and endpoint gauges leave out the partitions "
+	     "at 0.");
+	for (int p = 0; p < n; p++)
+		buf_printf(out, "idemflow_partition_up{partition=\"%d\"} %d\n", p,
+		           !(mp->down[p / 8] & (1u << (p % 8))));
+}
+
 void metrics_render_deliveries(struct buf *out, const struct metrics_deliveries *md)
 {
 	long rest = md->pending;

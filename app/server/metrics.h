@@ -102,6 +102,22 @@ struct metrics_deliveries {
 /* Append the endpoints' gauges of md to out (after metrics_render()). */
 void metrics_render_deliveries(struct buf *out, const struct metrics_deliveries *md);
 
+/* Partitions with a line of their own in idemflow_partition_up; a
+ * deployment with more shows the first ones only. */
+#define METRICS_PARTITIONS_MAX 1024
+
+/* Through a PL/Proxy proxy (routing = proxy): which partitions answered
+ * this scrape's statements. The database gauges are sums over those. */
+struct metrics_partitions {
+	int n;                                          /* partitions the proxy names */
+	unsigned char down[METRICS_PARTITIONS_MAX / 8]; /* bit p: partition p did not answer */
+};
+
+/* Append idemflow_partition_up, a line per partition of mp (after
+ * metrics_render()). Not called for a single database, whose output has
+ * no such series. */
+void metrics_render_partitions(struct buf *out, const struct metrics_partitions *mp);
+
 /*
  * Append the exposition (Prometheus text format 0.0.4) of the summed
  * counters, the pool's figures from the scoreboard (scoreboard.h) and the

@@ -311,16 +311,49 @@ static int deliveries_read(const PGresult *res, struct metrics_deliveries *md)
 	return 1;
 }
 
-/* For the operator's scraper, not for tenants. */
+/*
+ * Through a proxy: the partitions' columns of the first row of res, how
+ * many partitions there are (col_n) and those that did not answer
+ * (col_down, "0,3"), into mp, where a partition is down once either
+ * statement says so. Returns 1 when some partition answered this
+ * statement, 0 when none did (its sums are of nothing).
+ */
+static int partitions_read(const PGresult *res, int col_n, int col_down,
+                           struct metrics_partitions *mp)
+{
+	const char *p = PQgetvalue(res, 0, col_down);
+	int n = atoi(PQgetvalue(res, 0, col_n)), down = 0;
+
+	if (n > mp->n)
+		mp->n = n;
+	while (*p != '\0') {
+		char *end;
+		long k = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		if (k >= 0 && k < METRICS_PARTITIONS_MAX)
+			mp->down[k / 8] |= (unsigned char)(1u << (k % 8));
+		down++;
+		p = *end == ',' ? end + 1 : end;
+	}
+	return down < n;
+}
+
+/* For the operator's scraper, not for tenants. Through a proxy every
+ * statement asks each partition alone: the gauges are sums over those
+ * that answered, idemflow_partition_up names the others, and when none
+ * answered there is nothing to sum (idemflow_db_up 0, as when the
+ * proxy itself does not answer). */
 void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp *resp)
 {
 	struct metrics_outbox ob;
 	struct metrics_deliveries md;
+	struct metrics_partitions mp = { 0 };
 	char top[8];
 	const char *tp[METRICS_DELIVERIES__N] = { [METRICS_DELIVERIES_TOP] = top };
 	struct err e;
 	PGresult *res;
-	int db_ok, md_ok = 0;
+	int db_ok, md_ok = 0, proxied = 0;
 
 	if (!operator_allowed(ctx, req, resp, "/metrics"))
 		return;
@@ -335,19 +368,31 @@ void ops_metrics(struct handler_ctx *ctx, struct http_req *req, struct http_resp
 		ob.jobs_leased = atol(PQgetvalue(res, 0, 4));
 		ob.jobs_leases_expired = atol(PQgetvalue(res, 0, 5));
 		ob.incidents = atol(PQgetvalue(res, 0, 6));
-		PQclear(res);
-		snprintf(top, sizeof(top), "%d", METRICS_ENDPOINTS_TOP);
-		res = db_run(ctx->db, Q_METRICS_DELIVERIES, METRICS_DELIVERIES__N, tp, &e);
-		md_ok = res != NULL && deliveries_read(res, &md);
+		if (PQnfields(res) > METRICS_COL_UNREACHABLE) {
+			proxied = 1;
+			db_ok = partitions_read(res, METRICS_COL_PARTITIONS,
+			                        METRICS_COL_UNREACHABLE, &mp);
+		}
 		PQclear(res);
 	} else {
 		ctx->err = e; /* for the request's log line */
+	}
+	if (db_ok) {
+		snprintf(top, sizeof(top), "%d", METRICS_ENDPOINTS_TOP);
+		res = db_run(ctx->db, Q_METRICS_DELIVERIES, METRICS_DELIVERIES__N, tp, &e);
+		md_ok = res != NULL && deliveries_read(res, &md);
+		if (md_ok && proxied && PQnfields(res) > METRICS_DELIVERIES_COL_UNREACHABLE)
+			md_ok = partitions_read(res, METRICS_DELIVERIES_COL_PARTITIONS,
+			                        METRICS_DELIVERIES_COL_UNREACHABLE, &mp);
+		PQclear(res);
 	}
 	scoreboard_stage(SB_WRITING);
 	resp->status = 200;
 	resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
 	buf_reset(&resp->body);
 	metrics_render(&resp->body, db_ok ? &ob : NULL);
+	if (proxied)
+		metrics_render_partitions(&resp->body, &mp);
 	if (md_ok)
 		metrics_render_deliveries(&resp->body, &md);
 	if (resp->body.oom) {

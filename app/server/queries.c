@@ -202,6 +202,12 @@ const struct db_stmt queries[Q__COUNT] = {
 	                  "UPDATE idempotency_keys\n"
 	                  "   SET status = $3, headers = $4, body = $5\n"
 	                  " WHERE tenant_id = $1 AND key = $2\n" },
+	[Q_KEYED_COMMAND] = { "keyed_command", KEYED_COMMAND__N,
+	                      "SELECT *\n"
+	                      "  FROM idemflow_keyed_command($1, $2, $3, $4, $5, $6, $7, $8, $9,\n"
+	                      "                              $10, $11, $12, $13)\n" },
+	[Q_KEY_STORE_ANSWER] = { "key_store_answer", KEY_STORE__N,
+	                         "SELECT idemflow_key_store_answer($1, $2, $3, $4, $5)\n" },
 	/* The event's payload as the keyed create's: around the tenant id. */
 	[Q_WF_CREATE_RUN] = { "wf_create_run", WF_CREATE_RUN__N,
 	                      "SELECT *\n"
@@ -653,6 +659,9 @@ static const struct {
 	  "SELECT * FROM idemflow_endpoint_attempts($1, $2, $3, $4, $5, $6, $7)\n" },
 	{ Q_ENDPOINT_UNDELIVERED,
 	  "SELECT * FROM idemflow_endpoint_undelivered($1, $2, $3, $4, $5, $6, $7)\n" },
+	/* The keyed commands of two round trips: cmd.c. */
+	{ Q_KEYED_COMMAND, NULL },
+	{ Q_KEY_STORE_ANSWER, NULL },
 	{ Q_KEYSTATS_FLUSH, "SELECT count(*)\n"
 	                    "  FROM idemflow_keystats_flush($1, $2, $3, $4, $5)\n" },
 	/* Ready when every partition is: the lowest version, any in
@@ -670,11 +679,38 @@ static const struct {
 	  "                    FILTER (WHERE error IS NOT NULL), ''),\n"
 	  "       count(*) FILTER (WHERE error IS NULL)\n"
 	  "  FROM idemflow_partitions_status()\n" },
+	/* The sums over the partitions that answered, then how many
+	 * partitions there are and the numbers of those that did not answer
+	 * ("" when all did): METRICS_COL_PARTITIONS, _UNREACHABLE. */
 	{ Q_METRICS_OUTBOX, "SELECT coalesce(sum(pending), 0), coalesce(max(oldest), 0),\n"
 	                    "       coalesce(sum(dead), 0), coalesce(sum(activatable), 0),\n"
 	                    "       coalesce(sum(leased), 0), coalesce(sum(expired), 0),\n"
-	                    "       coalesce(sum(incidents), 0)\n"
-	                    "  FROM idemflow_metrics_outbox()\n" },
+	                    "       coalesce(sum(incidents), 0), count(*),\n"
+	                    "       coalesce(string_agg(partition::text, ',' ORDER BY partition)\n"
+	                    "                    FILTER (WHERE error IS NOT NULL), '')\n"
+	                    "  FROM idemflow_metrics_outbox_by_partition()\n" },
+	/* The rows of the server's statement: the totals summed over the
+	 * partitions that answered, with the partitions' columns as
+	 * Q_METRICS_OUTBOX's (METRICS_DELIVERIES_COL_PARTITIONS,
+	 * _UNREACHABLE), then the $1 endpoints with the most pending
+	 * deliveries across the partitions' own tops of $1. */
+	{ Q_METRICS_DELIVERIES,
+	  "WITH d AS (SELECT * FROM idemflow_metrics_deliveries_by_partition($1::integer))\n"
+	  "SELECT 0 AS k, coalesce(sum(d.disabled), 0)::bigint,\n"
+	  "       coalesce(sum(d.pending) FILTER (WHERE d.k = 0), 0)::bigint,\n"
+	  "       NULL::bigint, NULL::uuid, count(DISTINCT d.partition),\n"
+	  "       coalesce(string_agg(d.partition::text, ',' ORDER BY d.partition)\n"
+	  "                    FILTER (WHERE d.error IS NOT NULL), '')\n"
+	  "  FROM d\n"
+	  " UNION ALL\n"
+	  "SELECT 1, NULL, t.n, t.tenant_id, t.endpoint_id, NULL, NULL\n"
+	  "  FROM (SELECT d.tenant_id, d.endpoint_id, sum(d.pending)::bigint AS n\n"
+	  "          FROM d\n"
+	  "         WHERE d.k = 1\n"
+	  "         GROUP BY d.tenant_id, d.endpoint_id\n"
+	  "         ORDER BY n DESC, d.tenant_id, d.endpoint_id\n"
+	  "         LIMIT $1::integer) t\n"
+	  " ORDER BY k, 3 DESC, 4, 5\n" },
 	{ Q_NOTIFY, NULL },
 	{ Q_BEGIN, NULL },
 	{ Q_COMMIT, NULL },

@@ -70,7 +70,9 @@ enum query_id {
 	Q_SCHEMA_VERSION,
 	/* GET /metrics, one cheap statement per scrape -> (pending events,
 	 * age in seconds of the oldest pending one or 0, dead events,
-	 * workflows in incident) */
+	 * activatable, leased and expired jobs, workflows in incident); with
+	 * routing = proxy, the sums over the partitions that answered, then
+	 * METRICS_COL_PARTITIONS and _UNREACHABLE */
 	Q_METRICS_OUTBOX,
 	/* Wake dispatchers waiting in --loop (sent outside any create). */
 	Q_NOTIFY,
@@ -86,6 +88,16 @@ enum query_id {
 	Q_KEY_CLAIM,
 	/* Store the answer on the key claimed by Q_KEY_CLAIM. */
 	Q_KEY_STORE,
+	/*
+	 * routing = proxy (sql/027_partition_keyed_commands.sql): a command
+	 * of two round trips as one call on the tenant's partition, its key
+	 * claimed (or none) -> (outcome, the command's rows as a JSON array
+	 * of record texts): 'created', 'taken', 'unstored' or 'unkeyed'.
+	 */
+	Q_KEYED_COMMAND,
+	/* ...then its rendered answer, unless the key has one already ->
+	 * 1 when stored, 0 when it was there. */
+	Q_KEY_STORE_ANSWER,
 	/* The commands (sql/005_runs.sql); each returns rows whose first
 	 * two columns are (problem slug or NULL, detail). */
 	/* -> idemflow_wf_row */
@@ -160,7 +172,9 @@ enum query_id {
 	Q_EVENT_RESEND,
 	/* GET /metrics -> (disabled endpoints, pending deliveries) and
 	 * (tenant, endpoint, pending) rows of the METRICS_TOP endpoints with
-	 * the most pending deliveries (the first row's endpoint NULL) */
+	 * the most pending deliveries (the first row's endpoint NULL); with
+	 * routing = proxy, across the partitions that answered, the first
+	 * row ending with METRICS_DELIVERIES_COL_PARTITIONS and _UNREACHABLE */
 	Q_METRICS_DELIVERIES,
 	Q__COUNT
 };
@@ -264,6 +278,26 @@ enum key_store_param {
 	KEY_STORE_BODY,
 	KEY_STORE__N
 };
+
+/* Q_KEYED_COMMAND */
+enum keyed_command_param {
+	KEYED_COMMAND_TENANT,
+	KEYED_COMMAND_KEY, /* NULL: run the command without a key */
+	KEYED_COMMAND_METHOD,
+	KEYED_COMMAND_PATH,
+	KEYED_COMMAND_FP,
+	KEYED_COMMAND_TTL,
+	KEYED_COMMAND_BYTES_FP,
+	KEYED_COMMAND_ACTOR,
+	KEYED_COMMAND_TRACEPARENT,
+	KEYED_COMMAND_TRACESTATE,
+	KEYED_COMMAND_SQL,   /* the command's statement, as queries[] has it */
+	KEYED_COMMAND_ARGS,  /* its parameters, a text[] literal */
+	KEYED_COMMAND_STORE, /* the problems a key keeps (cmd_stores), a text[] literal */
+	KEYED_COMMAND__N
+};
+/* Q_KEYED_COMMAND's columns */
+enum { KEYED_COMMAND_COL_OUTCOME, KEYED_COMMAND_COL_ROWS };
 
 /* Q_WF_CREATE_RUN */
 enum wf_create_run_param {
@@ -556,6 +590,13 @@ int queries_check(struct err *e) MUSTCHECK;
  * partitions that did not answer, "0,3", or "" when all did; how many
  * answered. */
 enum { SCHEMA_COL_PARTITIONS = 3, SCHEMA_COL_UNREACHABLE = 4, SCHEMA_COL_REACHABLE = 5 };
+
+/* Through a proxy, Q_METRICS_OUTBOX's row and Q_METRICS_DELIVERIES's first
+ * row end with how many partitions the proxy names and the numbers of
+ * those that did not answer, "0,3", or "" when all did; the sums are of
+ * the partitions that answered. */
+enum { METRICS_COL_PARTITIONS = 7, METRICS_COL_UNREACHABLE = 8 };
+enum { METRICS_DELIVERIES_COL_PARTITIONS = 5, METRICS_DELIVERIES_COL_UNREACHABLE = 6 };
 
 /* Q_AUTH's second column: the token's id (KEY_COL_TOKEN in a key row). */
 enum { AUTH_COL_TOKEN = 1 };

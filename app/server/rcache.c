@@ -81,9 +81,11 @@ int rcache_put(struct rcache *rc, const uint8_t token[FP_LEN], const char *key, 
 	    row_bytes(row) > RCACHE_MAX_ROW)
 		return 0;
 	/* Only a whole, live key row: one written and committed with its
-	 * response, and not expired. */
+	 * response (not 0, a claim; not 1, a command's rows waiting for
+	 * theirs, through a proxy), and not expired. */
 	if (PQgetisnull(row, 0, KEY_COL_FP) || PQgetisnull(row, 0, KEY_COL_MS_LEFT) ||
 	    strcmp(PQgetvalue(row, 0, KEY_COL_STATUS), "0") == 0 ||
+	    strcmp(PQgetvalue(row, 0, KEY_COL_STATUS), "1") == 0 ||
 	    strcmp(PQgetvalue(row, 0, KEY_COL_EXPIRED), "f") != 0)
 		return 0;
 	life = strtoll(PQgetvalue(row, 0, KEY_COL_MS_LEFT), &end, 10);

@@ -269,14 +269,19 @@ static int render_create_run(struct handler_ctx *ctx, const struct http_req *req
 		return err_set(e, ERR_INTERNAL, "idemflow_wf_create returned %d rows",
 		               PQntuples(res));
 	if (strcmp(PQgetvalue(res, 0, 2), "created") == 0) {
-		if (strcmp(PQgetvalue(res, 0, 5), "pending") == 0 &&
+		/* The prepared answer is the row's when the row is the one
+		 * prepared: through a proxy the rows may be an earlier
+		 * request's (cmd.c), rendered again. */
+		if (strcmp(PQgetvalue(res, 0, 3), cr->id) == 0 &&
+		    strcmp(PQgetvalue(res, 0, 5), "pending") == 0 &&
 		    (cr->steps == NULL || strcmp(PQgetvalue(res, 0, 10), "1") == 0)) {
 			answer_created(resp, cr);
 			return 0;
 		}
 		resp->status = 201;
 		resp->content_type = "application/json";
-		http_resp_header(resp, "Location", cr->location);
+		snprintf(location, sizeof(location), "/v1/workflows/%s", PQgetvalue(res, 0, 3));
+		http_resp_header(resp, "Location", location);
 		return wf_write_row(&resp->body, &ctx->body, res, 0, 3, 0, e);
 	}
 	/* An active workflow already has this business key: that one. */

@@ -4,6 +4,9 @@
 --
 -- MODE create  POST /v1/workflows, a new Idempotency-Key on every request:
 --              TAG-<thread>-<random>-<counter>
+--      create-steps  the same with a body of one job step: a command of two
+--              round trips (claim and command, then the stored answer),
+--              as every keyed command but the plain create
 --      scatter the same, the key <16 random hex digits>-<thread>-<counter>-TAG:
 --              keys spread over the whole key index, as random client keys
 --              do, instead of all going to one place in it
@@ -38,6 +41,8 @@
 -- status.
 
 local BODY = '{"type":"order-flow","input":{"order":42}}'
+local STEPS_BODY = '{"type":"order-flow","input":{"order":42},' ..
+    '"steps":[{"name":"pack","job_type":"bench-pack"}]}'
 
 local nthreads = 0
 local threads = {}
@@ -84,7 +89,7 @@ function init(args)
 	if mode ~= "get" then
 		wrk.method = "POST"
 		wrk.path = "/v1/workflows"
-		wrk.body = BODY
+		wrk.body = mode == "create-steps" and STEPS_BODY or BODY
 		wrk.headers["Content-Type"] = "application/json"
 		wrk.headers["Authorization"] = "Bearer " .. token
 		if mode == "replay" then
@@ -96,8 +101,8 @@ function init(args)
 	-- Only create needs a new request each time. Without a request()
 	-- function wrk formats the request once and sends the same bytes
 	-- again, so replays and GET /healthz cost the load generator alike.
-	if mode ~= "create" and mode ~= "scatter" and mode ~= "mix" and mode ~= "storm" and
-	    mode ~= "create-status" and mode ~= "soak" then
+	if mode ~= "create" and mode ~= "create-steps" and mode ~= "scatter" and mode ~= "mix" and
+	    mode ~= "storm" and mode ~= "create-status" and mode ~= "soak" then
 		request = nil
 	end
 	-- Parsing answers costs the load generator: only these count them.
@@ -108,7 +113,7 @@ end
 
 function request()
 	counter = counter + 1
-	if mode == "create" or mode == "create-status" then
+	if mode == "create" or mode == "create-status" or mode == "create-steps" then
 		wrk.headers["Idempotency-Key"] = prefix .. counter
 	elseif mode == "soak" then
 		local r = math.random()

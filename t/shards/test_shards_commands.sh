@@ -9,9 +9,8 @@
 #   - GET /v1/endpoints and /v1/endpoints/{id}: the tenant's only;
 #   - GET /v1/events: the tenant's events only;
 #   - GET /v1/endpoints/{id}/secret, /v1/events/{id}/deliveries,
-#     /v1/endpoints/{id}/attempts and /undelivered: the tenant's only;
-#   - a keyed create with a business key (claim, command and store in two round
-#     trips of one transaction) is still refused: 500, nothing stored.
+#     /v1/endpoints/{id}/attempts and /undelivered: the tenant's only.
+# The keyed commands of two round trips: test_shards_keyed.sh.
 # Starts its own proxy and partitions (scripts/lib/stack.sh, about 10 s).
 # Skips (77) without PL/Proxy (scripts/deps installs it).
 set -euo pipefail
@@ -112,10 +111,5 @@ psql_at "$P0" "INSERT INTO delivery_attempts (tenant_id, endpoint_id, workflow_i
 expect "tenant a: the endpoint's attempts" "$(get t1 "$TA" "/v1/endpoints/$EA/attempts")|$(py t1 '[(a["event_id"], a["trigger"], a["started_at"], a["status"], a["outcome"], a["response"]) for a in d["attempts"]]')" \
 	"200|[('$A3.1', 'scheduled', '2026-01-02T03:04:05.500000Z', 502, 'http', 'bad gateway')]"
 expect "tenant b: tenant a's endpoint's attempts 404" "$(get t2 "$TB" "/v1/endpoints/$EA/attempts")" 404
-# ---- still refused: a keyed command of two round trips
-expect "a keyed create with a business key is refused: 500" \
-	"$(post s1 "$TA" '{"type":"t","business_key":"bk1"}' ks1)" 500
-expect "and stores nothing" \
-	"$(psql_at "$P0" "SELECT (SELECT count(*) FROM workflows), (SELECT count(*) FROM idempotency_keys)")" "3|0"
 
 shards_end
