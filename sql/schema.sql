@@ -97,6 +97,13 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.idemflow_commit_durable() RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT set_config('synchronous_commit', 'on', true)
+     WHERE current_setting('synchronous_commit') NOT IN ('on', 'remote_apply');
+$$;
+
 CREATE FUNCTION public.idemflow_compensate_begin(p_tenant bigint, p_wf uuid, p_from text, p_step integer, p_error text) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -173,6 +180,7 @@ CREATE FUNCTION public.idemflow_create_keyed(p_token_hash bytea, p_key text, p_m
     AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM idemflow_commit_durable();
     RETURN QUERY
     WITH t AS (
       SELECT tenant_id, id, 'token:' || id AS actor
@@ -227,6 +235,7 @@ CREATE FUNCTION public.idemflow_create_unkeyed(p_tenant bigint, p_created_at tim
 DECLARE
     v_n integer;
 BEGIN
+    PERFORM idemflow_commit_durable();
     PERFORM set_config('idemflow.traceparent', coalesce(p_traceparent, ''), true),
             set_config('idemflow.tracestate', coalesce(p_tracestate, ''), true),
             set_config('idemflow.actor', coalesce(p_actor, ''), true);
@@ -1296,6 +1305,7 @@ CREATE FUNCTION public.idemflow_key_refresh(p_tenant bigint, p_key text, p_ttl i
 DECLARE
     v_n integer;
 BEGIN
+    PERFORM idemflow_commit_durable();
     UPDATE idempotency_keys k
        SET expires_at = greatest(k.expires_at, now() + coalesce(
            (SELECT idempotency_ttl FROM tenants WHERE id = p_tenant), p_ttl))
@@ -1311,6 +1321,7 @@ CREATE FUNCTION public.idemflow_key_store_answer(p_tenant bigint, p_key text, p_
 DECLARE
     v_n integer;
 BEGIN
+    PERFORM idemflow_commit_durable();
     UPDATE idempotency_keys
        SET status = p_status, headers = p_headers, body = p_body
      WHERE tenant_id = p_tenant AND key = p_key AND status = 1;

@@ -17,7 +17,9 @@
 #     answer from the key's rows, stores it and replays it after;
 #   - 12 concurrent copies of one keyed create with a business key: one
 #     workflow, one answer, byte for byte in every copy;
-#   - a keyed endpoint create: 201 with the row's Location, replayed.
+#   - a keyed endpoint create: 201 with the row's Location, replayed;
+#   - every write of a partition whose default is synchronous_commit =
+#     off committed at "on" (the commit before the answer is durable).
 # Starts its own proxy and partitions (scripts/lib/stack.sh, about 10 s).
 # Skips (77) without PL/Proxy (scripts/deps installs it).
 set -euo pipefail
@@ -53,6 +55,11 @@ P0=${STACK_SHARD_URL[0]}
 P1=${STACK_SHARD_URL[1]}
 
 psql_at() { "$BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
+
+# Partition 1 commits weakly by default, before any session of the
+# proxy's is made to it: what tenant b's requests write records the
+# commit level its transaction had (checked at the end).
+psql_at "$P1" "DO \$\$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', current_database()); END \$\$; CREATE TABLE t_levels (what text, level text); CREATE FUNCTION t_level() RETURNS trigger LANGUAGE plpgsql AS \$\$ BEGIN INSERT INTO t_levels VALUES (TG_TABLE_NAME || ' ' || TG_OP, current_setting('synchronous_commit')); RETURN NULL; END \$\$; CREATE TRIGGER t_level AFTER INSERT OR UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION t_level(); CREATE TRIGGER t_level AFTER INSERT OR UPDATE ON workflows FOR EACH ROW EXECUTE FUNCTION t_level()" >/dev/null || exit 99
 
 "$CLI" --db "$P0" tenant create ta >/dev/null || exit 99
 "$CLI" --db "$P1" tenant create tb >/dev/null || exit 99
@@ -237,6 +244,18 @@ expect "one answer, byte for byte in every copy" "$distinct" 1
 expect "one workflow, one key, stored" \
 	"$(psql_at "$P1" "SELECT (SELECT count(*) FROM workflows WHERE business_key = 'B-9'), (SELECT status FROM idempotency_keys WHERE key = 'kp1')")" \
 	"1|201"
+
+# ---- the commit level: every write of tenant b's requests committed at
+# synchronous_commit on, whatever partition 1's default says.
+expect "a plain keyed create: 201" "$(req pk1 "$TB" POST /v1/workflows '{"type":"plain"}' kpk1)" 201
+expect "a plain unkeyed create: 201" "$(req pk2 "$TB" POST /v1/workflows '{"type":"plain"}')" 201
+expect "a keyed cancel: 200" \
+	"$(req pk3 "$TB" POST "/v1/workflows/$(py pk1 'd["id"]')/transitions" '{"to":"cancelled"}' kpk3)" 200
+expect "every write at synchronous_commit on" \
+	"$(psql_at "$P1" "SELECT string_agg(DISTINCT what || ' ' || level, ', ') FROM t_levels")" \
+	"idempotency_keys INSERT on, idempotency_keys UPDATE on, workflows INSERT on, workflows UPDATE on"
+expect "the partition's default is off" \
+	"$(psql_at "$P1" "SELECT current_setting('synchronous_commit')")" off
 
 echo "1..$n"
 if ((fails)); then
