@@ -365,7 +365,9 @@ stack_scratch_stop() {
 # partitions (over their sockets, as the clusters' superuser, which the
 # proxy's backends are by peer authentication). Exports DATABASE_URL (the
 # proxy, what the workers connect to) and the PG* variables of the proxy;
-# sets STACK_SHARD_URL[i] and STACK_SHARD_DATA[i] for each partition.
+# sets STACK_SHARD_URL[i], STACK_SHARD_DATA[i], STACK_SHARD_DIR[i] (its
+# stack_pg_start DIR: pgsock/, pg.log, pgpass) and STACK_SHARD_PORT[i] for
+# each partition, and STACK_SHARD_PROXY_URL.
 # Tenants and tokens are created on their partition with CLI, then
 # registered with stack_shards_sync.
 stack_shards_start() {
@@ -376,12 +378,14 @@ stack_shards_start() {
 	fi
 	# Read by the caller (scripts/run, t/shards).
 	# shellcheck disable=SC2034
-	STACK_SHARD_URL=() STACK_SHARD_DATA=() STACK_SHARD_N=$n
+	STACK_SHARD_URL=() STACK_SHARD_DATA=() STACK_SHARD_DIR=() STACK_SHARD_PORT=() STACK_SHARD_N=$n
 	for ((i = 0; i < n; i++)); do
 		install -d -m 755 -- "$dir/p$i" || return 1
 		stack_pg_start "$dir/p$i" "$mode" || return 1
 		# shellcheck disable=SC2034
 		STACK_SHARD_URL[i]=$DATABASE_URL STACK_SHARD_DATA[i]=$STACK_PG_DATA
+		# shellcheck disable=SC2034
+		STACK_SHARD_DIR[i]=$STACK_PG_DIR STACK_SHARD_PORT[i]=$STACK_PG_PORT
 		"$cli" --db "$DATABASE_URL" migrate >/dev/null || return 1
 		"$STACK_PG_BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$DATABASE_URL" \
 			-c "SELECT idemflow_partition_ids($i)" >/dev/null || return 1
@@ -390,7 +394,7 @@ stack_shards_start() {
 	install -d -m 755 -- "$dir/proxy" || return 1
 	stack_pg_start "$dir/proxy" "$mode" || return 1
 	# shellcheck disable=SC2034
-	STACK_SHARD_PROXY_DATA=$STACK_PG_DATA
+	STACK_SHARD_PROXY_DATA=$STACK_PG_DATA STACK_SHARD_PROXY_URL=$DATABASE_URL
 	"$cli" --db "$DATABASE_URL" migrate --proxy >/dev/null || return 1
 	"$STACK_PG_BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >/dev/null <<EOT || return 1
 SET client_min_messages = warning;
@@ -405,6 +409,18 @@ EOT
 stack_shards_sync() {
 	"$(stack_pg_bindir)/psql" -XAtq -v ON_ERROR_STOP=1 -d "$DATABASE_URL" \
 		-c "SELECT idemflow_directory_sync()" >/dev/null
+}
+
+# stack_shards_env I: export DATABASE_URL and the PG* variables of
+# partition I (of the last stack_shards_start), as stack_pg_start exports
+# them for a cluster of its own: for a client of that partition alone (a
+# dispatcher, the CLI, a test's SQL).
+stack_shards_env() {
+	local i=$1
+	[[ -n ${STACK_SHARD_URL[i]:-} ]] || { stack_log "no partition $i"; return 1; }
+	export PGHOST=${STACK_SHARD_DIR[i]}/pgsock PGPORT=${STACK_SHARD_PORT[i]} PGUSER=postgres
+	export PGDATABASE=idemflow PGPASSFILE=${STACK_SHARD_DIR[i]}/pgpass
+	export DATABASE_URL=${STACK_SHARD_URL[i]}
 }
 
 # stack_shards_stop DIR: stop the proxy and every partition under DIR.

@@ -24,6 +24,7 @@
 
 #include <criterion/criterion.h>
 #include <criterion/options.h>
+#include <libpq-fe.h>
 
 #include "twait.h"
 
@@ -130,6 +131,33 @@ long tstack_conf_long(const char *key, long fallback)
 /* --- Admin CLI --------------------------------------------------------- */
 
 /*
+ * Over partitions (TSTACK_SHARDS): a token created on the test's partition
+ * routes once the proxy's directory knows it. Syncs are serialised by a
+ * lock on the directory's token table: two tests' syncs at once insert
+ * the same rows, in whatever order each partition returns them.
+ */
+void tstack_shards_sync(void)
+{
+	const char *proxy = getenv("IDEMFLOW_PROXY_URL");
+	PGconn *c;
+	PGresult *res;
+
+	if (proxy == NULL || *proxy == '\0')
+		return;
+	c = PQconnectdb(proxy);
+	cr_assert_eq(PQstatus(c), CONNECTION_OK, "connect to IDEMFLOW_PROXY_URL: %s",
+	             PQerrorMessage(c));
+	res = PQexec(c, "BEGIN;"
+	                " LOCK TABLE idemflow_token_tenants IN SHARE ROW EXCLUSIVE MODE;"
+	                " SELECT idemflow_directory_sync();"
+	                " COMMIT");
+	cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "idemflow_directory_sync(): %s",
+	             PQerrorMessage(c));
+	PQclear(res);
+	PQfinish(c);
+}
+
+/*
  * fork/exec rather than popen: DATABASE_URL is a conninfo string with
  * spaces and quotes, and passing it as one argv element avoids quoting it
  * for a shell.
@@ -192,7 +220,13 @@ int tstack_cli(char *out, size_t outsz, const char *arg, ...)
 	len = fread(tstack_cli_err, 1, sizeof(tstack_cli_err) - 1, errf);
 	tstack_cli_err[len] = '\0';
 	fclose(errf);
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	for (size_t i = 3; status == 0 && i < argc; i++)
+		if (strcmp(argv[i], "token") == 0) {
+			tstack_shards_sync();
+			break;
+		}
+	return status;
 }
 
 /* --- Processes --------------------------------------------------------- */

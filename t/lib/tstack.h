@@ -42,6 +42,17 @@ int tstack_cli(char *out, size_t outsz, const char *arg, ...) __attribute__((sen
 /* The last run's stderr, for failure messages (it is not echoed). */
 const char *tstack_cli_stderr(void);
 
+/*
+ * Over partitions (t/run-test's TSTACK_SHARDS, IDEMFLOW_PROXY_URL set):
+ * fill the proxy's directory from the partitions' tokens
+ * (idemflow_directory_sync), so that a token created on the test's
+ * partition routes there. tstack_cli does it after every successful
+ * command with a "token" argument; a test that writes api_tokens by SQL
+ * calls it.
+ * Nothing without a proxy.
+ */
+void tstack_shards_sync(void);
+
 /* Processes: the harness supervisor, its live workers, liveness. */
 pid_t tstack_supervisor_pid(void);
 size_t tstack_workers(pid_t supervisor, pid_t *out, size_t max);

@@ -21,6 +21,9 @@ int tstack_wait_workers(pid_t supervisor, size_t n, long timeout_ms);
  * The worker whose PostgreSQL session is waiting on a lock held by
  * holder's session (found by pg_blocking_pids and the worker's
  * application_name "...-worker-<pid>"), polling every 20 ms; 0 on timeout.
+ * Over partitions (t/run-test's TSTACK_SHARDS) holder is on the test's
+ * partition, where the waiting session is PL/Proxy's: the worker is the
+ * one whose proxy session is that session's peer (read with ss(8)).
  */
 pid_t tstack_blocked_worker(PGconn *holder, long timeout_ms);
 

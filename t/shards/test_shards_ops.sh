@@ -14,78 +14,12 @@
 # Starts its own proxy and partitions as t/shards/test_shards.sh does.
 set -euo pipefail
 
-: "${top_srcdir:?run me from make check}" "${top_builddir:?}"
-top_srcdir=$(cd "$top_srcdir" && pwd)
-top_builddir=$(cd "$top_builddir" && pwd)
-# shellcheck source=scripts/lib/stack.sh
-source "$top_srcdir/scripts/lib/stack.sh"
-STACK_LOG_PREFIX=test_shards_ops
-CLI=$top_builddir/app/idemflow
-DISPATCH=$top_builddir/app/idemflow-dispatch
-export IDEMFLOW_FCGI=$top_builddir/app/idemflow-fcgi
-
-BINDIR=$(stack_pg_bindir) || exit 99
-if [[ ! -f $("$BINDIR/pg_config" --sharedir 2>/dev/null || echo /usr/share/postgresql/15)/extension/plproxy.control ]]; then
-	echo "1..0 # SKIP PL/Proxy is not installed (scripts/deps)"
-	exit 77
-fi
-
-DIR=$(mktemp -d /tmp/idemflow-shards.XXXXXX) || exit 99
-chmod 755 "$DIR"
-cleanup() {
-	stack_nginx_stop "$DIR/nginx" || true
-	stack_fcgi_stop "$DIR/fcgi.pid" || true
-	stack_shards_stop "$DIR" || true
-	stack_sweep "$DIR"
-	rm -rf -- "$DIR"
-}
-trap cleanup EXIT
-
-stack_shards_start "$DIR" 2 "$CLI" fast || exit 99
-P0=${STACK_SHARD_URL[0]}
-P1=${STACK_SHARD_URL[1]}
-
-psql_at() { "$BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
-
-"$CLI" --db "$P0" tenant create ta >/dev/null || exit 99
-"$CLI" --db "$P1" tenant create tb >/dev/null || exit 99
-TA=$("$CLI" --db "$P0" token create --tenant ta 2>/dev/null) || exit 99
-TB=$("$CLI" --db "$P1" token create --tenant tb 2>/dev/null) || exit 99
-stack_shards_sync || exit 99
-
+# shellcheck source=t/shards/lib.sh
+source "${top_srcdir:?run me from make check}/t/shards/lib.sh"
+shards_start test_shards_ops
 # The replay cache off: every replay is read from the tenant's partition.
-stack_fcgi_dir "$DIR" || exit 99
-cat >"$DIR/idemflow.conf" <<EOT
-db = $DATABASE_URL
-routing = proxy
-listen = $DIR/fcgi.sock
-listen_mode = 0660
-pid_file = $DIR/fcgi.pid
-workers = 1
-replay_cache_ttl = 0
-retry_after = 1
-timeout = 10s
-metrics_token = m3tricsm3tricsm3tricsm3trics
-EOT
-stack_fcgi_start "$DIR/idemflow.conf" "$DIR/fcgi.sock" "$DIR/fcgi.pid" "$DIR/fcgi.log" || exit 99
-stack_nginx_start "$DIR" "" "$DIR/fcgi.sock" "$top_srcdir/nginx/idemflow-local.conf.in" || exit 99
-URL=http://127.0.0.1:$STACK_NGINX_PORT
-
-n=0 fails=0
-ok() {
-	n=$((n + 1))
-	echo "ok $n - $1"
-}
-not_ok() {
-	n=$((n + 1)) fails=$((fails + 1))
-	echo "not ok $n - $1"
-	shift
-	printf '# %s\n' "$@"
-}
-# expect WHAT GOT WANT
-expect() {
-	if [[ $2 == "$3" ]]; then ok "$1"; else not_ok "$1" "expected: $3" "got: $2"; fi
-}
+shards_serve "workers = 1" "replay_cache_ttl = 0" "retry_after = 1" "timeout = 10s" \
+	"metrics_token = m3tricsm3tricsm3tricsm3trics"
 
 # post NAME TOKEN KEY BODY: POST /v1/workflows; status to stdout, the
 # answer in $DIR/NAME.body and its headers in $DIR/NAME.head.
@@ -221,8 +155,4 @@ sleep 1.5
 expect "partition 1 down: tenant a's key counts stored on partition 0, once" \
 	"$(psql_at "$P0" "SELECT replays FROM idempotency_key_stats WHERE key = 'km'")" 2
 
-echo "1..$n"
-if ((fails)); then
-	stack_tail "$DIR/fcgi.log" 20
-	exit 1
-fi
+shards_end
