@@ -75,6 +75,7 @@ CREATE FUNCTION public.idemflow_command_rows(p_sql text, p_args text[]) RETURNS 
     AS $$
 DECLARE
     v_name text := 'idemflow_' || md5(p_sql);
+    v_columns text[];
     v_rows text[] := '{}';
     v_call text;
     r record;
@@ -91,9 +92,12 @@ BEGIN
           FROM unnest(p_args) WITH ORDINALITY AS u(a, i);
     END IF;
     FOR r IN EXECUTE v_call LOOP
+        IF v_columns IS NULL THEN
+            SELECT array_agg(k) INTO v_columns FROM json_object_keys(row_to_json(r)) AS k;
+        END IF;
         v_rows := v_rows || r::text;
     END LOOP;
-    RETURN to_json(v_rows)::text;
+    RETURN json_build_object('columns', coalesce(v_columns, '{}'), 'rows', v_rows)::text;
 END;
 $$;
 
@@ -226,6 +230,20 @@ BEGIN
       LEFT JOIN idempotency_keys x
              ON x.tenant_id = t.tenant_id AND x.key = p_key
             AND NOT EXISTS (SELECT 1 FROM k);
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_create_keyed(p_token_hash bytea, p_key text, p_method text, p_path text, p_fp bytea, p_headers text, p_body text, p_created_at timestamp with time zone, p_ttl interval, p_id uuid, p_type text, p_input jsonb, p_event_id text, p_payload_head text, p_bytes_fp bytea, p_payload_tail text, p_traceparent text, p_tracestate text, p_lock_timeout text) RETURNS TABLE(tenant_id bigint, fingerprint bytea, status smallint, headers text, body text, expired boolean, request_bytes_fp bytea, ms_left bigint, token_id bigint, outcome text)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout, true) WHERE p_lock_timeout IS NOT NULL;
+    RETURN QUERY
+    SELECT *
+      FROM idemflow_create_keyed(p_token_hash, p_key, p_method, p_path, p_fp, p_headers,
+                                 p_body, p_created_at, p_ttl, p_id, p_type, p_input,
+                                 p_event_id, p_payload_head, p_bytes_fp, p_payload_tail,
+                                 p_traceparent, p_tracestate);
 END;
 $$;
 
@@ -1366,14 +1384,22 @@ BEGIN
         RETURN;
     END IF;
     BEGIN
-        INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,
-                                      headers, body, created_at, expires_at,
-                                      request_bytes_fp, actor)
-        VALUES (p_tenant, p_key, p_method, p_path, p_fp, 0, '', '', now(),
-                now() + coalesce((SELECT idempotency_ttl FROM tenants WHERE id = p_tenant),
-                                 p_ttl),
-                p_bytes_fp, nullif(p_actor, ''))
-            ON CONFLICT (tenant_id, key) DO NOTHING;
+        -- A wait past lock_timeout here is on the key's owner (409 in
+        -- flight), told apart by its message from a wait in the command
+        -- (503): the same SQLSTATE, as on one database.
+        BEGIN
+            INSERT INTO idempotency_keys (tenant_id, key, method, path, fingerprint, status,
+                                          headers, body, created_at, expires_at,
+                                          request_bytes_fp, actor)
+            VALUES (p_tenant, p_key, p_method, p_path, p_fp, 0, '', '', now(),
+                    now() + coalesce((SELECT idempotency_ttl FROM tenants WHERE id = p_tenant),
+                                     p_ttl),
+                    p_bytes_fp, nullif(p_actor, ''))
+                ON CONFLICT (tenant_id, key) DO NOTHING;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'idemflow: the key''s owner held it past lock_timeout'
+                USING ERRCODE = 'lock_not_available';
+        END;
         IF NOT FOUND THEN
             RETURN QUERY SELECT 'taken'::text, NULL::text;
             RETURN;
@@ -1381,7 +1407,7 @@ BEGIN
         v_rows := idemflow_command_rows(p_sql, p_args);
         -- The first column of a command's first row is its problem's
         -- slug, or NULL (sql/005_runs.sql): a bare word in record text.
-        v_problem := substring(v_rows::json ->> 0 FROM '^\(([a-z-]+),');
+        v_problem := substring(v_rows::json -> 'rows' ->> 0 FROM '^\(([a-z-]+),');
         IF v_problem IS NOT NULL AND NOT v_problem = ANY (p_store) THEN
             RAISE EXCEPTION USING ERRCODE = 'IF001';
         END IF;
@@ -1392,6 +1418,19 @@ BEGIN
     EXCEPTION WHEN SQLSTATE 'IF001' THEN
         RETURN QUERY SELECT 'unstored'::text, v_rows;
     END;
+END;
+$$;
+
+CREATE FUNCTION public.idemflow_keyed_command(p_tenant bigint, p_key text, p_method text, p_path text, p_fp bytea, p_ttl interval, p_bytes_fp bytea, p_actor text, p_traceparent text, p_tracestate text, p_sql text, p_args text[], p_store text[], p_lock_timeout text) RETURNS TABLE(outcome text, rows text)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout, true) WHERE p_lock_timeout IS NOT NULL;
+    RETURN QUERY
+    SELECT *
+      FROM idemflow_keyed_command(p_tenant, p_key, p_method, p_path, p_fp, p_ttl, p_bytes_fp,
+                                  p_actor, p_traceparent, p_tracestate, p_sql, p_args,
+                                  p_store);
 END;
 $$;
 

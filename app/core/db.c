@@ -152,7 +152,9 @@ int db_classify(PGconn *conn, const PGresult *res, struct err *e)
 	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 	const char *msg = res ? PQresultErrorMessage(res) : NULL;
 	enum err_code code = ERR_DB;
-	char clean[200];
+	/* As long as an error's message may be: through a proxy the
+	 * partition's comes after PL/Proxy's prefix. */
+	char clean[sizeof(((struct err *)0)->msg)];
 	size_t n;
 
 	if (msg == NULL || *msg == '\0')

@@ -780,7 +780,11 @@ static enum attempt attempt_proxied(struct handler_ctx *ctx, const struct http_r
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	res = keyed_command(ctx, req, c, req->idem_key, k->ttl, e);
 	if (res == NULL) {
-		*in_flight = e->code == ERR_LOCK_TIMEOUT;
+		/* A wait on the key's owner says so (sql/032_partition_waits_and_names.sql);
+		 * one in the command (an endpoint's change waiting for the
+		 * tenant's open events) is a 503, as on one database. */
+		*in_flight = e->code == ERR_LOCK_TIMEOUT &&
+		             strstr(e->msg, "the key's owner held it past lock_timeout") != NULL;
 		return ATTEMPT_FAILED;
 	}
 	outcome = PQgetvalue(res, 0, KEYED_COMMAND_COL_OUTCOME);

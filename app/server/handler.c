@@ -101,9 +101,14 @@ void handler_db_error(struct handler_ctx *ctx, struct http_resp *resp, const str
 
 	ctx->err = *e;
 	if (strcmp(e->sqlstate, SQLSTATE_ACTIVATION_TOO_LARGE) == 0) {
-		/* The message is the database's, after its "ERROR:  ". */
-		const char *m = strstr(e->msg, ":  ");
-		handler_problem(resp, req, P_ACTIVATION_TOO_LARGE, m != NULL ? m + 3 : e->msg);
+		/* The message is the database's, after its "ERROR:  " and,
+		 * through a proxy, PL/Proxy's "...: [cluster] REMOTE ERROR: ". */
+		const char *m = strstr(e->msg, "] REMOTE ERROR: ");
+		if (m != NULL)
+			m += strlen("] REMOTE ERROR: ");
+		else if ((m = strstr(e->msg, ":  ")) != NULL)
+			m += 3;
+		handler_problem(resp, req, P_ACTIVATION_TOO_LARGE, m != NULL ? m : e->msg);
 		return;
 	}
 	if (e->code != ERR_DB_DOWN && e->code != ERR_SERIALIZE && e->code != ERR_LOCK_TIMEOUT) {

@@ -202,10 +202,13 @@ const struct db_stmt queries[Q__COUNT] = {
 	                  "UPDATE idempotency_keys\n"
 	                  "   SET status = $3, headers = $4, body = $5\n"
 	                  " WHERE tenant_id = $1 AND key = $2\n" },
+	/* The session's lock_timeout (idempotency_wait) goes with it: through
+	 * a proxy the partition's session is the proxy's. */
 	[Q_KEYED_COMMAND] = { "keyed_command", KEYED_COMMAND__N,
 	                      "SELECT *\n"
 	                      "  FROM idemflow_keyed_command($1, $2, $3, $4, $5, $6, $7, $8, $9,\n"
-	                      "                              $10, $11, $12, $13)\n" },
+	                      "                              $10, $11, $12, $13,\n"
+	                      "                              current_setting('lock_timeout'))\n" },
 	[Q_KEY_STORE_ANSWER] = { "key_store_answer", KEY_STORE__N,
 	                         "SELECT idemflow_key_store_answer($1, $2, $3, $4, $5)\n" },
 	/* The event's payload as the keyed create's: around the tenant id. */
@@ -633,10 +636,12 @@ static const struct {
 } proxied[] = {
 	{ Q_AUTH, "SELECT * FROM idemflow_auth($1)\n" },
 	{ Q_AUTH_KEY, "SELECT * FROM idemflow_auth_key($1, $2)\n" },
-	{ Q_CREATE_KEYED,
-	  "SELECT *\n"
-	  "  FROM idemflow_create_keyed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,\n"
-	  "                             $11, $12, $13, $14, $15, $16, $17, $18)\n" },
+	/* With the session's lock_timeout (idempotency_wait), for the wait on
+	 * a concurrent owner of the key in the partition's session. */
+	{ Q_CREATE_KEYED, "SELECT *\n"
+	                  "  FROM idemflow_create_keyed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,\n"
+	                  "                             $11, $12, $13, $14, $15, $16, $17, $18,\n"
+	                  "                             current_setting('lock_timeout'))\n" },
 	{ Q_KEY_GET, "SELECT * FROM idemflow_key_get($1, $2)\n" },
 	{ Q_KEY_DELETE_EXPIRED, "SELECT idemflow_key_delete_expired($1, $2)\n" },
 	{ Q_KEY_REFRESH, "SELECT idemflow_key_refresh($1, $2, $3)\n" },

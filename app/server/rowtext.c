@@ -63,16 +63,30 @@ static int split(const char *s, size_t n, struct buf *b, struct field *f)
 	}
 }
 
-static PGresult *empty(int nfields, struct err *e)
+/* A result of text columns, named as columns (a JSON array of strings)
+ * names them. */
+static PGresult *empty(struct json_object *columns, struct err *e)
 {
-	static const PGresAttDesc text = {
-		.name = "?column?", .typid = 25, .typlen = -1, .atttypmod = -1
-	};
+	static const PGresAttDesc text = { .typid = 25, .typlen = -1, .atttypmod = -1 };
 	PGresAttDesc att[ROWTEXT_MAX_FIELDS];
-	PGresult *res = PQmakeEmptyPGresult(NULL, PGRES_TUPLES_OK);
+	const int nfields = (int)json_object_array_length(columns);
+	PGresult *res;
 
-	for (int i = 0; i < nfields; i++)
+	if (nfields > ROWTEXT_MAX_FIELDS) {
+		err_set(e, ERR_INTERNAL, "a command's rows have more than %d columns",
+		        ROWTEXT_MAX_FIELDS);
+		return NULL;
+	}
+	for (int i = 0; i < nfields; i++) {
+		struct json_object *name = json_object_array_get_idx(columns, (size_t)i);
+		if (!json_object_is_type(name, json_type_string)) {
+			err_set(e, ERR_INTERNAL, "a command's column %d has no name", i);
+			return NULL;
+		}
 		att[i] = text;
+		att[i].name = (char *)json_object_get_string(name);
+	}
+	res = PQmakeEmptyPGresult(NULL, PGRES_TUPLES_OK);
 	if (res == NULL || (nfields > 0 && !PQsetResultAttrs(res, nfields, att))) {
 		PQclear(res);
 		err_set(e, ERR_INTERNAL, "out of memory");
@@ -84,21 +98,28 @@ static PGresult *empty(int nfields, struct err *e)
 PGresult *rowtext_result(const char *json, size_t len, struct err *e)
 {
 	struct json_tokener *tok = json_tokener_new();
-	struct json_object *rows = NULL;
+	struct json_object *root = NULL, *columns, *rows;
 	struct buf b = BUF_INIT;
 	struct field f[ROWTEXT_MAX_FIELDS];
 	PGresult *res = NULL;
-	int nfields = 0;
+	int nfields;
 
 	if (tok == NULL) {
 		err_set(e, ERR_INTERNAL, "out of memory");
 		goto out;
 	}
-	rows = json_tokener_parse_ex(tok, json, (int)len);
-	if (rows == NULL || !json_object_is_type(rows, json_type_array)) {
-		err_set(e, ERR_INTERNAL, "a command's rows are not a JSON array");
+	root = json_tokener_parse_ex(tok, json, (int)len);
+	if (root == NULL || !json_object_object_get_ex(root, "columns", &columns) ||
+	    !json_object_is_type(columns, json_type_array) ||
+	    !json_object_object_get_ex(root, "rows", &rows) ||
+	    !json_object_is_type(rows, json_type_array)) {
+		err_set(e, ERR_INTERNAL,
+		        "a command's rows are not {\"columns\":[...],\"rows\":[...]}");
 		goto out;
 	}
+	if ((res = empty(columns, e)) == NULL)
+		goto out;
+	nfields = PQnfields(res);
 	for (size_t t = 0; t < json_object_array_length(rows); t++) {
 		struct json_object *row = json_object_array_get_idx(rows, t);
 		int nf;
@@ -114,11 +135,7 @@ PGresult *rowtext_result(const char *json, size_t len, struct err *e)
 			err_set(e, ERR_INTERNAL, "a command's row %zu is not a record's text", t);
 			goto fail;
 		}
-		if (res == NULL) {
-			nfields = nf;
-			if ((res = empty(nfields, e)) == NULL)
-				goto out;
-		} else if (nf != nfields) {
+		if (nf != nfields) {
 			err_set(e, ERR_INTERNAL, "a command's row %zu has %d fields, not %d", t, nf,
 			        nfields);
 			goto fail;
@@ -131,15 +148,13 @@ PGresult *rowtext_result(const char *json, size_t len, struct err *e)
 			}
 		}
 	}
-	if (res == NULL)
-		res = empty(0, e);
 	goto out;
 fail:
 	PQclear(res);
 	res = NULL;
 out:
 	buf_free(&b);
-	json_object_put(rows);
+	json_object_put(root);
 	if (tok != NULL)
 		json_tokener_free(tok);
 	return res;

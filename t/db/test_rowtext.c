@@ -7,10 +7,11 @@
  * Proves: for a statement with the awkward values (NULL and the empty
  * string, quotes, backslashes, commas, parentheses, spaces and newlines,
  * JSON, arrays, times, booleans, numbers) and untyped parameters whose
- * types the statement infers, every field of every row is the one PQexecParams
- * gives on the same connection, and NULL where it is NULL; no row gives
- * no row; a refusal the key does not keep rolls back its claim and its
- * effects; malformed rows are refused with a reason.
+ * types the statement infers, every column is named as PQexecParams names
+ * it on the same connection, and every field of every row is the one it
+ * gives, NULL where it is NULL; no row gives no row; a refusal the key
+ * does not keep rolls back its claim and its effects; malformed rows are
+ * refused with a reason.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -64,6 +65,8 @@ Test(rowtext, every_value_as_the_database_gives_it)
 	cr_assert_eq(PQntuples(got), 3);
 	cr_assert_eq(PQntuples(got), PQntuples(want));
 	cr_assert_eq(PQnfields(got), PQnfields(want));
+	for (int f = 0; f < PQnfields(want); f++)
+		cr_assert_str_eq(PQfname(got, f), PQfname(want, f), "column %d", f);
 	for (int t = 0; t < PQntuples(want); t++)
 		for (int f = 0; f < PQnfields(want); f++) {
 			cr_assert_eq(PQgetisnull(got, t, f), PQgetisnull(want, t, f),
@@ -115,7 +118,9 @@ Test(rowtext, a_refusal_not_kept_rolls_back_its_claim_and_effects)
 	                 2, NULL, (const char *const[]){ t, sql }, NULL, NULL, 0);
 	cr_assert_eq(PQresultStatus(r), PGRES_TUPLES_OK, "%s", PQerrorMessage(tstack_db()));
 	cr_assert_str_eq(PQgetvalue(r, 0, 0), "unstored");
-	cr_assert_str_eq(PQgetvalue(r, 0, 1), "[\"(not-found,gone,7)\"]");
+	cr_assert_str_eq(PQgetvalue(r, 0, 1),
+	                 "{\"columns\" : [\"text\",\"text\",\"n\"], \"rows\" : "
+	                 "[\"(not-found,gone,7)\"]}");
 	PQclear(r);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM rowtext_effects"), 0);
 	cr_assert_eq(tstack_count("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1", t),
@@ -136,7 +141,8 @@ Test(rowtext, a_refusal_not_kept_rolls_back_its_claim_and_effects)
 	kept = tstack_text("SELECT status || ' ' || body FROM idempotency_keys"
 	                   " WHERE tenant_id = $1 AND key = 'k1'",
 	                   t);
-	cr_assert_str_eq(kept, "1 [\"(state-conflict,no,7)\"]");
+	cr_assert_str_eq(kept, "1 {\"columns\" : [\"text\",\"text\",\"n\"], \"rows\" : "
+	                       "[\"(state-conflict,no,7)\"]}");
 	free(kept);
 	tstack_exec(tstack_db(), "DROP TABLE rowtext_effects");
 }
@@ -146,12 +152,19 @@ Test(rowtext, malformed_rows_are_refused)
 	static const struct {
 		const char *json, *why;
 	} bad[] = {
-		{ "{}", "a command's rows are not a JSON array" },
-		{ "[1]", "a command's row 0 is not a string" },
-		{ "[\"1,2\"]", "a command's row 0 is not a record's text" },
-		{ "[\"(\\\"a)\"]", "a command's row 0 is not a record's text" },
-		{ "[\"(a,b)\",\"(c)\"]", "a command's row 1 has 1 fields, not 2" },
-		{ "[\"(a)\"", "a command's rows are not a JSON array" },
+		{ "[]", "a command's rows are not {\"columns\":[...],\"rows\":[...]}" },
+		{ "{\"columns\":[],\"rows\":{}}",
+		  "a command's rows are not {\"columns\":[...],\"rows\":[...]}" },
+		{ "{\"columns\":[1],\"rows\":[]}", "a command's column 0 has no name" },
+		{ "{\"columns\":[\"a\"],\"rows\":[1]}", "a command's row 0 is not a string" },
+		{ "{\"columns\":[\"a\"],\"rows\":[\"1,2\"]}",
+		  "a command's row 0 is not a record's text" },
+		{ "{\"columns\":[\"a\"],\"rows\":[\"(\\\"a)\"]}",
+		  "a command's row 0 is not a record's text" },
+		{ "{\"columns\":[\"a\",\"b\"],\"rows\":[\"(a,b)\",\"(c)\"]}",
+		  "a command's row 1 has 1 fields, not 2" },
+		{ "{\"columns\":[\"a\"],\"rows\":[\"(a)\"]",
+		  "a command's rows are not {\"columns\":[...],\"rows\":[...]}" },
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
