@@ -26,79 +26,13 @@
 # Skips (77) without PL/Proxy (scripts/deps installs it).
 set -euo pipefail
 
-: "${top_srcdir:?run me from make check}" "${top_builddir:?}"
-top_srcdir=$(cd "$top_srcdir" && pwd)
-top_builddir=$(cd "$top_builddir" && pwd)
-# shellcheck source=scripts/lib/stack.sh
-source "$top_srcdir/scripts/lib/stack.sh"
-STACK_LOG_PREFIX=test_shards_keyed
-CLI=$top_builddir/app/idemflow
-export IDEMFLOW_FCGI=$top_builddir/app/idemflow-fcgi
-
-BINDIR=$(stack_pg_bindir) || exit 99
-if [[ ! -f $("$BINDIR/pg_config" --sharedir 2>/dev/null || echo /usr/share/postgresql/15)/extension/plproxy.control ]]; then
-	echo "1..0 # SKIP PL/Proxy is not installed (scripts/deps)"
-	exit 77
-fi
-
-DIR=$(mktemp -d /tmp/idemflow-shards-keyed.XXXXXX) || exit 99
-chmod 755 "$DIR"
-cleanup() {
-	stack_nginx_stop "$DIR/nginx" || true
-	stack_fcgi_stop "$DIR/fcgi.pid" || true
-	stack_shards_stop "$DIR" || true
-	stack_sweep "$DIR"
-	rm -rf -- "$DIR"
-}
-trap cleanup EXIT
-
-stack_shards_start "$DIR" 2 "$CLI" fast || exit 99
-P0=${STACK_SHARD_URL[0]}
-P1=${STACK_SHARD_URL[1]}
-
-psql_at() { "$BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
-
-# Partition 1 commits weakly by default, before any session of the
-# proxy's is made to it: what tenant b's requests write records the
+source "${top_srcdir:?run me from make check}/t/shards/lib.sh"
+shards_start test_shards_keyed
+# Partition 1 commits weakly by default, before the server makes its
+# sessions to it: what tenant b's requests write records the
 # commit level its transaction had (checked at the end).
 psql_at "$P1" "DO \$\$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', current_database()); END \$\$; CREATE TABLE t_levels (what text, level text); CREATE FUNCTION t_level() RETURNS trigger LANGUAGE plpgsql AS \$\$ BEGIN INSERT INTO t_levels VALUES (TG_TABLE_NAME || ' ' || TG_OP, current_setting('synchronous_commit')); RETURN NULL; END \$\$; CREATE TRIGGER t_level AFTER INSERT OR UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION t_level(); CREATE TRIGGER t_level AFTER INSERT OR UPDATE ON workflows FOR EACH ROW EXECUTE FUNCTION t_level()" >/dev/null || exit 99
-
-"$CLI" --db "$P0" tenant create ta >/dev/null || exit 99
-"$CLI" --db "$P1" tenant create tb >/dev/null || exit 99
-TA=$("$CLI" --db "$P0" token create --tenant ta 2>/dev/null) || exit 99
-TB=$("$CLI" --db "$P1" token create --tenant tb 2>/dev/null) || exit 99
-stack_shards_sync || exit 99
-
-stack_fcgi_dir "$DIR" || exit 99
-cat >"$DIR/idemflow.conf" <<EOT
-db = $DATABASE_URL
-routing = proxy
-listen = $DIR/fcgi.sock
-listen_mode = 0660
-pid_file = $DIR/fcgi.pid
-workers = 4
-idempotency_key = optional
-timeout = 10s
-EOT
-stack_fcgi_start "$DIR/idemflow.conf" "$DIR/fcgi.sock" "$DIR/fcgi.pid" "$DIR/fcgi.log" || exit 99
-stack_nginx_start "$DIR" "" "$DIR/fcgi.sock" "$top_srcdir/nginx/idemflow-local.conf.in" || exit 99
-URL=http://127.0.0.1:$STACK_NGINX_PORT
-
-n=0 fails=0
-ok() {
-	n=$((n + 1))
-	echo "ok $n - $1"
-}
-not_ok() {
-	n=$((n + 1)) fails=$((fails + 1))
-	echo "not ok $n - $1"
-	shift
-	printf '# %s\n' "$@"
-}
-# expect WHAT GOT WANT
-expect() {
-	if [[ $2 == "$3" ]]; then ok "$1"; else not_ok "$1" "expected: $3" "got: $2"; fi
-}
+shards_serve "workers = 4" "idempotency_key = optional" "timeout = 10s"
 
 # req NAME TOKEN METHOD PATH BODY [KEY]: status to stdout; the answer's
 # headers in $DIR/NAME.head, its body in $DIR/NAME.body.
@@ -284,8 +218,4 @@ expect "every write at synchronous_commit on" \
 expect "the partition's default is off" \
 	"$(psql_at "$P1" "SELECT current_setting('synchronous_commit')")" off
 
-echo "1..$n"
-if ((fails)); then
-	stack_tail "$DIR/fcgi.log" 20
-	exit 1
-fi
+shards_end

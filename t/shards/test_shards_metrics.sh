@@ -20,82 +20,17 @@
 # (scripts/lib/stack.sh, about 15 s). Skips (77) without PL/Proxy.
 set -euo pipefail
 
-: "${top_srcdir:?run me from make check}" "${top_builddir:?}"
-top_srcdir=$(cd "$top_srcdir" && pwd)
-top_builddir=$(cd "$top_builddir" && pwd)
-# shellcheck source=scripts/lib/stack.sh
-source "$top_srcdir/scripts/lib/stack.sh"
-STACK_LOG_PREFIX=test_shards_metrics
-CLI=$top_builddir/app/idemflow
-export IDEMFLOW_FCGI=$top_builddir/app/idemflow-fcgi
-
-BINDIR=$(stack_pg_bindir) || exit 99
-if [[ ! -f $("$BINDIR/pg_config" --sharedir 2>/dev/null || echo /usr/share/postgresql/15)/extension/plproxy.control ]]; then
-	echo "1..0 # SKIP PL/Proxy is not installed (scripts/deps)"
-	exit 77
-fi
-
-DIR=$(mktemp -d /tmp/idemflow-shards-metrics.XXXXXX) || exit 99
-chmod 755 "$DIR"
-cleanup() {
-	stack_nginx_stop "$DIR/direct/nginx" || true
-	stack_fcgi_stop "$DIR/direct/fcgi.pid" || true
-	stack_nginx_stop "$DIR/nginx" || true
-	stack_fcgi_stop "$DIR/fcgi.pid" || true
-	stack_shards_stop "$DIR" || true
-	stack_sweep "$DIR"
-	rm -rf -- "$DIR"
-}
-trap cleanup EXIT
-
-stack_shards_start "$DIR" 2 "$CLI" fast || exit 99
-P0=${STACK_SHARD_URL[0]}
-P1=${STACK_SHARD_URL[1]}
+source "${top_srcdir:?run me from make check}/t/shards/lib.sh"
+shards_start test_shards_metrics
+# The pool of one database this test starts too goes with the rest.
+trap 'stack_nginx_stop "$DIR/direct/nginx" || true; stack_fcgi_stop "$DIR/direct/fcgi.pid" || true; shards_cleanup' EXIT
 PROXY_LOG=$DIR/proxy/pg.log
-
-psql_at() { "$BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
-
-"$CLI" --db "$P0" tenant create ta >/dev/null || exit 99
-"$CLI" --db "$P1" tenant create tb >/dev/null || exit 99
-TA=$("$CLI" --db "$P0" token create --tenant ta 2>/dev/null) || exit 99
-TB=$("$CLI" --db "$P1" token create --tenant tb 2>/dev/null) || exit 99
-stack_shards_sync || exit 99
 TA_ID=$(psql_at "$P0" "SELECT id FROM tenants WHERE name = 'ta'")
 TB_ID=$(psql_at "$P1" "SELECT id FROM tenants WHERE name = 'tb'")
-
-stack_fcgi_dir "$DIR" || exit 99
-cat >"$DIR/idemflow.conf" <<EOT
-db = $DATABASE_URL
-routing = proxy
-listen = $DIR/fcgi.sock
-listen_mode = 0660
-pid_file = $DIR/fcgi.pid
-workers = 2
-retry_after = 1
-timeout = 10s
-EOT
-stack_fcgi_start "$DIR/idemflow.conf" "$DIR/fcgi.sock" "$DIR/fcgi.pid" "$DIR/fcgi.log" || exit 99
-stack_nginx_start "$DIR" "" "$DIR/fcgi.sock" "$top_srcdir/nginx/idemflow-local.conf.in" || exit 99
-URL=http://127.0.0.1:$STACK_NGINX_PORT
+shards_serve "workers = 2" "retry_after = 1" "timeout = 10s"
 # nginx's metrics listener passes the client's address: 127.0.0.1 is in
 # the default metrics_allow.
 METRICS=http://127.0.0.1:$STACK_NGINX_METRICS_PORT/metrics
-
-n=0 fails=0
-ok() {
-	n=$((n + 1))
-	echo "ok $n - $1"
-}
-not_ok() {
-	n=$((n + 1)) fails=$((fails + 1))
-	echo "not ok $n - $1"
-	shift
-	printf '# %s\n' "$@"
-}
-# expect WHAT GOT WANT
-expect() {
-	if [[ $2 == "$3" ]]; then ok "$1"; else not_ok "$1" "expected: $3" "got: $2"; fi
-}
 
 post() {
 	curl -sS --max-time 20 -o "$DIR/$1.body" -w '%{http_code}' \
@@ -225,10 +160,8 @@ expect "both down: no outbox or endpoint gauge" \
 expect "both down: the counters still served" \
 	"$(lines m3 '^idemflow_requests_total\{route="/metrics",status="200"\}' | wc -l)" 1
 
-echo "1..$n"
 if ((fails)); then
-	stack_tail "$DIR/fcgi.log" 20
 	stack_tail "$PROXY_LOG" 20
 	stack_tail "$DIR/direct/fcgi.log" 20
-	exit 1
 fi
+shards_end

@@ -19,69 +19,20 @@
 # Starts its own proxy and partitions as t/shards/test_shards.sh does.
 set -euo pipefail
 
-: "${top_srcdir:?run me from make check}" "${top_builddir:?}"
-top_srcdir=$(cd "$top_srcdir" && pwd)
-top_builddir=$(cd "$top_builddir" && pwd)
-# shellcheck source=scripts/lib/stack.sh
-source "$top_srcdir/scripts/lib/stack.sh"
-STACK_LOG_PREFIX=test_shards_move
-CLI=$top_builddir/app/idemflow
-DISPATCH=$top_builddir/app/idemflow-dispatch
-export IDEMFLOW_FCGI=$top_builddir/app/idemflow-fcgi
+source "${top_srcdir:?run me from make check}/t/shards/lib.sh"
 # How many keyed workflows tenant a has before the move.
 N=${MOVE_WORKFLOWS:-200}
-
-BINDIR=$(stack_pg_bindir) || exit 99
-if [[ ! -f $("$BINDIR/pg_config" --sharedir 2>/dev/null || echo /usr/share/postgresql/15)/extension/plproxy.control ]]; then
-	echo "1..0 # SKIP PL/Proxy is not installed (scripts/deps)"
-	exit 77
-fi
-
-DIR=$(mktemp -d /tmp/idemflow-shards.XXXXXX) || exit 99
-chmod 755 "$DIR"
+shards_start test_shards_move
+# The clients and dispatchers this test starts in the background go first.
 BG=()
-cleanup() {
-	local p
-	for p in "${BG[@]}"; do
-		kill "$p" 2>/dev/null || true
-	done
-	wait 2>/dev/null || true
-	stack_nginx_stop "$DIR/nginx" || true
-	stack_fcgi_stop "$DIR/fcgi.pid" || true
-	stack_shards_stop "$DIR" || true
-	stack_sweep "$DIR"
-	rm -rf -- "$DIR"
-}
-trap cleanup EXIT
-
-stack_shards_start "$DIR" 2 "$CLI" fast || exit 99
-P0=${STACK_SHARD_URL[0]}
-P1=${STACK_SHARD_URL[1]}
+trap 'for p in "${BG[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; shards_cleanup' EXIT
 PROXY=$DATABASE_URL
-
-psql_at() { "$BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
-
-"$CLI" --db "$P0" tenant create ta >/dev/null || exit 99
-"$CLI" --db "$P1" tenant create tb >/dev/null || exit 99
 "$CLI" --db "$P0" tenant create tc >/dev/null || exit 99
-TA=$("$CLI" --db "$P0" token create --tenant ta 2>/dev/null) || exit 99
-TB=$("$CLI" --db "$P1" token create --tenant tb 2>/dev/null) || exit 99
 stack_shards_sync || exit 99
 A=$(psql_at "$P0" "SELECT id FROM tenants WHERE name = 'ta'")
 C=$(psql_at "$P0" "SELECT id FROM tenants WHERE name = 'tc'")
+shards_serve "workers = 3" "replay_cache_ttl = 0" "retry_after = 1" "timeout = 10s"
 
-stack_fcgi_dir "$DIR" || exit 99
-cat >"$DIR/idemflow.conf" <<EOT
-db = $PROXY
-routing = proxy
-listen = $DIR/fcgi.sock
-listen_mode = 0660
-pid_file = $DIR/fcgi.pid
-workers = 3
-replay_cache_ttl = 0
-retry_after = 1
-timeout = 10s
-EOT
 # The operator's configuration: the proxy and the partitions.
 cat >"$DIR/ops.conf" <<EOT
 db = $PROXY
@@ -92,25 +43,6 @@ endpoints = false
 lease = 5s
 timeout = 2s
 EOT
-stack_fcgi_start "$DIR/idemflow.conf" "$DIR/fcgi.sock" "$DIR/fcgi.pid" "$DIR/fcgi.log" || exit 99
-stack_nginx_start "$DIR" "" "$DIR/fcgi.sock" "$top_srcdir/nginx/idemflow-local.conf.in" || exit 99
-URL=http://127.0.0.1:$STACK_NGINX_PORT
-
-n=0 fails=0
-ok() {
-	n=$((n + 1))
-	echo "ok $n - $1"
-}
-not_ok() {
-	n=$((n + 1)) fails=$((fails + 1))
-	echo "not ok $n - $1"
-	shift
-	printf '# %s\n' "$@"
-}
-# expect WHAT GOT WANT
-expect() {
-	if [[ $2 == "$3" ]]; then ok "$1"; else not_ok "$1" "expected: $3" "got: $2"; fi
-}
 
 # post NAME TOKEN KEY BODY: POST /v1/workflows; status to stdout, the
 # answer in $DIR/NAME.body and its headers in $DIR/NAME.head.
@@ -350,10 +282,8 @@ expect "back on partition 0: a replay byte for byte, a create 201" \
 	"$(post b1 "$TA" k3 '{"type":"t","input":{"n":3}}')|$(cmp -s "$DIR/orig3.body" "$DIR/b1.body" && echo same)|$(post b2 "$TA" b2 '{"type":"t","input":{}}')" \
 	"201|same|201"
 
-echo "1..$n"
 if ((fails)); then
-	stack_tail "$DIR/fcgi.log" 20
 	stack_tail "$DIR/d0.log" 10
 	stack_tail "$DIR/d1.log" 10
-	exit 1
 fi
+shards_end
