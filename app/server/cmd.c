@@ -320,6 +320,25 @@ static const char *const *trace_params(const struct handler_ctx *ctx, const char
 	return p;
 }
 
+/* The parameters of Q_KEY_STORE and Q_KEY_STORE_ANSWER: the answer in
+ * resp, for req's key of tenant. */
+struct key_answer {
+	char status[12];
+	const char *p[KEY_STORE__N];
+};
+
+static const char *const *key_answer(struct key_answer *a, const struct http_req *req,
+                                     const struct http_resp *resp, const char *tenant)
+{
+	snprintf(a->status, sizeof(a->status), "%d", resp->status);
+	a->p[KEY_STORE_TENANT] = tenant;
+	a->p[KEY_STORE_KEY] = req->idem_key;
+	a->p[KEY_STORE_STATUS] = a->status;
+	a->p[KEY_STORE_HEADERS] = resp->headers.data ? resp->headers.data : "";
+	a->p[KEY_STORE_BODY] = resp->body.data ? resp->body.data : "";
+	return a->p;
+}
+
 /*
  * routing = proxy (doc/distribution.md, "Keyed commands through the
  * proxy"). A proxy runs each call in a transaction of its own on the
@@ -434,20 +453,13 @@ static int answer_rows(struct handler_ctx *ctx, const struct http_req *req, stru
 static int store_answer(struct handler_ctx *ctx, const struct http_req *req,
                         const struct http_resp *resp, struct err *e)
 {
-	char tenant[24], status[12];
-	const char *sp[KEY_STORE__N] = { [KEY_STORE_TENANT] = tenant,
-		                         [KEY_STORE_KEY] = req->idem_key,
-		                         [KEY_STORE_STATUS] = status,
-		                         [KEY_STORE_HEADERS] =
-		                             resp->headers.data ? resp->headers.data : "",
-		                         [KEY_STORE_BODY] =
-		                             resp->body.data ? resp->body.data : "" };
+	char tenant[24];
+	struct key_answer a;
 	PGresult *r;
 	int stored;
 
 	snprintf(tenant, sizeof(tenant), "%ld", ctx->tenant_id);
-	snprintf(status, sizeof(status), "%d", resp->status);
-	r = db_run(ctx->db, Q_KEY_STORE_ANSWER, KEY_STORE__N, sp, e);
+	r = db_run(ctx->db, Q_KEY_STORE_ANSWER, KEY_STORE__N, key_answer(&a, req, resp, tenant), e);
 	if (r == NULL)
 		return -1;
 	stored = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
@@ -583,20 +595,13 @@ static void run_unkeyed(struct handler_ctx *ctx, struct http_req *req, struct ht
 static int store_and_commit(struct handler_ctx *ctx, const struct http_req *req,
                             const struct http_resp *resp, const char *tenant, struct err *e)
 {
-	char status[8];
-	const char *sp[KEY_STORE__N] = { [KEY_STORE_TENANT] = tenant,
-		                         [KEY_STORE_KEY] = req->idem_key,
-		                         [KEY_STORE_STATUS] = status,
-		                         [KEY_STORE_HEADERS] =
-		                             resp->headers.data ? resp->headers.data : "",
-		                         [KEY_STORE_BODY] =
-		                             resp->body.data ? resp->body.data : "" };
-	const struct db_call calls[2] = { { Q_KEY_STORE, KEY_STORE__N, sp },
+	struct key_answer a;
+	const struct db_call calls[2] = { { Q_KEY_STORE, KEY_STORE__N,
+		                            key_answer(&a, req, resp, tenant) },
 		                          { Q_COMMIT, 0, NULL } };
 	PGresult *r[2];
 	int failed;
 
-	snprintf(status, sizeof(status), "%d", resp->status);
 	if (db_pipeline(ctx->db, 2, calls, r, &failed, e) < 0)
 		return -1;
 	clear_results(r, 2);
