@@ -482,7 +482,7 @@ static void answer_and_store(struct handler_ctx *ctx, const struct http_req *req
                              struct http_resp *resp, const struct cmd *c, const char *rows,
                              size_t len, int replay)
 {
-	struct err e;
+	struct err e = { .code = ERR_NONE };
 	const char *kg[KEY_GET__N];
 	char tenant[24], ra[24];
 	PGresult *k;
